@@ -1,0 +1,432 @@
+//! Wire types of the threadbox REST API. No I/O: the daemon, the Rust client and the
+//! OpenAPI document are all derived from these types, so they cannot drift apart.
+#![forbid(unsafe_code)]
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// Stable error codes. Scripts and SDKs match on these strings.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    NotFound,
+    InvalidArgument,
+    Conflict,
+    Unauthenticated,
+    PermissionDenied,
+    QuotaExceeded,
+    SandboxNotRunning,
+    PayloadTooLarge,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::PermissionDenied => "permission_denied",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::SandboxNotRunning => "sandbox_not_running",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status that goes with the code.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::NotFound => 404,
+            ErrorCode::InvalidArgument => 400,
+            ErrorCode::Conflict => 409,
+            ErrorCode::Unauthenticated => 401,
+            ErrorCode::PermissionDenied => 403,
+            ErrorCode::QuotaExceeded => 429,
+            ErrorCode::SandboxNotRunning => 409,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::Unavailable => 503,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// Every error response: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorBody,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Paused,
+    Stopped,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Stopped => "stopped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            "paused" => SandboxState::Paused,
+            "stopped" => SandboxState::Stopped,
+            _ => return None,
+        })
+    }
+}
+
+/// What happens when a sandbox's TTL expires.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlAction {
+    #[default]
+    Stop,
+    Delete,
+}
+
+/// Resource limits of one sandbox. Omitted fields take the daemon's defaults
+/// (1 GiB memory, 1 CPU, 512 processes).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct LimitsRequest {
+    /// Memory limit in bytes (RAM + tmpfs + page cache of the sandbox).
+    pub memory_bytes: Option<u64>,
+    /// CPU limit in cores (e.g. 0.5, 2).
+    pub cpus: Option<f64>,
+    /// Maximum number of processes and threads.
+    pub pids: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpus: f64,
+    pub pids: u32,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    /// Unique name; creating an existing name returns that sandbox (get-or-create).
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Image name (default `host`).
+    pub image: Option<String>,
+    #[serde(default)]
+    pub limits: LimitsRequest,
+    /// Pause automatically after this many seconds without API activity.
+    pub idle_pause_secs: Option<u64>,
+    /// Stop or delete (see `ttl_action`) this many seconds after creation.
+    pub ttl_secs: Option<u64>,
+    #[serde(default)]
+    pub ttl_action: TtlAction,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    pub id: String,
+    pub name: Option<String>,
+    pub state: SandboxState,
+    pub labels: BTreeMap<String, String>,
+    pub image: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339: last API call that touched this sandbox.
+    pub last_active_at: String,
+    pub limits: Limits,
+    pub idle_pause_secs: Option<u64>,
+    pub ttl_secs: Option<u64>,
+    pub ttl_action: TtlAction,
+    /// Process id of the sandbox's agent on the host, when running or paused.
+    pub agent_pid: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// Who a process or file operation runs as inside the sandbox.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum User {
+    /// uid 1000, home /home/user.
+    #[default]
+    User,
+    /// uid 0 inside the sandbox's user namespace, without capabilities.
+    Root,
+}
+
+impl User {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "user" | "1000" => Some(User::User),
+            "root" | "0" => Some(User::Root),
+            _ => None,
+        }
+    }
+}
+
+/// How bytes are carried in a JSON string.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+/// Encodes bytes for JSON: UTF-8 text as is, anything else as base64.
+pub fn encode_bytes(b: &[u8]) -> (String, Encoding) {
+    match std::str::from_utf8(b) {
+        Ok(s) => (s.to_string(), Encoding::Utf8),
+        Err(_) => (base64::engine::general_purpose::STANDARD.encode(b), Encoding::Base64),
+    }
+}
+
+/// Decodes a JSON string carrying bytes in the given encoding.
+pub fn decode_bytes(s: &str, enc: Encoding) -> Result<Vec<u8>, String> {
+    match enc {
+        Encoding::Utf8 => Ok(s.as_bytes().to_vec()),
+        Encoding::Base64 => base64::engine::general_purpose::STANDARD
+            .decode(s.as_bytes())
+            .map_err(|e| format!("invalid base64: {e}")),
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// argv; the first element is looked up in PATH. Exactly one of `command` and
+    /// `shell` must be given.
+    pub command: Option<Vec<String>>,
+    /// A shell command line, run with `/bin/sh -c`.
+    pub shell: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (default: the user's home).
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: User,
+    /// Data written to the process's stdin, then closed.
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub stdin_encoding: Encoding,
+    /// Seconds after which the whole process tree of this call is killed.
+    pub timeout_secs: Option<f64>,
+    /// Bound on captured stdout and stderr, each (default 1 MiB).
+    pub max_output_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+pub struct ExecResponse {
+    /// `null` when the process was killed by the timeout.
+    pub exit_code: Option<i32>,
+    /// Signal that ended the process, if a signal did.
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// `utf8` when both streams were valid UTF-8, else both are base64.
+    pub encoding: Encoding,
+    pub timed_out: bool,
+    /// Either stream was cut at `max_output_bytes`.
+    pub truncated: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// One line of the NDJSON stream of `/exec/stream`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    Start {
+        pid: i32,
+    },
+    Stdout {
+        data: String,
+        encoding: Encoding,
+    },
+    Stderr {
+        data: String,
+        encoding: Encoding,
+    },
+    End {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        truncated: bool,
+        duration_ms: u64,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcessRequest {
+    pub command: Option<Vec<String>>,
+    pub shell: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: User,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessInfo {
+    /// Id of the background process within its sandbox.
+    pub id: u64,
+    pub pid: i32,
+    pub command: Vec<String>,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub started_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<ProcessInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProcessLogs {
+    pub stdout: String,
+    pub stderr: String,
+    pub encoding: Encoding,
+    /// Oldest bytes dropped because the log outgrew its bound.
+    pub stdout_dropped: u64,
+    pub stderr_dropped: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillProcessRequest {
+    /// Signal number (default 9, SIGKILL).
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileEntry {
+    pub name: String,
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// RFC 3339.
+    pub modified_at: String,
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileList {
+    pub entries: Vec<FileEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PostureCheck {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SelftestReport {
+    /// True when every check passed.
+    pub ok: bool,
+    pub checks: Vec<PostureCheck>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddImageRequest {
+    pub name: String,
+    /// Absolute path of a root filesystem directory on the daemon's host.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Image {
+    pub name: String,
+    /// `host` for the built-in image, else `rootfs`.
+    pub kind: String,
+    pub path: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ImageList {
+    pub images: Vec<Image>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_both_encodings() {
+        for b in [b"hello".to_vec(), vec![0xff, 0, 0xfe]] {
+            let (s, e) = encode_bytes(&b);
+            assert_eq!(decode_bytes(&s, e).unwrap(), b);
+        }
+        assert_eq!(encode_bytes(b"ok").1, Encoding::Utf8);
+        assert_eq!(encode_bytes(&[0xff]).1, Encoding::Base64);
+    }
+
+    #[test]
+    fn codes_are_stable_strings() {
+        let v = serde_json::to_value(ErrorCode::SandboxNotRunning).unwrap();
+        assert_eq!(v, "sandbox_not_running");
+        assert_eq!(ErrorCode::QuotaExceeded.http_status(), 429);
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let r: Result<ExecRequest, _> = serde_json::from_str(r#"{"shell":"x","bogus":1}"#);
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,63 @@
+//! The one error type of the core; the server maps it to HTTP with [`CoreError::code`].
+
+use threadbox_api::ErrorCode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    NotFoundOther(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("sandbox {id} is {state}, not running")]
+    NotRunning { id: String, state: String },
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("sandbox agent unavailable: {0}")]
+    Unavailable(String),
+    #[error("store error")]
+    Store(#[from] sqlx::Error),
+    #[error("migration error")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("system error: {0}")]
+    Sys(#[from] threadbox_sys::SysError),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl CoreError {
+    /// The stable API code for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            CoreError::NotFound(_) | CoreError::NotFoundOther(_) => ErrorCode::NotFound,
+            CoreError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            CoreError::Conflict(_) => ErrorCode::Conflict,
+            CoreError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
+            CoreError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            CoreError::TooLarge(_) => ErrorCode::PayloadTooLarge,
+            CoreError::Unavailable(_) => ErrorCode::Unavailable,
+            CoreError::Store(_)
+            | CoreError::Migrate(_)
+            | CoreError::Sys(_)
+            | CoreError::Io(_)
+            | CoreError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// Message safe to return to a client: internal details stay in the log.
+    pub fn public_message(&self) -> String {
+        match self.code() {
+            ErrorCode::Internal => "internal error (see the daemon log)".to_string(),
+            _ => self.to_string(),
+        }
+    }
+}
+
+pub type Result<T, E = CoreError> = std::result::Result<T, E>;

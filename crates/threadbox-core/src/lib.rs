@@ -1,0 +1,45 @@
+//! threadbox core: the sandbox model, the manager, the store, the jail driver.
+#![forbid(unsafe_code)]
+
+pub mod error;
+pub mod manager;
+
+pub use error::{CoreError, Result};
+pub use manager::Manager;
+
+use std::path::PathBuf;
+
+/// Daemon-wide configuration of the core. Everything a test needs to vary is here, so tests
+/// inject a temp root instead of touching globals.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Root of all state (`state.db`, `images/`, `sandboxes/`).
+    pub root: PathBuf,
+    /// The `threadbox-agent` binary supplied to every sandbox.
+    pub agent_path: PathBuf,
+    /// The binary run as the single-threaded jail launch helper
+    /// (`<exe> __jail-launch`), normally the `threadbox` binary itself.
+    pub helper_path: PathBuf,
+    /// Name of the cgroup directory under which sandbox cgroups are made.
+    pub cgroup_parent: String,
+    pub default_memory_bytes: u64,
+    pub default_cpus: f64,
+    pub default_pids: u32,
+    /// How often idle pause and TTL are checked.
+    pub reaper_interval: std::time::Duration,
+}
+
+impl Config {
+    pub fn new(root: PathBuf, agent_path: PathBuf, helper_path: PathBuf) -> Self {
+        Config {
+            root,
+            agent_path,
+            helper_path,
+            cgroup_parent: "threadbox".to_string(),
+            default_memory_bytes: 1 << 30,
+            default_cpus: 1.0,
+            default_pids: 512,
+            reaper_interval: std::time::Duration::from_secs(1),
+        }
+    }
+}

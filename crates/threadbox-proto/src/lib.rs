@@ -1,0 +1,345 @@
+//! The host <-> agent protocol.
+//!
+//! One connection carries many requests at once: every frame names the request it belongs
+//! to (`id`), and a request may be answered by several frames (a stream) ending with one
+//! marked final. A frame on the wire is a 4-byte big-endian length followed by that many
+//! bytes of JSON. Frames larger than [`MAX_FRAME`] are refused by both sides, so a hostile
+//! peer cannot make the other allocate without bound.
+//!
+//! The first frame in each direction is a [`Hello`] carrying the protocol version and the
+//! capabilities of the sender; a peer with a different major version is refused.
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub mod codec;
+pub use codec::{decode_frame, encode_frame, FrameDecoder};
+
+/// Protocol version. The major part must match between host and agent.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame either side accepts (header excluded).
+pub const MAX_FRAME: usize = 8 * 1024 * 1024;
+
+/// Largest chunk of process output or file data put in one frame.
+pub const CHUNK: usize = 64 * 1024;
+
+/// Default bound on captured stdout and stderr, each.
+pub const DEFAULT_MAX_OUTPUT: u64 = 1024 * 1024;
+
+/// Errors of the codec.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtoError {
+    #[error("frame of {0} bytes exceeds the maximum of {MAX_FRAME}")]
+    FrameTooLarge(usize),
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    #[error("peer speaks protocol version {0}, this side speaks {PROTOCOL_VERSION}")]
+    VersionMismatch(u32),
+}
+
+/// Handshake, sent first by each side.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Hello {
+    pub version: u32,
+    /// Feature names the sender supports (e.g. `exec`, `files`, `background`, `selftest`).
+    pub capabilities: Vec<String>,
+    /// Free-form build identification, for logs.
+    pub software: String,
+}
+
+impl Hello {
+    pub fn ours(software: &str, capabilities: &[&str]) -> Self {
+        Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: capabilities.iter().map(|s| s.to_string()).collect(),
+            software: software.to_string(),
+        }
+    }
+
+    /// Checks that the peer's version is compatible with ours.
+    pub fn check(&self) -> Result<(), ProtoError> {
+        if self.version != PROTOCOL_VERSION {
+            return Err(ProtoError::VersionMismatch(self.version));
+        }
+        Ok(())
+    }
+}
+
+/// Everything that travels on the connection.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum Frame {
+    Hello(Hello),
+    /// host -> agent
+    Request { id: u64, req: Request },
+    /// agent -> host; `Response::is_final` says whether more frames follow for `id`.
+    Response { id: u64, resp: Response },
+    /// host -> agent: stop the request `id` (e.g. the client went away).
+    Cancel { id: u64 },
+}
+
+/// Which user a process or file operation runs as inside the sandbox.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RunAs {
+    /// uid/gid 1000, home `/home/user` (the default).
+    #[default]
+    User,
+    /// uid 0 inside the user namespace, with no capabilities.
+    Root,
+}
+
+/// What to run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// argv[0] is looked up in PATH.
+    Argv(Vec<String>),
+    /// Run with `/bin/sh -c`.
+    Shell(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExecSpec {
+    pub command: Command,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: RunAs,
+    /// Bytes written to stdin, then stdin is closed. `None`: stdin is /dev/null.
+    #[serde(default, with = "opt_b64")]
+    pub stdin: Option<Vec<u8>>,
+    /// Kill the whole tree of this call after this many milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Bound on captured stdout and stderr, each.
+    #[serde(default = "default_max_output")]
+    pub max_output: u64,
+    /// Send output frames as it arrives instead of only in the final result.
+    #[serde(default)]
+    pub stream: bool,
+}
+
+fn default_max_output() -> u64 {
+    DEFAULT_MAX_OUTPUT
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackgroundSpec {
+    pub command: Command,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub user: RunAs,
+    /// Bytes of each of stdout/stderr kept as a log (the most recent ones).
+    #[serde(default = "default_max_output")]
+    pub max_log: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Ping,
+    Exec(ExecSpec),
+    BackgroundStart(BackgroundSpec),
+    BackgroundList,
+    BackgroundLogs { bg_id: u64 },
+    BackgroundKill { bg_id: u64, signal: Option<i32> },
+    FileRead { path: String, user: RunAs, offset: u64, limit: Option<u64> },
+    /// Writes a file; large files come as several requests with `append: true`.
+    FileWrite {
+        path: String,
+        user: RunAs,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+        append: bool,
+        mode: Option<u32>,
+        make_parents: bool,
+    },
+    FileList { path: String, user: RunAs },
+    FileStat { path: String, user: RunAs },
+    Mkdir { path: String, user: RunAs, parents: bool },
+    Remove { path: String, user: RunAs, recursive: bool },
+    Selftest,
+    /// Sum of CPU time etc. is read by the host from cgroups; this is what only the
+    /// inside can tell.
+    Stats,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct ExecResult {
+    /// `None` when the process was killed by the timeout.
+    pub exit_code: Option<i32>,
+    /// Signal that ended the process, if any.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    #[serde(with = "b64")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "b64")]
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileInfo {
+    pub name: String,
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Seconds since the epoch.
+    pub mtime: i64,
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackgroundInfo {
+    pub bg_id: u64,
+    pub pid: i32,
+    pub command: Command,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Seconds since the epoch.
+    pub started_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackgroundLogs {
+    #[serde(with = "b64")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "b64")]
+    pub stderr: Vec<u8>,
+    /// Bytes dropped from the front of each log because it outgrew `max_log`.
+    pub stdout_dropped: u64,
+    pub stderr_dropped: u64,
+}
+
+/// One check of the isolation posture, as seen from inside.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PostureCheck {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// Stable error kinds the agent reports; the host maps them to API error codes.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    NotFound,
+    PermissionDenied,
+    InvalidArgument,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    NoSpace,
+    Internal,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "r", rename_all = "snake_case")]
+pub enum Response {
+    Pong,
+    /// Streamed: the process started.
+    Started { pid: i32 },
+    /// Streamed: output as it arrives (only when `stream` was requested).
+    Output {
+        stream: Stream,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    /// Final frame of an exec.
+    Exited(ExecResult),
+    BackgroundStarted { bg_id: u64, pid: i32 },
+    BackgroundList { processes: Vec<BackgroundInfo> },
+    BackgroundLogs(BackgroundLogs),
+    /// Final frame of a file read: the bytes and whether the file goes on.
+    FileData {
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+        eof: bool,
+        size: u64,
+    },
+    FileList { entries: Vec<FileInfo> },
+    FileStat(FileInfo),
+    Done,
+    Selftest { checks: Vec<PostureCheck> },
+    Stats { processes: u32 },
+    Error { kind: ErrorKind, message: String },
+}
+
+impl Response {
+    /// Whether this frame ends the exchange for its request id.
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Response::Started { .. } | Response::Output { .. })
+    }
+}
+
+/// Bytes as base64 strings in JSON.
+pub mod b64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s.as_bytes())
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Optional bytes as base64 strings in JSON.
+pub mod opt_b64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.serialize_some(&base64::engine::general_purpose::STANDARD.encode(v)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let s = <Option<std::borrow::Cow<'de, str>>>::deserialize(d)?;
+        match s {
+            None => Ok(None),
+            Some(s) => base64::engine::general_purpose::STANDARD
+                .decode(s.as_bytes())
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! The only threadbox crate with `unsafe` and raw syscalls. Everything OS-specific the
+//! jail needs lives here, behind safe functions.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+pub mod cgroup;
+pub mod child;
+pub mod jail;
+pub mod landlock;
+pub mod seccomp;
+
+/// Errors of system calls and system files, naming what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum SysError {
+    #[error("{what}: {source}")]
+    Os {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+impl SysError {
+    pub fn os(what: impl Into<String>, source: std::io::Error) -> Self {
+        SysError::Os { what: what.into(), source }
+    }
+    pub fn last(what: impl Into<String>) -> Self {
+        SysError::Os { what: what.into(), source: std::io::Error::last_os_error() }
+    }
+}
+
+pub type Result<T, E = SysError> = std::result::Result<T, E>;
