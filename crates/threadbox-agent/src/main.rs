@@ -1,1 +1,172 @@
-fn main(){}
+//! `threadbox-agent`: PID 1 inside a sandbox. It serves the host over threadbox-proto:
+//! runs processes under the sandbox's child policy, keeps background processes, serves
+//! files as the requesting user, reaps every zombie, and checks its own posture.
+//!
+//! The process is single-threaded on purpose (a tokio current-thread runtime, no
+//! `spawn_blocking`, no `tokio::fs`/`tokio::process`): forking stays safe, per-thread
+//! filesystem ids (`setfsuid`) apply to the whole agent, and PID 1 alone reaps children.
+#![forbid(unsafe_code)]
+
+mod agent;
+mod conn;
+mod error;
+mod exec;
+mod files;
+mod selftest;
+
+use std::os::fd::OwnedFd;
+use std::process::ExitCode;
+use std::rc::Rc;
+use threadbox_sys::child::{self as syschild, DirFd};
+
+const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH) [--cgroup-fd M]
+
+  --listen-fd N     serve connections on the listening unix socket inherited as fd N
+  --listen unix:P   bind and listen on the unix socket P (host test mode)
+  --cgroup-fd M     fd of the sandbox's delegated cgroup v2 directory; each exec and
+                    background process gets its own child cgroup in it
+  --version         print the version";
+
+#[derive(Debug, Default)]
+struct Args {
+    listen_fd: Option<i32>,
+    listen_path: Option<String>,
+    cgroup_fd: Option<i32>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args::default();
+    let mut it = std::env::args().skip(1);
+    let fd = |v: Option<String>, flag: &str| -> Result<i32, String> {
+        v.ok_or(format!("{flag} needs a value"))?
+            .parse::<i32>()
+            .map_err(|_| format!("{flag} needs a file descriptor number"))
+    };
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--listen-fd" => args.listen_fd = Some(fd(it.next(), "--listen-fd")?),
+            "--cgroup-fd" => args.cgroup_fd = Some(fd(it.next(), "--cgroup-fd")?),
+            "--listen" => {
+                let v = it.next().ok_or("--listen needs a value")?;
+                let p = v.strip_prefix("unix:").ok_or("--listen takes unix:PATH")?;
+                args.listen_path = Some(p.to_string());
+            }
+            "--version" => {
+                println!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
+                std::process::exit(0);
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if args.listen_fd.is_some() == args.listen_path.is_some() {
+        return Err("exactly one of --listen-fd and --listen is required".into());
+    }
+    Ok(args)
+}
+
+fn listener(args: &Args) -> Result<std::os::unix::net::UnixListener, String> {
+    if let Some(fd) = args.listen_fd {
+        let fd: OwnedFd =
+            syschild::take_inherited_fd(fd).map_err(|e| format!("--listen-fd {fd}: {e}"))?;
+        return Ok(std::os::unix::net::UnixListener::from(fd));
+    }
+    let path = args.listen_path.as_deref().unwrap_or_default();
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_socket() {
+            std::fs::remove_file(path).map_err(|e| format!("remove stale socket {path}: {e}"))?;
+        }
+    }
+    let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod {path}: {e}"))?;
+    Ok(l)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("threadbox-agent: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("threadbox-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    // Nobody may ptrace us or read our memory through /proc.
+    syschild::set_dumpable(false).map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
+    // Outside a pid namespace (host test mode) orphans still come to us to be reaped.
+    if let Err(e) = syschild::set_child_subreaper() {
+        log(&format!("PR_SET_CHILD_SUBREAPER failed: {e}"));
+    }
+    syschild::set_umask(0o022);
+    // File operations run with a temporary fsuid/fsgid: no supplementary group of ours
+    // may add rights to them.
+    if let Err(e) = syschild::clear_supplementary_groups() {
+        log(&format!("could not clear supplementary groups: {e}"));
+    }
+
+    let listener = listener(&args)?;
+    listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+    let cgroup = match args.cgroup_fd {
+        Some(fd) => {
+            let owned =
+                syschild::take_inherited_fd(fd).map_err(|e| format!("--cgroup-fd {fd}: {e}"))?;
+            Some(DirFd::from_fd(owned).map_err(|e| format!("--cgroup-fd {fd}: {e}"))?)
+        }
+        None => None,
+    };
+    let policy = agent::PolicyParts::load()?;
+    if let Some(reason) = &policy.landlock_missing {
+        log(&format!("Landlock is not enforced on sandbox processes: {reason}"));
+    }
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let listener =
+            tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
+        let agent = Rc::new(agent::Agent::new(cgroup, policy));
+        // The SIGCHLD handler must exist before the first child is started.
+        let reaper = agent::Reaper::install().map_err(|e| format!("SIGCHLD handler: {e}"))?;
+        tokio::task::spawn_local(reaper.run(agent.clone()));
+        log(&format!(
+            "threadbox-agent {} ready (pid {})",
+            env!("CARGO_PKG_VERSION"),
+            std::process::id()
+        ));
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::task::spawn_local(conn::serve(agent.clone(), stream));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    log(&format!("accept: {e}"));
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+}
+
+/// One line to the agent's log (its stderr, which the host keeps).
+pub fn log(msg: &str) {
+    eprintln!("threadbox-agent: {msg}");
+}

@@ -1,8 +1,12 @@
 //! threadbox core: the sandbox model, the manager, the store, the jail driver.
 #![forbid(unsafe_code)]
 
+pub mod agent;
+pub mod driver;
 pub mod error;
+pub mod images;
 pub mod manager;
+pub mod store;
 
 pub use error::{CoreError, Result};
 pub use manager::Manager;

@@ -1,12 +1,27 @@
 //! The manager: the one place that owns sandbox state transitions. Every door (REST, MCP,
 //! CLI, ...) turns a user's request into one call here.
+//!
+//! Concurrency: each sandbox has a lifecycle lock. Transitions (create, pause, resume,
+//! stop, start, delete) hold it for their whole duration, so they are serialized per
+//! sandbox. Operations that run inside a sandbox (exec, files, ...) hold it only while
+//! they check the state and take the agent connection, so a long exec never blocks a
+//! pause, and a pause never waits for an exec.
 
+use crate::agent::{AgentConn, CancelGuard};
+use crate::driver::{Driver, JailDriver, LaunchRequest};
 use crate::error::{CoreError, Result};
+use crate::images::{self, ImageSpec, HOST_IMAGE};
+use crate::store::{now_ms, ImageRow, SandboxRow, State, Store};
 use crate::Config;
-use bytes_stream::{ByteStream, ByteSink};
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use base64::Engine;
+use bytes_stream::{ByteSink, ByteStream};
+use futures::StreamExt;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use threadbox_api::*;
+use threadbox_proto as proto;
 use tokio::sync::mpsc;
 
 /// Streams of bytes in and out of file operations.
@@ -18,144 +33,1145 @@ pub mod bytes_stream {
     pub type ByteSink = BoxStream<'static, Result<Vec<u8>, String>>;
 }
 
+/// Largest chunk moved per agent request for file transfers.
+const FILE_CHUNK: u64 = 1024 * 1024;
+/// How long to wait for a freshly started agent to answer.
+const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest per-call timeout a client may ask for.
+const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// Runtime state of one sandbox that is not in the store.
+#[derive(Default)]
+struct Live {
+    lifecycle: tokio::sync::Mutex<()>,
+    conn: Mutex<Option<Arc<AgentConn>>>,
+    inflight: AtomicUsize,
+    last_active: AtomicI64,
+    last_persisted: AtomicI64,
+}
+
+/// Counts an operation in flight so idle pause leaves the sandbox alone meanwhile.
+struct Inflight(Arc<Live>);
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.0.last_active.store(now_ms(), Ordering::SeqCst);
+    }
+}
+
 pub struct Manager {
-    _config: Config,
+    config: Config,
+    store: Store,
+    driver: Arc<JailDriver>,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    create_lock: tokio::sync::Mutex<()>,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+}
+
+fn rfc3339(ms: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+fn to_api(row: &SandboxRow) -> Sandbox {
+    Sandbox {
+        id: row.id.clone(),
+        name: row.name.clone(),
+        state: match row.state {
+            State::Creating | State::Deleting => SandboxState::Creating,
+            State::Running => SandboxState::Running,
+            State::Paused => SandboxState::Paused,
+            State::Stopped => SandboxState::Stopped,
+        },
+        labels: row.labels.clone(),
+        image: row.image.clone(),
+        created_at: rfc3339(row.created_at),
+        last_active_at: rfc3339(row.last_active_at),
+        limits: Limits { memory_bytes: row.memory_bytes, cpus: row.cpus, pids: row.pids },
+        idle_pause_secs: row.idle_pause_secs,
+        ttl_secs: row.ttl_secs,
+        ttl_action: row.ttl_action,
+        agent_pid: match row.state {
+            State::Running | State::Paused => row.agent_pid,
+            _ => None,
+        },
+    }
+}
+
+fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> impl std::future::Future<Output = Result<T>> {
+    async move {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| CoreError::Internal(format!("blocking task failed: {e}")))?
+    }
+}
+
+fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && !name.starts_with('.')
+        && !name.starts_with("sb-");
+    if ok {
+        Ok(())
+    } else {
+        Err(CoreError::InvalidArgument(format!(
+            "sandbox name {name:?} must be 1-128 characters of a-z, A-Z, 0-9, '-', '_', '.', \
+             not start with '.' or 'sb-'"
+        )))
+    }
+}
+
+fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
+    if labels.len() > 64 {
+        return Err(CoreError::InvalidArgument("at most 64 labels".into()));
+    }
+    for (k, v) in labels {
+        let key_ok = !k.is_empty()
+            && k.len() <= 128
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+        if !key_ok {
+            return Err(CoreError::InvalidArgument(format!(
+                "label key {k:?} must be 1-128 characters of a-z, A-Z, 0-9, '-', '_', '.', '/'"
+            )));
+        }
+        if v.len() > 1024 || v.contains('\0') {
+            return Err(CoreError::InvalidArgument(format!("label value of {k:?} is too long or has a NUL")));
+        }
+    }
+    Ok(())
+}
+
+fn no_nul(what: &str, s: &str) -> Result<()> {
+    if s.contains('\0') {
+        return Err(CoreError::InvalidArgument(format!("{what} must not contain NUL bytes")));
+    }
+    Ok(())
+}
+
+fn validate_path(path: &str) -> Result<()> {
+    if path.is_empty() {
+        return Err(CoreError::InvalidArgument("path must not be empty".into()));
+    }
+    if path.len() > 4096 {
+        return Err(CoreError::InvalidArgument("path is longer than 4096 bytes".into()));
+    }
+    no_nul("path", path)
+}
+
+fn run_as(u: User) -> proto::RunAs {
+    match u {
+        User::User => proto::RunAs::User,
+        User::Root => proto::RunAs::Root,
+    }
+}
+
+fn command_of(command: Option<Vec<String>>, shell: Option<String>) -> Result<proto::Command> {
+    match (command, shell) {
+        (Some(argv), None) => {
+            if argv.is_empty() || argv[0].is_empty() {
+                return Err(CoreError::InvalidArgument("command must not be empty".into()));
+            }
+            for a in &argv {
+                no_nul("command arguments", a)?;
+            }
+            Ok(proto::Command::Argv(argv))
+        }
+        (None, Some(sh)) => {
+            no_nul("shell", &sh)?;
+            Ok(proto::Command::Shell(sh))
+        }
+        (Some(_), Some(_)) => Err(CoreError::InvalidArgument("give either command or shell, not both".into())),
+        (None, None) => Err(CoreError::InvalidArgument("one of command or shell is required".into())),
+    }
+}
+
+fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(CoreError::InvalidArgument(format!(
+                "environment variable {k:?} is invalid (empty, or contains '=' or NUL)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn exec_spec(req: ExecRequest, stream: bool) -> Result<proto::ExecSpec> {
+    let command = command_of(req.command, req.shell)?;
+    validate_env(&req.env)?;
+    if let Some(cwd) = &req.cwd {
+        validate_path(cwd)?;
+    }
+    let stdin = match req.stdin {
+        Some(s) => Some(decode_bytes(&s, req.stdin_encoding).map_err(CoreError::InvalidArgument)?),
+        None => None,
+    };
+    if stdin.as_ref().map(|s| s.len()).unwrap_or(0) > 16 * 1024 * 1024 {
+        return Err(CoreError::TooLarge("stdin is larger than 16 MiB".into()));
+    }
+    let timeout_ms = match req.timeout_secs {
+        Some(t) if !(t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECS) => {
+            return Err(CoreError::InvalidArgument(format!(
+                "timeout_secs must be a number > 0 and <= {MAX_TIMEOUT_SECS}"
+            )))
+        }
+        Some(t) => Some(((t * 1000.0).ceil() as u64).max(1)),
+        None => None,
+    };
+    let max_output = req.max_output_bytes.unwrap_or(proto::DEFAULT_MAX_OUTPUT);
+    if max_output > proto::MAX_OUTPUT_LIMIT {
+        return Err(CoreError::InvalidArgument(format!(
+            "max_output_bytes must be <= {}",
+            proto::MAX_OUTPUT_LIMIT
+        )));
+    }
+    Ok(proto::ExecSpec {
+        command,
+        env: req.env,
+        cwd: req.cwd,
+        user: run_as(req.user),
+        stdin,
+        timeout_ms,
+        max_output,
+        stream,
+    })
+}
+
+fn exec_response(r: proto::ExecResult) -> ExecResponse {
+    let both_utf8 = std::str::from_utf8(&r.stdout).is_ok() && std::str::from_utf8(&r.stderr).is_ok();
+    let enc = |b: &[u8]| {
+        if both_utf8 {
+            String::from_utf8_lossy(b).into_owned()
+        } else {
+            base64::engine::general_purpose::STANDARD.encode(b)
+        }
+    };
+    ExecResponse {
+        exit_code: r.exit_code,
+        signal: r.signal,
+        stdout: enc(&r.stdout),
+        stderr: enc(&r.stderr),
+        encoding: if both_utf8 { Encoding::Utf8 } else { Encoding::Base64 },
+        timed_out: r.timed_out,
+        truncated: r.stdout_truncated || r.stderr_truncated,
+        stdout_truncated: r.stdout_truncated,
+        stderr_truncated: r.stderr_truncated,
+        duration_ms: r.duration_ms,
+    }
+}
+
+/// Maps an agent error to the API's error codes.
+fn agent_error(kind: proto::ErrorKind, message: String) -> CoreError {
+    use proto::ErrorKind as K;
+    match kind {
+        K::NotFound => CoreError::NotFoundOther(message),
+        K::PermissionDenied => CoreError::PermissionDenied(message),
+        K::InvalidArgument | K::NotADirectory | K::IsADirectory => CoreError::InvalidArgument(message),
+        K::AlreadyExists => CoreError::Conflict(message),
+        K::NoSpace => CoreError::TooLarge(message),
+        K::Cancelled => CoreError::Unavailable(message),
+        K::Internal => CoreError::Internal(message),
+    }
+}
+
+fn unexpected(r: proto::Response) -> CoreError {
+    match r {
+        proto::Response::Error { kind, message } => agent_error(kind, message),
+        other => CoreError::Internal(format!("unexpected agent response {other:?}")),
+    }
+}
+
+fn file_entry(f: proto::FileInfo) -> FileEntry {
+    FileEntry {
+        name: f.name,
+        path: f.path,
+        kind: match f.kind {
+            proto::FileKind::File => FileKind::File,
+            proto::FileKind::Dir => FileKind::Dir,
+            proto::FileKind::Symlink => FileKind::Symlink,
+            proto::FileKind::Other => FileKind::Other,
+        },
+        size: f.size,
+        mode: f.mode,
+        uid: f.uid,
+        gid: f.gid,
+        modified_at: rfc3339(f.mtime.saturating_mul(1000)),
+        symlink_target: f.symlink_target,
+    }
+}
+
+fn command_vec(c: &proto::Command) -> Vec<String> {
+    match c {
+        proto::Command::Argv(a) => a.clone(),
+        proto::Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+    }
 }
 
 impl Manager {
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
     /// starts the background tasks (idle pause, TTL).
     pub async fn open(config: Config) -> Result<Arc<Manager>> {
-        let _ = config;
-        Err(CoreError::Internal("not yet".into()))
+        if !config.agent_path.is_file() {
+            return Err(CoreError::InvalidArgument(format!(
+                "agent binary {} not found (build it with `cargo build --workspace`)",
+                config.agent_path.display()
+            )));
+        }
+        std::fs::create_dir_all(config.root.join("sandboxes"))?;
+        std::fs::create_dir_all(config.root.join("images"))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&config.root, std::fs::Permissions::from_mode(0o711))?;
+        }
+        let root = config.root.clone();
+        blocking(move || images::ensure_host_image(&root)).await?;
+        let store = Store::open(&config.root.join("state.db")).await?;
+        if store.get_image(HOST_IMAGE).await?.is_none() {
+            store
+                .insert_image(&ImageRow { name: HOST_IMAGE.into(), kind: "host".into(), path: None, created_at: now_ms() })
+                .await?;
+        }
+        let driver = Arc::new(JailDriver::new(config.clone())?);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mgr = Arc::new(Manager {
+            config,
+            store,
+            driver,
+            live: Mutex::new(HashMap::new()),
+            create_lock: tokio::sync::Mutex::new(()),
+            stop_tx,
+        });
+        mgr.reconcile().await?;
+        let weak = Arc::downgrade(&mgr);
+        let interval = mgr.config.reaper_interval;
+        tokio::spawn(async move {
+            let mut stop_rx = stop_rx;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = stop_rx.changed() => break,
+                }
+                let Some(mgr) = weak.upgrade() else { break };
+                if let Err(e) = mgr.enforce_idle_and_ttl().await {
+                    tracing::warn!("idle/TTL sweep failed: {e}");
+                }
+            }
+        });
+        Ok(mgr)
+    }
+
+    fn live(&self, id: &str) -> Arc<Live> {
+        let mut map = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(id.to_string()).or_default().clone()
+    }
+
+    fn forget(&self, id: &str) {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+
+    fn take_conn(live: &Live) -> Option<Arc<AgentConn>> {
+        live.conn.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn set_conn(live: &Live, conn: Option<Arc<AgentConn>>) {
+        *live.conn.lock().unwrap_or_else(|p| p.into_inner()) = conn;
+    }
+
+    /// Brings the store in line with the host after a (re)start: agents that answer are
+    /// re-adopted, dead ones are marked stopped with their disk kept, half-done creates
+    /// and deletes are finished.
+    async fn reconcile(&self) -> Result<()> {
+        for row in self.store.all_sandboxes().await? {
+            let id = row.id.clone();
+            let driver = self.driver.clone();
+            match row.state {
+                State::Deleting => {
+                    let d = driver.clone();
+                    let i = id.clone();
+                    blocking(move || d.destroy(&i)).await?;
+                    self.store.delete_sandbox(&id).await?;
+                    tracing::info!(sandbox = %id, "finished an interrupted delete");
+                }
+                State::Creating => {
+                    let d = driver.clone();
+                    let i = id.clone();
+                    blocking(move || d.stop(&i)).await?;
+                    if self.driver.disk_exists(&id) {
+                        self.store.set_state(&id, State::Stopped, None).await?;
+                    } else {
+                        self.store.delete_sandbox(&id).await?;
+                    }
+                    tracing::info!(sandbox = %id, "cleaned up an interrupted create");
+                }
+                State::Running | State::Paused => {
+                    let d = driver.clone();
+                    let i = id.clone();
+                    let frozen = blocking(move || d.is_frozen(&i)).await.unwrap_or(false);
+                    if frozen {
+                        self.store.set_state(&id, State::Paused, row.agent_pid).await?;
+                        tracing::info!(sandbox = %id, "re-adopted (paused)");
+                        continue;
+                    }
+                    match AgentConn::connect(&self.driver.socket_path(&id), Duration::from_secs(3)).await {
+                        Ok(conn) => {
+                            Self::set_conn(&self.live(&id), Some(conn));
+                            self.store.set_state(&id, State::Running, row.agent_pid).await?;
+                            tracing::info!(sandbox = %id, "re-adopted (running)");
+                        }
+                        Err(e) => {
+                            let d = driver.clone();
+                            let i = id.clone();
+                            blocking(move || d.stop(&i)).await?;
+                            self.store.set_state(&id, State::Stopped, None).await?;
+                            tracing::warn!(sandbox = %id, "agent unreachable ({e}); marked stopped, disk kept");
+                        }
+                    }
+                }
+                State::Stopped => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn enforce_idle_and_ttl(&self) -> Result<()> {
+        let now = now_ms();
+        for row in self.store.all_sandboxes().await? {
+            if let Some(ttl) = row.ttl_secs {
+                if now - row.created_at >= (ttl as i64) * 1000 {
+                    let res = match row.ttl_action {
+                        TtlAction::Delete => self.delete(&row.id, true).await,
+                        TtlAction::Stop if row.state != State::Stopped => self.stop(&row.id).await.map(|_| ()),
+                        TtlAction::Stop => Ok(()),
+                    };
+                    match res {
+                        Ok(()) => tracing::debug!(sandbox = %row.id, "TTL reached"),
+                        Err(e) => tracing::warn!(sandbox = %row.id, "TTL action failed: {e}"),
+                    }
+                    continue;
+                }
+            }
+            if let (State::Running, Some(idle)) = (row.state, row.idle_pause_secs) {
+                let live = self.live(&row.id);
+                let last = live.last_active.load(Ordering::SeqCst).max(row.last_active_at);
+                if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
+                    match self.pause(&row.id).await {
+                        Ok(_) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
+                        Err(e) => tracing::warn!(sandbox = %row.id, "idle pause failed: {e}"),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn resolve(&self, id_or_name: &str) -> Result<SandboxRow> {
+        self.store
+            .get_sandbox(id_or_name)
+            .await?
+            .ok_or_else(|| CoreError::NotFound(id_or_name.to_string()))
+    }
+
+    async fn reload(&self, id: &str) -> Result<SandboxRow> {
+        self.resolve(id).await
+    }
+
+    /// Records API activity (for idle pause); persisted at most once a second.
+    async fn touch(&self, live: &Live, id: &str) {
+        let now = now_ms();
+        live.last_active.store(now, Ordering::SeqCst);
+        if now - live.last_persisted.load(Ordering::SeqCst) >= 1000 {
+            live.last_persisted.store(now, Ordering::SeqCst);
+            if let Err(e) = self.store.touch(id, now).await {
+                tracing::warn!(sandbox = %id, "could not record activity: {e}");
+            }
+        }
+    }
+
+    async fn image_spec(&self, name: &str) -> Result<ImageSpec> {
+        let img = self
+            .store
+            .get_image(name)
+            .await?
+            .ok_or_else(|| CoreError::InvalidArgument(format!("image {name:?} does not exist")))?;
+        Ok(match img.kind.as_str() {
+            "host" => images::host_image_spec(&self.config.root),
+            _ => ImageSpec {
+                lower: vec![img.path.clone().unwrap_or_default().into()],
+                binds: vec![],
+            },
+        })
+    }
+
+    /// Starts the agent of `row` and connects to it. Caller holds the lifecycle lock.
+    async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
+        let image = self.image_spec(&row.image).await?;
+        let driver = self.driver.clone();
+        let id = row.id.clone();
+        let hostname = row.name.clone().unwrap_or_else(|| row.id.clone());
+        let slot = row.slot;
+        let limits = threadbox_sys::cgroup::Limits { memory_bytes: row.memory_bytes, cpus: row.cpus, pids: row.pids };
+        let pid = blocking(move || {
+            driver.launch(&LaunchRequest { id: &id, hostname: &hostname, slot, image: &image, limits })
+        })
+        .await?;
+        match AgentConn::connect(&self.driver.socket_path(&row.id), AGENT_CONNECT_TIMEOUT).await {
+            Ok(conn) => {
+                Self::set_conn(live, Some(conn));
+                Ok(pid)
+            }
+            Err(e) => {
+                let d = self.driver.clone();
+                let i = row.id.clone();
+                let _ = blocking(move || d.stop(&i)).await;
+                Err(e)
+            }
+        }
     }
 
     /// Creates a sandbox, or returns the existing one of that name (`created == false`).
     pub async fn create(&self, req: CreateSandboxRequest) -> Result<(Sandbox, bool)> {
-        let _ = req;
-        unimplemented!()
+        if let Some(name) = &req.name {
+            validate_name(name)?;
+        }
+        validate_labels(&req.labels)?;
+        let memory_bytes = req.limits.memory_bytes.unwrap_or(self.config.default_memory_bytes);
+        if !(16 << 20..=1 << 40).contains(&memory_bytes) {
+            return Err(CoreError::InvalidArgument("memory_bytes must be between 16 MiB and 1 TiB".into()));
+        }
+        let cpus = req.limits.cpus.unwrap_or(self.config.default_cpus);
+        if !(cpus.is_finite() && (0.01..=1024.0).contains(&cpus)) {
+            return Err(CoreError::InvalidArgument("cpus must be between 0.01 and 1024".into()));
+        }
+        let pids = req.limits.pids.unwrap_or(self.config.default_pids);
+        if !(8..=1 << 22).contains(&pids) {
+            return Err(CoreError::InvalidArgument("pids must be between 8 and 4194304".into()));
+        }
+        for (what, v) in [("idle_pause_secs", req.idle_pause_secs), ("ttl_secs", req.ttl_secs)] {
+            if let Some(v) = v {
+                if v == 0 || v > 10 * 365 * 24 * 3600 {
+                    return Err(CoreError::InvalidArgument(format!("{what} must be between 1 and 315360000")));
+                }
+            }
+        }
+        let image = req.image.clone().unwrap_or_else(|| HOST_IMAGE.to_string());
+        if self.store.get_image(&image).await?.is_none() {
+            return Err(CoreError::InvalidArgument(format!("image {image:?} does not exist")));
+        }
+
+        let created = now_ms();
+        let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
+        let mut row = SandboxRow {
+            id: id.clone(),
+            name: req.name.clone(),
+            state: State::Creating,
+            labels: req.labels,
+            image,
+            memory_bytes,
+            cpus,
+            pids,
+            idle_pause_secs: req.idle_pause_secs,
+            ttl_secs: req.ttl_secs,
+            ttl_action: req.ttl_action,
+            slot: 0,
+            agent_pid: None,
+            created_at: created,
+            last_active_at: created,
+        };
+        let live = self.live(&id);
+        // Held across the insert so two creates of one name cannot both insert; the new
+        // sandbox's lifecycle lock is taken before the name is visible, so a concurrent
+        // get-or-create of the same name waits until it is running.
+        let guard = {
+            let _c = self.create_lock.lock().await;
+            if let Some(name) = &req.name {
+                if let Some(existing) = self.store.get_sandbox(name).await? {
+                    drop(_c);
+                    self.forget(&id);
+                    let l = self.live(&existing.id);
+                    let _g = l.lifecycle.lock().await;
+                    let row = self.reload(&existing.id).await?;
+                    return Ok((to_api(&row), false));
+                }
+            }
+            let g = live.lifecycle.lock().await;
+            row.slot = self.store.insert_sandbox(&row).await?;
+            g
+        };
+        let result: Result<i32> = async {
+            let d = self.driver.clone();
+            let (i, slot) = (id.clone(), row.slot);
+            blocking(move || d.prepare(&i, slot)).await?;
+            self.boot(&row, &live).await
+        }
+        .await;
+        match result {
+            Ok(pid) => {
+                self.store.set_state(&id, State::Running, Some(pid)).await?;
+                drop(guard);
+                let row = self.reload(&id).await?;
+                tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
+                Ok((to_api(&row), true))
+            }
+            Err(e) => {
+                // Nothing half-created: remove what exists, then the row.
+                let d = self.driver.clone();
+                let i = id.clone();
+                let _ = blocking(move || d.destroy(&i)).await;
+                let _ = self.store.delete_sandbox(&id).await;
+                drop(guard);
+                self.forget(&id);
+                tracing::error!(sandbox = %id, "create failed: {e}");
+                Err(e)
+            }
+        }
     }
+
     pub async fn get(&self, id_or_name: &str) -> Result<Sandbox> {
-        let _ = id_or_name;
-        unimplemented!()
+        Ok(to_api(&self.resolve(id_or_name).await?))
     }
-    pub async fn list(
-        &self,
-        labels: &BTreeMap<String, String>,
-        state: Option<SandboxState>,
-    ) -> Result<Vec<Sandbox>> {
-        let _ = (labels, state);
-        unimplemented!()
+
+    pub async fn list(&self, labels: &BTreeMap<String, String>, state: Option<SandboxState>) -> Result<Vec<Sandbox>> {
+        let rows = self.store.all_sandboxes().await?;
+        Ok(rows
+            .iter()
+            .filter(|r| r.state != State::Deleting)
+            .map(to_api)
+            .filter(|s| state.is_none_or(|st| s.state == st))
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .collect())
     }
+
     pub async fn pause(&self, id_or_name: &str) -> Result<Sandbox> {
-        let _ = id_or_name;
-        unimplemented!()
+        let row = self.resolve(id_or_name).await?;
+        let live = self.live(&row.id);
+        let _g = live.lifecycle.lock().await;
+        let row = self.reload(&row.id).await?;
+        match row.state {
+            State::Paused => {}
+            State::Running => {
+                let d = self.driver.clone();
+                let i = row.id.clone();
+                blocking(move || d.freeze(&i)).await?;
+                self.store.set_state(&row.id, State::Paused, row.agent_pid).await?;
+            }
+            _ => return Err(CoreError::NotRunning { id: row.id.clone(), state: row.state.as_str().into() }),
+        }
+        Ok(to_api(&self.reload(&row.id).await?))
     }
+
+    async fn resume_locked(&self, row: &SandboxRow) -> Result<()> {
+        let d = self.driver.clone();
+        let i = row.id.clone();
+        blocking(move || d.thaw(&i)).await?;
+        self.store.set_state(&row.id, State::Running, row.agent_pid).await?;
+        Ok(())
+    }
+
     pub async fn resume(&self, id_or_name: &str) -> Result<Sandbox> {
-        let _ = id_or_name;
-        unimplemented!()
+        let row = self.resolve(id_or_name).await?;
+        let live = self.live(&row.id);
+        let _g = live.lifecycle.lock().await;
+        let row = self.reload(&row.id).await?;
+        match row.state {
+            State::Running => {}
+            State::Paused => self.resume_locked(&row).await?,
+            _ => return Err(CoreError::NotRunning { id: row.id.clone(), state: row.state.as_str().into() }),
+        }
+        self.touch(&live, &row.id).await;
+        Ok(to_api(&self.reload(&row.id).await?))
     }
+
     pub async fn stop(&self, id_or_name: &str) -> Result<Sandbox> {
-        let _ = id_or_name;
-        unimplemented!()
+        let row = self.resolve(id_or_name).await?;
+        let live = self.live(&row.id);
+        let _g = live.lifecycle.lock().await;
+        let row = self.reload(&row.id).await?;
+        if row.state != State::Stopped {
+            Self::take_conn(&live);
+            let d = self.driver.clone();
+            let i = row.id.clone();
+            blocking(move || d.stop(&i)).await?;
+            self.store.set_state(&row.id, State::Stopped, None).await?;
+            tracing::info!(sandbox = %row.id, "stopped");
+        }
+        Ok(to_api(&self.reload(&row.id).await?))
     }
+
     pub async fn start(&self, id_or_name: &str) -> Result<Sandbox> {
-        let _ = id_or_name;
-        unimplemented!()
+        let row = self.resolve(id_or_name).await?;
+        let live = self.live(&row.id);
+        let _g = live.lifecycle.lock().await;
+        let row = self.reload(&row.id).await?;
+        match row.state {
+            State::Running => {}
+            State::Paused => self.resume_locked(&row).await?,
+            _ => {
+                let pid = self.boot(&row, &live).await?;
+                self.store.set_state(&row.id, State::Running, Some(pid)).await?;
+                tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
+            }
+        }
+        self.touch(&live, &row.id).await;
+        Ok(to_api(&self.reload(&row.id).await?))
     }
+
     /// Deletes a sandbox and everything it left on the host. Without `force`, a running
-    /// sandbox is refused with `conflict`.
+    /// or paused sandbox is refused with `conflict`.
     pub async fn delete(&self, id_or_name: &str, force: bool) -> Result<()> {
-        let _ = (id_or_name, force);
-        unimplemented!()
+        let row = self.resolve(id_or_name).await?;
+        let live = self.live(&row.id);
+        let _g = live.lifecycle.lock().await;
+        let row = self.reload(&row.id).await?;
+        if !force && matches!(row.state, State::Running | State::Paused) {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {} is {}; stop it first or delete with force",
+                row.id,
+                row.state.as_str()
+            )));
+        }
+        // Recorded first, so a crash mid-delete is finished by the next start.
+        self.store.set_state(&row.id, State::Deleting, None).await?;
+        Self::take_conn(&live);
+        let d = self.driver.clone();
+        let i = row.id.clone();
+        blocking(move || d.destroy(&i)).await?;
+        self.store.delete_sandbox(&row.id).await?;
+        self.forget(&row.id);
+        tracing::info!(sandbox = %row.id, "deleted");
+        Ok(())
     }
+
+    /// Checks the sandbox can run things (resuming it transparently when paused) and
+    /// returns its agent connection.
+    async fn running_conn(&self, id_or_name: &str) -> Result<(Arc<AgentConn>, Inflight)> {
+        let row = self.resolve(id_or_name).await?;
+        let live = self.live(&row.id);
+        let _g = live.lifecycle.lock().await;
+        let row = self.reload(&row.id).await?;
+        match row.state {
+            State::Running => {}
+            State::Paused => {
+                self.resume_locked(&row).await?;
+                tracing::info!(sandbox = %row.id, "resumed for a call");
+            }
+            _ => return Err(CoreError::NotRunning { id: row.id.clone(), state: row.state.as_str().into() }),
+        }
+        let current = live.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let conn = match current {
+            Some(c) if !c.is_closed() => c,
+            _ => {
+                let c = AgentConn::connect(&self.driver.socket_path(&row.id), Duration::from_secs(3)).await?;
+                Self::set_conn(&live, Some(c.clone()));
+                c
+            }
+        };
+        live.inflight.fetch_add(1, Ordering::SeqCst);
+        let inflight = Inflight(live.clone());
+        self.touch(&live, &row.id).await;
+        Ok((conn, inflight))
+    }
+
+    async fn call(&self, id_or_name: &str, req: proto::Request) -> Result<proto::Response> {
+        let (conn, _inflight) = self.running_conn(id_or_name).await?;
+        conn.call(req).await
+    }
+
     pub async fn exec(&self, id_or_name: &str, req: ExecRequest) -> Result<ExecResponse> {
-        let _ = (id_or_name, req);
-        unimplemented!()
+        let spec = exec_spec(req, false)?;
+        let (conn, _inflight) = self.running_conn(id_or_name).await?;
+        let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
+        let mut guard = CancelGuard { conn: conn.clone(), id, armed: true };
+        loop {
+            match rx.recv().await {
+                Some(proto::Response::Exited(r)) => {
+                    guard.armed = false;
+                    return Ok(exec_response(r));
+                }
+                Some(proto::Response::Started { .. }) | Some(proto::Response::Output { .. }) => {}
+                Some(other) => {
+                    guard.armed = false;
+                    return Err(unexpected(other));
+                }
+                None => {
+                    guard.armed = false;
+                    return Err(CoreError::Unavailable("the sandbox's agent went away during the call".into()));
+                }
+            }
+        }
     }
+
     /// Runs a command and streams its events; the last event is `End` or `Error`.
-    pub async fn exec_stream(
-        &self,
-        id_or_name: &str,
-        req: ExecRequest,
-    ) -> Result<mpsc::Receiver<ExecEvent>> {
-        let _ = (id_or_name, req);
-        unimplemented!()
+    pub async fn exec_stream(&self, id_or_name: &str, req: ExecRequest) -> Result<mpsc::Receiver<ExecEvent>> {
+        let spec = exec_spec(req, true)?;
+        let (conn, inflight) = self.running_conn(id_or_name).await?;
+        let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
+        let (tx, out) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let _inflight = inflight;
+            let mut guard = CancelGuard { conn: conn.clone(), id, armed: true };
+            loop {
+                let ev = match rx.recv().await {
+                    Some(proto::Response::Started { pid }) => ExecEvent::Start { pid },
+                    Some(proto::Response::Output { stream, data }) => {
+                        let (data, encoding) = encode_bytes(&data);
+                        match stream {
+                            proto::Stream::Stdout => ExecEvent::Stdout { data, encoding },
+                            proto::Stream::Stderr => ExecEvent::Stderr { data, encoding },
+                        }
+                    }
+                    Some(proto::Response::Exited(r)) => {
+                        guard.armed = false;
+                        let _ = tx
+                            .send(ExecEvent::End {
+                                exit_code: r.exit_code,
+                                signal: r.signal,
+                                timed_out: r.timed_out,
+                                truncated: r.stdout_truncated || r.stderr_truncated,
+                                duration_ms: r.duration_ms,
+                            })
+                            .await;
+                        return;
+                    }
+                    Some(other) => {
+                        guard.armed = false;
+                        let e = unexpected(other);
+                        let _ = tx.send(ExecEvent::Error { code: e.code(), message: e.public_message() }).await;
+                        return;
+                    }
+                    None => {
+                        guard.armed = false;
+                        let _ = tx
+                            .send(ExecEvent::Error {
+                                code: ErrorCode::Unavailable,
+                                message: "the sandbox's agent went away during the call".into(),
+                            })
+                            .await;
+                        return;
+                    }
+                };
+                // A closed receiver means the client left: the guard cancels the call.
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(out)
     }
-    pub async fn start_process(
-        &self,
-        id_or_name: &str,
-        req: StartProcessRequest,
-    ) -> Result<ProcessInfo> {
-        let _ = (id_or_name, req);
-        unimplemented!()
+
+    pub async fn start_process(&self, id_or_name: &str, req: StartProcessRequest) -> Result<ProcessInfo> {
+        let command = command_of(req.command, req.shell)?;
+        validate_env(&req.env)?;
+        if let Some(cwd) = &req.cwd {
+            validate_path(cwd)?;
+        }
+        let cmd_vec = command_vec(&command);
+        let spec = proto::BackgroundSpec {
+            command,
+            env: req.env,
+            cwd: req.cwd,
+            user: run_as(req.user),
+            max_log: proto::DEFAULT_MAX_OUTPUT,
+        };
+        match self.call(id_or_name, proto::Request::BackgroundStart(spec)).await? {
+            proto::Response::BackgroundStarted { bg_id, pid } => Ok(ProcessInfo {
+                id: bg_id,
+                pid,
+                command: cmd_vec,
+                running: true,
+                exit_code: None,
+                signal: None,
+                started_at: rfc3339(now_ms()),
+            }),
+            other => Err(unexpected(other)),
+        }
     }
+
     pub async fn list_processes(&self, id_or_name: &str) -> Result<ProcessList> {
-        let _ = id_or_name;
-        unimplemented!()
+        match self.call(id_or_name, proto::Request::BackgroundList).await? {
+            proto::Response::BackgroundList { processes } => Ok(ProcessList {
+                processes: processes
+                    .into_iter()
+                    .map(|p| ProcessInfo {
+                        id: p.bg_id,
+                        pid: p.pid,
+                        command: command_vec(&p.command),
+                        running: p.running,
+                        exit_code: p.exit_code,
+                        signal: p.signal,
+                        started_at: rfc3339(p.started_at.saturating_mul(1000)),
+                    })
+                    .collect(),
+            }),
+            other => Err(unexpected(other)),
+        }
     }
+
     pub async fn process_logs(&self, id_or_name: &str, process_id: u64) -> Result<ProcessLogs> {
-        let _ = (id_or_name, process_id);
-        unimplemented!()
+        match self.call(id_or_name, proto::Request::BackgroundLogs { bg_id: process_id }).await? {
+            proto::Response::BackgroundLogs(l) => {
+                let both = std::str::from_utf8(&l.stdout).is_ok() && std::str::from_utf8(&l.stderr).is_ok();
+                let enc = |b: &[u8]| {
+                    if both {
+                        String::from_utf8_lossy(b).into_owned()
+                    } else {
+                        base64::engine::general_purpose::STANDARD.encode(b)
+                    }
+                };
+                Ok(ProcessLogs {
+                    stdout: enc(&l.stdout),
+                    stderr: enc(&l.stderr),
+                    encoding: if both { Encoding::Utf8 } else { Encoding::Base64 },
+                    stdout_dropped: l.stdout_dropped,
+                    stderr_dropped: l.stderr_dropped,
+                })
+            }
+            other => Err(unexpected(other)),
+        }
     }
-    pub async fn kill_process(
-        &self,
-        id_or_name: &str,
-        process_id: u64,
-        signal: Option<i32>,
-    ) -> Result<()> {
-        let _ = (id_or_name, process_id, signal);
-        unimplemented!()
+
+    pub async fn kill_process(&self, id_or_name: &str, process_id: u64, signal: Option<i32>) -> Result<()> {
+        if let Some(s) = signal {
+            if !(1..=64).contains(&s) {
+                return Err(CoreError::InvalidArgument("signal must be between 1 and 64".into()));
+            }
+        }
+        match self.call(id_or_name, proto::Request::BackgroundKill { bg_id: process_id, signal }).await? {
+            proto::Response::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
+
     /// Reads a file; the stream yields chunks until the end of the file.
     pub async fn read_file(&self, id_or_name: &str, path: &str, user: User) -> Result<ByteStream> {
-        let _ = (id_or_name, path, user);
-        unimplemented!()
+        validate_path(path)?;
+        let (conn, inflight) = self.running_conn(id_or_name).await?;
+        let path = path.to_string();
+        let user = run_as(user);
+        let first = conn
+            .call(proto::Request::FileRead { path: path.clone(), user, offset: 0, limit: Some(FILE_CHUNK) })
+            .await?;
+        let (data, eof) = match first {
+            proto::Response::FileData { data, eof, .. } => (data, eof),
+            other => return Err(unexpected(other)),
+        };
+        let state = (conn, inflight, path, user, data.len() as u64, eof, Some(data));
+        let stream = futures::stream::unfold(state, |(conn, inflight, path, user, offset, eof, first)| async move {
+            if let Some(d) = first {
+                return Some((Ok(d), (conn, inflight, path, user, offset, eof, None)));
+            }
+            if eof {
+                return None;
+            }
+            let r = conn
+                .call(proto::Request::FileRead { path: path.clone(), user, offset, limit: Some(FILE_CHUNK) })
+                .await;
+            match r {
+                Ok(proto::Response::FileData { data, eof, .. }) => {
+                    let off = offset + data.len() as u64;
+                    let eof = eof || data.is_empty();
+                    Some((Ok(data), (conn, inflight, path, user, off, eof, None)))
+                }
+                Ok(other) => Some((Err(unexpected(other)), (conn, inflight, path, user, offset, true, None))),
+                Err(e) => Some((Err(e), (conn, inflight, path, user, offset, true, None))),
+            }
+        });
+        Ok(stream.boxed())
     }
-    /// Writes (replaces) a file from a stream of chunks; returns the bytes written.
-    pub async fn write_file(
-        &self,
-        id_or_name: &str,
-        path: &str,
-        user: User,
-        body: ByteSink,
-    ) -> Result<u64> {
-        let _ = (id_or_name, path, user, body);
-        unimplemented!()
+
+    /// Writes (replaces) a file from a stream of chunks; returns the bytes written. The
+    /// data goes to a temporary name first and is renamed over the target at the end, so
+    /// a failed upload never leaves a half-written file in place of the old one.
+    pub async fn write_file(&self, id_or_name: &str, path: &str, user: User, mut body: ByteSink) -> Result<u64> {
+        validate_path(path)?;
+        if path.ends_with('/') {
+            return Err(CoreError::InvalidArgument("path names a directory".into()));
+        }
+        let (conn, _inflight) = self.running_conn(id_or_name).await?;
+        let user = run_as(user);
+        let (dir, name) = match path.rfind('/') {
+            Some(i) => (&path[..=i], &path[i + 1..]),
+            None => ("", path),
+        };
+        let tmp = format!("{dir}.{name}.tb-upload-{}", uuid::Uuid::new_v4().simple());
+        let mut written: u64 = 0;
+        let mut first = true;
+        let mut pending: Vec<u8> = Vec::new();
+        let result: Result<()> = async {
+            loop {
+                let next = body.next().await;
+                let done = next.is_none();
+                if let Some(chunk) = next {
+                    let chunk = chunk.map_err(|e| CoreError::InvalidArgument(format!("upload interrupted: {e}")))?;
+                    pending.extend_from_slice(&chunk);
+                }
+                while pending.len() as u64 >= FILE_CHUNK || (done && (first || !pending.is_empty())) {
+                    let take = pending.len().min(FILE_CHUNK as usize);
+                    let data: Vec<u8> = pending.drain(..take).collect();
+                    let n = data.len() as u64;
+                    let r = conn
+                        .call(proto::Request::FileWrite {
+                            path: tmp.clone(),
+                            user,
+                            data,
+                            append: !first,
+                            mode: None,
+                            make_parents: first,
+                        })
+                        .await?;
+                    match r {
+                        proto::Response::Done => {}
+                        other => return Err(unexpected(other)),
+                    }
+                    first = false;
+                    written += n;
+                }
+                if done {
+                    break;
+                }
+            }
+            match conn.call(proto::Request::Rename { from: tmp.clone(), to: path.to_string(), user }).await? {
+                proto::Response::Done => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            if !first {
+                let _ = conn.call(proto::Request::Remove { path: tmp, user, recursive: false }).await;
+            }
+            return Err(e);
+        }
+        Ok(written)
     }
+
     pub async fn list_files(&self, id_or_name: &str, path: &str, user: User) -> Result<FileList> {
-        let _ = (id_or_name, path, user);
-        unimplemented!()
+        validate_path(path)?;
+        match self.call(id_or_name, proto::Request::FileList { path: path.into(), user: run_as(user) }).await? {
+            proto::Response::FileList { entries } => Ok(FileList { entries: entries.into_iter().map(file_entry).collect() }),
+            other => Err(unexpected(other)),
+        }
     }
+
     pub async fn stat_file(&self, id_or_name: &str, path: &str, user: User) -> Result<FileEntry> {
-        let _ = (id_or_name, path, user);
-        unimplemented!()
+        validate_path(path)?;
+        match self.call(id_or_name, proto::Request::FileStat { path: path.into(), user: run_as(user) }).await? {
+            proto::Response::FileStat(f) => Ok(file_entry(f)),
+            other => Err(unexpected(other)),
+        }
     }
+
     pub async fn mkdir(&self, id_or_name: &str, path: &str, user: User, parents: bool) -> Result<()> {
-        let _ = (id_or_name, path, user, parents);
-        unimplemented!()
+        validate_path(path)?;
+        match self.call(id_or_name, proto::Request::Mkdir { path: path.into(), user: run_as(user), parents }).await? {
+            proto::Response::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
-    pub async fn remove_file(
-        &self,
-        id_or_name: &str,
-        path: &str,
-        user: User,
-        recursive: bool,
-    ) -> Result<()> {
-        let _ = (id_or_name, path, user, recursive);
-        unimplemented!()
+
+    pub async fn remove_file(&self, id_or_name: &str, path: &str, user: User, recursive: bool) -> Result<()> {
+        validate_path(path)?;
+        match self
+            .call(id_or_name, proto::Request::Remove { path: path.into(), user: run_as(user), recursive })
+            .await?
+        {
+            proto::Response::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
     }
+
     pub async fn selftest(&self, id_or_name: &str) -> Result<SelftestReport> {
-        let _ = id_or_name;
-        unimplemented!()
+        match self.call(id_or_name, proto::Request::Selftest).await? {
+            proto::Response::Selftest { checks } => Ok(SelftestReport {
+                ok: checks.iter().all(|c| c.ok),
+                checks: checks
+                    .into_iter()
+                    .map(|c| PostureCheck { name: c.name, ok: c.ok, detail: c.detail })
+                    .collect(),
+            }),
+            other => Err(unexpected(other)),
+        }
     }
+
+    /// CPU time the sandbox has used so far, microseconds (from its cgroup).
+    pub async fn cpu_usage_usec(&self, id_or_name: &str) -> Result<u64> {
+        let row = self.resolve(id_or_name).await?;
+        let d = self.driver.clone();
+        blocking(move || d.cpu_usage_usec(&row.id)).await
+    }
+
     pub async fn add_image(&self, req: AddImageRequest) -> Result<Image> {
-        let _ = req;
-        unimplemented!()
+        images::validate_image_name(&req.name)?;
+        let path = images::validate_rootfs(&req.path)?;
+        let row = ImageRow {
+            name: req.name,
+            kind: "rootfs".into(),
+            path: Some(path.display().to_string()),
+            created_at: now_ms(),
+        };
+        self.store.insert_image(&row).await?;
+        Ok(Image { name: row.name, kind: row.kind, path: row.path, created_at: rfc3339(row.created_at) })
     }
+
     pub async fn list_images(&self) -> Result<ImageList> {
-        unimplemented!()
+        Ok(ImageList {
+            images: self
+                .store
+                .list_images()
+                .await?
+                .into_iter()
+                .map(|r| Image { name: r.name, kind: r.kind, path: r.path, created_at: rfc3339(r.created_at) })
+                .collect(),
+        })
     }
+
     /// Stops background tasks and closes the store. Sandboxes keep running.
-    pub async fn shutdown(&self) {}
+    pub async fn shutdown(&self) {
+        let _ = self.stop_tx.send(true);
+        self.store.close().await;
+    }
+
+    /// Where the manager keeps its state.
+    pub fn root(&self) -> &std::path::Path {
+        &self.config.root
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_validated() {
+        assert!(validate_name("thread-42").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a/b").is_err());
+        assert!(validate_name("sb-123").is_err());
+        assert!(validate_name(&"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn exec_requests_are_validated() {
+        let base = ExecRequest { shell: Some("true".into()), ..Default::default() };
+        assert!(exec_spec(base.clone(), false).is_ok());
+        assert!(exec_spec(ExecRequest { command: Some(vec!["a".into()]), ..base.clone() }, false).is_err());
+        assert!(exec_spec(ExecRequest { shell: None, ..base.clone() }, false).is_err());
+        assert!(exec_spec(ExecRequest { timeout_secs: Some(f64::NAN), ..base.clone() }, false).is_err());
+        assert!(exec_spec(ExecRequest { timeout_secs: Some(-1.0), ..base.clone() }, false).is_err());
+        assert!(exec_spec(ExecRequest { max_output_bytes: Some(1 << 40), ..base.clone() }, false).is_err());
+        let mut env = BTreeMap::new();
+        env.insert("A=B".to_string(), "x".to_string());
+        assert!(exec_spec(ExecRequest { env, ..base.clone() }, false).is_err());
+        assert!(exec_spec(ExecRequest { stdin: Some("!!".into()), stdin_encoding: Encoding::Base64, ..base }, false)
+            .is_err());
+    }
+
+    #[test]
+    fn non_utf8_output_is_base64_not_mangled() {
+        let r = exec_response(proto::ExecResult { stdout: vec![0xff, 0x00], stderr: b"ok".to_vec(), ..Default::default() });
+        assert_eq!(r.encoding, Encoding::Base64);
+        assert_eq!(decode_bytes(&r.stdout, r.encoding).unwrap(), vec![0xff, 0x00]);
+        assert_eq!(decode_bytes(&r.stderr, r.encoding).unwrap(), b"ok");
+    }
 }

@@ -20,7 +20,11 @@ pub use codec::{decode_frame, encode_frame, FrameDecoder};
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Largest frame either side accepts (header excluded).
-pub const MAX_FRAME: usize = 8 * 1024 * 1024;
+pub const MAX_FRAME: usize = 32 * 1024 * 1024;
+
+/// Largest `max_output` the host asks for (each of stdout/stderr), so a final exec frame
+/// (both streams, base64) always fits in [`MAX_FRAME`].
+pub const MAX_OUTPUT_LIMIT: u64 = 8 * 1024 * 1024;
 
 /// Largest chunk of process output or file data put in one frame.
 pub const CHUNK: usize = 64 * 1024;
@@ -166,6 +170,8 @@ pub enum Request {
     FileStat { path: String, user: RunAs },
     Mkdir { path: String, user: RunAs, parents: bool },
     Remove { path: String, user: RunAs, recursive: bool },
+    /// Atomic rename within the sandbox (used to commit an upload written to a temp name).
+    Rename { from: String, to: String, user: RunAs },
     Selftest,
     /// Sum of CPU time etc. is read by the host from cgroups; this is what only the
     /// inside can tell.

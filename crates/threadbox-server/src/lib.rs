@@ -1,1 +1,15 @@
+//! The threadbox daemon: the axum router ([`app`]), its OpenAPI document and [`serve`].
+#![forbid(unsafe_code)]
 
+pub mod error;
+pub mod openapi;
+pub mod routes;
+pub mod serve;
+
+pub use error::ApiError;
+pub use openapi::{openapi_json, ApiDoc};
+pub use routes::{app, AppState, DEFAULT_MAX_UPLOAD_BYTES, MAX_JSON_BODY_BYTES};
+pub use serve::{serve, ServeError, ServeOptions, DEFAULT_LISTEN, PID_FILE_NAME, SOCKET_NAME};
+
+#[cfg(test)]
+mod tests;

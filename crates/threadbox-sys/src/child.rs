@@ -1,0 +1,540 @@
+//! What a sandbox process goes through between fork and exec, and the few raw calls the
+//! agent (PID 1) needs: reaping, signals, filesystem identity, `openat2`, inherited fds.
+//!
+//! [`ChildPolicy`] is built before fork (all allocation happens there) and
+//! [`ChildPolicy::enter`] runs in the child using raw system calls only, so it is
+//! async-signal-safe and may run in a `pre_exec` hook.
+
+use crate::landlock::Ruleset;
+use crate::seccomp::sock_filter;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Everything a child needs to drop into the sandbox's process policy.
+#[derive(Debug)]
+pub struct ChildPolicy {
+    pub uid: libc::uid_t,
+    pub gid: libc::gid_t,
+    pub groups: Vec<libc::gid_t>,
+    /// Changed into after the ids are dropped, so the user's permissions apply.
+    pub cwd: Option<CString>,
+    /// An fd of a cgroup v2 `cgroup.procs` file opened for writing; the child moves itself
+    /// there first, so everything it starts is in that cgroup.
+    pub cgroup_procs: Option<OwnedFd>,
+    pub landlock: Option<Arc<Ruleset>>,
+    pub seccomp: Arc<Vec<sock_filter>>,
+}
+
+const OOM_SCORE_ADJ: &CStr = c"/proc/self/oom_score_adj";
+/// User processes are the OOM killer's first choice, before the agent.
+const OOM_SCORE_ADJ_VALUE: &[u8] = b"500";
+
+/// All bits that can be set in the secure bits (see capabilities(7)): no privilege for uid 0
+/// on exec, no capability fix-up on uid changes, no ambient raise; each locked.
+const SECUREBITS: libc::c_ulong = (1 << 0) // NOROOT
+    | (1 << 1) // NOROOT_LOCKED
+    | (1 << 2) // NO_SETUID_FIXUP
+    | (1 << 3) // NO_SETUID_FIXUP_LOCKED
+    | (1 << 5) // KEEP_CAPS_LOCKED (KEEP_CAPS itself off)
+    | (1 << 6) // NO_CAP_AMBIENT_RAISE
+    | (1 << 7); // NO_CAP_AMBIENT_RAISE_LOCKED
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+fn check(rc: libc::c_long) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+impl ChildPolicy {
+    /// Enters the policy. Runs in the forked child before exec: raw system calls only,
+    /// no allocation, no locks. The order matters:
+    ///
+    /// 1. every inherited fd ≥ 3 becomes close-on-exec (nothing of the agent leaks);
+    /// 2. join the cgroup, `setsid`, raise `oom_score_adj`;
+    /// 3. while still privileged: clear ambient caps, empty the bounding set, lock the
+    ///    secure bits (where permitted);
+    /// 4. `setgroups`, `setresgid`, `setresuid` (raw syscalls, not glibc's setxid broadcast);
+    /// 5. `capset` to zero every set, `chdir` as the user;
+    /// 6. no_new_privs, Landlock, and seccomp last (it would refuse the calls above).
+    pub fn enter(&self) -> io::Result<()> {
+        // SAFETY: integer arguments only. Failure (old kernel) is not fatal: the agent opens
+        // every fd of its own with O_CLOEXEC.
+        unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+
+        if let Some(fd) = &self.cgroup_procs {
+            // SAFETY: writes one byte from a static buffer to an fd we own.
+            let n = unsafe { libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) };
+            if n != 1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // SAFETY: no arguments.
+        check(unsafe { libc::setsid() } as libc::c_long)?;
+
+        // Best effort: a missing /proc must not stop the process.
+        // SAFETY: NUL-terminated static path; the fd is closed below.
+        let fd = unsafe { libc::open(OOM_SCORE_ADJ.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            // SAFETY: static buffer of the given length; `fd` is ours and closed once.
+            unsafe {
+                libc::write(fd, OOM_SCORE_ADJ_VALUE.as_ptr().cast(), OOM_SCORE_ADJ_VALUE.len());
+                libc::close(fd);
+            }
+        }
+
+        // SAFETY: integer arguments only.
+        let rc = unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+        if rc != 0 && errno() != libc::EINVAL {
+            return Err(io::Error::last_os_error());
+        }
+        for cap in 0..64 {
+            // SAFETY: integer arguments only.
+            let present = unsafe { libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) };
+            if present < 0 {
+                break; // EINVAL: past CAP_LAST_CAP
+            }
+            if present == 1 {
+                // SAFETY: integer arguments only.
+                check(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } as libc::c_long)?;
+            }
+        }
+        // Where permitted (needs CAP_SETPCAP; may be locked already by an outer layer).
+        // SAFETY: integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_SECUREBITS, SECUREBITS, 0, 0, 0) };
+
+        // SAFETY: `groups` is a live slice of gid_t of the given length.
+        check(unsafe {
+            libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr())
+        })?;
+        // SAFETY: integer arguments only.
+        check(unsafe { libc::syscall(libc::SYS_setresgid, self.gid, self.gid, self.gid) })?;
+        // SAFETY: integer arguments only.
+        check(unsafe { libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid) })?;
+
+        let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+        let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        // SAFETY: header and a two-element data array as capset(2) requires for version 3.
+        check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })?;
+
+        if let Some(cwd) = &self.cwd {
+            // SAFETY: NUL-terminated string owned by `self`.
+            check(unsafe { libc::chdir(cwd.as_ptr()) } as libc::c_long)?;
+        }
+
+        // SAFETY: integer arguments only.
+        check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
+        if let Some(rs) = &self.landlock {
+            rs.restrict_self()?;
+        }
+        crate::seccomp::apply(&self.seccomp)
+    }
+}
+
+/// Spawns `cmd` with `policy` entered between fork and exec. Every fd of `cmd`'s stdio must
+/// already be set; the child sees nothing else of the parent's descriptors.
+pub fn spawn(cmd: &mut Command, policy: ChildPolicy) -> io::Result<Child> {
+    // SAFETY: the hook only calls `ChildPolicy::enter`, which is async-signal-safe (raw
+    // system calls, no allocation, no locks), as required after fork.
+    unsafe { cmd.pre_exec(move || policy.enter()) };
+    cmd.spawn()
+}
+
+/// Forks a child that enters `policy`, runs `f` and exits with its return value (126 when
+/// the policy could not be entered, 101 when `f` panicked). Returns the child's pid; the
+/// caller reaps it.
+///
+/// Refused unless the calling process has exactly one thread: only then may the child run
+/// ordinary (allocating) Rust code after fork.
+pub fn run_forked<F: FnOnce() -> i32>(policy: &ChildPolicy, f: F) -> io::Result<i32> {
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "refusing to fork a process with {threads} threads"
+        )));
+    }
+    // SAFETY: the process is single-threaded (checked above), so no lock can be held by a
+    // thread that does not exist in the child; the child never returns from this function.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = match policy.enter() {
+            Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101),
+            Err(_) => 126,
+        };
+        // SAFETY: ends the child without unwinding into the parent's code.
+        unsafe { libc::_exit(code) };
+    }
+    Ok(pid)
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+/// Reaps one terminated child of any pid without blocking: `Ok(None)` when none is
+/// waiting (or there are no children).
+pub fn reap_any() -> io::Result<Option<(i32, WaitStatus)>> {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid == 0 {
+            return Ok(None);
+        }
+        if pid < 0 {
+            match errno() {
+                libc::EINTR => continue,
+                libc::ECHILD => return Ok(None),
+                _ => return Err(io::Error::last_os_error()),
+            }
+        }
+        let ws = if libc::WIFSIGNALED(status) {
+            WaitStatus::Signaled(libc::WTERMSIG(status))
+        } else if libc::WIFEXITED(status) {
+            WaitStatus::Exited(libc::WEXITSTATUS(status))
+        } else {
+            continue; // stopped/continued: not requested, not expected
+        };
+        return Ok(Some((pid, ws)));
+    }
+}
+
+/// Sends `sig` to one process. `pid` must be positive (0 and -1 would reach many).
+pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+    if pid <= 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::kill(pid, sig) } as libc::c_long)
+}
+
+/// Sends `sig` to every process of process group `pgid` (which must be > 1).
+pub fn kill_group(pgid: i32, sig: i32) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::kill(-pgid, sig) } as libc::c_long)
+}
+
+/// PR_SET_DUMPABLE: a non-dumpable process cannot be ptraced or have its /proc files read
+/// by other users (the agent is non-dumpable).
+pub fn set_dumpable(on: bool) -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) } as libc::c_long)
+}
+
+/// Orphans of our descendants are re-parented to us (so we reap them) even when we are not
+/// PID 1, as in the agent's host test mode.
+pub fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: integer arguments only.
+    check(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } as libc::c_long)
+}
+
+/// Sets the process umask.
+pub fn set_umask(mask: u32) {
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(mask as libc::mode_t) };
+}
+
+/// Empties the supplementary group list of the calling process, so file operations done
+/// under a temporary fsuid/fsgid get no group rights of ours.
+pub fn clear_supplementary_groups() -> io::Result<()> {
+    // SAFETY: a zero-length list with a null pointer is valid.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) })
+}
+
+/// While alive, the calling thread's filesystem uid/gid are the given ones (so permission
+/// checks and the owner of new files are those of that user); dropping restores them.
+#[derive(Debug)]
+pub struct FsIdentity {
+    prev_uid: libc::uid_t,
+    prev_gid: libc::gid_t,
+}
+
+fn set_fsgid(gid: libc::gid_t) -> libc::gid_t {
+    // SAFETY: integer argument; returns the previous fsgid.
+    unsafe { libc::setfsgid(gid) as libc::gid_t }
+}
+
+fn set_fsuid(uid: libc::uid_t) -> libc::uid_t {
+    // SAFETY: integer argument; returns the previous fsuid.
+    unsafe { libc::setfsuid(uid) as libc::uid_t }
+}
+
+/// Switches the filesystem identity of the calling thread (see [`FsIdentity`]).
+pub fn assume_fs_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsIdentity> {
+    let prev_gid = set_fsgid(gid);
+    // setfsgid(-1) fails and returns the current value: the only way to check.
+    if set_fsgid(u32::MAX) != gid {
+        set_fsgid(prev_gid);
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    let prev_uid = set_fsuid(uid);
+    if set_fsuid(u32::MAX) != uid {
+        set_fsuid(prev_uid);
+        set_fsgid(prev_gid);
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(FsIdentity { prev_uid, prev_gid })
+}
+
+impl Drop for FsIdentity {
+    fn drop(&mut self) {
+        set_fsuid(self.prev_uid);
+        set_fsgid(self.prev_gid);
+    }
+}
+
+/// `RESOLVE_NO_MAGICLINKS`: /proc/<pid>/fd/* style links are not followed.
+pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+/// `RESOLVE_NO_SYMLINKS`.
+pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `openat2(2)` relative to `dir` (or the cwd). `O_CLOEXEC` is always added. On kernels
+/// without openat2 (< 5.6) falls back to `openat`, losing the `resolve` restrictions.
+pub fn openat2(
+    dir: Option<BorrowedFd<'_>>,
+    path: &Path,
+    flags: i32,
+    mode: u32,
+    resolve: u64,
+) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let dirfd = dir.map(|d| d.as_raw_fd()).unwrap_or(libc::AT_FDCWD);
+    let flags = flags | libc::O_CLOEXEC;
+    let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { mode } else { 0 };
+    let how = OpenHow { flags: flags as u64, mode: mode as u64, resolve };
+    // SAFETY: `c` is NUL-terminated and `how` is a valid open_how of the size passed.
+    let mut rc = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if rc < 0 && errno() == libc::ENOSYS {
+        // SAFETY: as above, with the classic calling convention.
+        rc = unsafe { libc::openat(dirfd, c.as_ptr(), flags, mode as libc::c_uint) } as libc::c_long;
+    }
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// The filesystem type (`f_type` of fstatfs) of an open file.
+pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    // SAFETY: statfs is plain data; zeroed is a valid value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    check(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } as libc::c_long)?;
+    Ok(st.f_type as i64)
+}
+
+/// Pseudo filesystems that the file API must never read or write through a symlink.
+pub fn is_kernel_interface_fs(f_type: i64) -> bool {
+    const MAGICS: &[i64] = &[
+        libc::PROC_SUPER_MAGIC as i64,
+        libc::SYSFS_MAGIC as i64,
+        libc::CGROUP2_SUPER_MAGIC as i64,
+        libc::CGROUP_SUPER_MAGIC as i64,
+        libc::DEBUGFS_MAGIC as i64,
+        libc::SECURITYFS_MAGIC as i64,
+        libc::BPF_FS_MAGIC as i64,
+        libc::TRACEFS_MAGIC as i64,
+        libc::DEVPTS_SUPER_MAGIC as i64,
+        0x4249_4e4d, // binfmt_misc
+        0x6e73_6673, // nsfs
+    ];
+    MAGICS.contains(&f_type)
+}
+
+static TAKEN_FDS: AtomicU64 = AtomicU64::new(0);
+
+/// Takes ownership of a descriptor inherited from the parent process (e.g. `--listen-fd
+/// 3`) after checking that it is open, and marks it close-on-exec. Each fd number below 64
+/// can be taken once; others are refused.
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    if !(3..64).contains(&fd) {
+        return Err(io::Error::other(format!("inherited fd {fd} is outside 3..64")));
+    }
+    let bit = 1u64 << fd;
+    if TAKEN_FDS.fetch_or(bit, Ordering::SeqCst) & bit != 0 {
+        return Err(io::Error::other(format!("fd {fd} was already taken")));
+    }
+    // SAFETY: F_GETFD only queries the descriptor.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: F_SETFD on a descriptor known to be open.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) } as libc::c_long)?;
+    // SAFETY: the fd is open (checked), was handed to this process for it to own, and the
+    // bitmap guarantees no second OwnedFd is made from it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A directory handle for `*at` operations (used for the sandbox's cgroup directory).
+#[derive(Debug)]
+pub struct DirFd(OwnedFd);
+
+impl DirFd {
+    /// Opens a directory by path.
+    pub fn open(path: &Path) -> io::Result<DirFd> {
+        openat2(None, path, libc::O_RDONLY | libc::O_DIRECTORY, 0, 0).map(DirFd)
+    }
+
+    /// Wraps an fd that must refer to a directory.
+    pub fn from_fd(fd: OwnedFd) -> io::Result<DirFd> {
+        // SAFETY: stat is plain data; zeroed is valid.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and out-pointer.
+        check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } as libc::c_long)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+        }
+        Ok(DirFd(fd))
+    }
+
+    fn cname(name: &str) -> io::Result<CString> {
+        CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    pub fn mkdir(&self, name: &str, mode: u32) -> io::Result<()> {
+        let c = Self::cname(name)?;
+        // SAFETY: valid dirfd and NUL-terminated name.
+        check(unsafe { libc::mkdirat(self.0.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) } as libc::c_long)
+    }
+
+    pub fn rmdir(&self, name: &str) -> io::Result<()> {
+        let c = Self::cname(name)?;
+        // SAFETY: valid dirfd and NUL-terminated name.
+        check(unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } as libc::c_long)
+    }
+
+    /// Opens `rel` (no symlinks followed) for writing.
+    pub fn open_write(&self, rel: &str) -> io::Result<OwnedFd> {
+        openat2(Some(self.0.as_fd_borrow()), Path::new(rel), libc::O_WRONLY, 0, RESOLVE_NO_SYMLINKS)
+    }
+
+    /// Writes `data` to the file `rel` in one write (cgroup interface files want that).
+    pub fn write_file(&self, rel: &str, data: &[u8]) -> io::Result<()> {
+        let fd = self.open_write(rel)?;
+        // SAFETY: valid fd and buffer of the given length.
+        let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != data.len() {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+}
+
+trait AsFdBorrow {
+    fn as_fd_borrow(&self) -> BorrowedFd<'_>;
+}
+
+impl AsFdBorrow for OwnedFd {
+    fn as_fd_borrow(&self) -> BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(self)
+    }
+}
+
+/// Tries `unshare(flags)`. Only for posture probes in a disposable child: on success the
+/// caller is in new namespaces.
+pub fn probe_unshare(flags: i32) -> io::Result<()> {
+    // SAFETY: integer argument only.
+    check(unsafe { libc::unshare(flags) } as libc::c_long)
+}
+
+/// Tries to mount a tmpfs on `target`. Only for posture probes in a disposable child.
+pub fn probe_mount_tmpfs(target: &Path) -> io::Result<()> {
+    let t = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: NUL-terminated strings; no data argument.
+    check(unsafe {
+        libc::mount(c"none".as_ptr(), t.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null())
+    } as libc::c_long)
+}
+
+/// Tries `fsopen("tmpfs")` (the new mount API). Only for posture probes.
+pub fn probe_fsopen() -> io::Result<()> {
+    // SAFETY: NUL-terminated string and integer flags; a returned fd is closed at once.
+    let rc = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), 0u32) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd owned by nobody else.
+    drop(unsafe { OwnedFd::from_raw_fd(rc as RawFd) });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_refuses_broadcast_pids() {
+        assert!(kill(0, 0).is_err());
+        assert!(kill(-1, 0).is_err());
+        assert!(kill_group(1, 0).is_err());
+    }
+
+    #[test]
+    fn openat2_refuses_magic_links() {
+        let err = openat2(None, Path::new("/proc/self/fd/0"), libc::O_RDONLY, 0, RESOLVE_NO_MAGICLINKS)
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+        let fd = openat2(None, Path::new("/proc/self/status"), libc::O_RDONLY, 0, RESOLVE_NO_MAGICLINKS)
+            .unwrap();
+        assert!(is_kernel_interface_fs(fs_type(std::os::fd::AsFd::as_fd(&fd)).unwrap()));
+    }
+}

@@ -1,0 +1,617 @@
+//! The seccomp policy of every process inside a sandbox, kept as data.
+//!
+//! The policy is a default-deny allowlist: a system call that no table below names fails
+//! with `ENOSYS`, so C libraries fall back to older calls (glibc retries `clone3` as `clone`)
+//! and new kernel features stay closed until someone reviews them. Calls that are known to
+//! be dangerous are refused with `EPERM` (what a program expects from a missing privilege),
+//! and a few calls are allowed only for harmless arguments.
+//!
+//! The compiled program (x86_64 only) is:
+//!
+//! 1. our own prefix: a wrong architecture (i386 `int 0x80`) or an x32 system call number
+//!    (bit 30 set) kills the process;
+//! 2. the refusal section ([`DENY`] and the argument rules of [`CONDITIONAL`]), compiled by
+//!    `seccompiler` with "match → EPERM, mismatch → allow", with its final "no syscall
+//!    matched" return removed so that control falls through to
+//! 3. the allowlist ([`ALLOW`]), compiled by `seccompiler` with "match → allow, mismatch →
+//!    ENOSYS".
+//!
+//! `seccompiler` emits only relative forward jumps that stay inside each section, so
+//! concatenating sections is sound; [`sandbox_filter`] checks the one instruction it removes.
+
+use crate::{Result, SysError};
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
+};
+use std::collections::BTreeMap;
+use std::io;
+
+pub use seccompiler::{sock_filter, BpfProgram};
+
+/// One system call of the policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Syscall {
+    ident: &'static str,
+    /// Its number on x86_64.
+    pub nr: i64,
+}
+
+impl Syscall {
+    /// The system call's name (`openat`, not `SYS_openat`).
+    pub fn name(&self) -> &'static str {
+        self.ident.trim_start_matches("SYS_")
+    }
+}
+
+/// A group of system calls with one purpose and one reason.
+#[derive(Debug)]
+pub struct Group {
+    pub purpose: &'static str,
+    pub reason: &'static str,
+    pub calls: &'static [Syscall],
+}
+
+/// System call numbers: libc's, plus x86_64 numbers newer than the libc crate knows.
+#[allow(non_upper_case_globals)]
+mod nr {
+    pub use libc::*;
+    pub const SYS_io_pgetevents: i64 = 333;
+    pub const SYS_map_shadow_stack: i64 = 453;
+    pub const SYS_futex_wake: i64 = 454;
+    pub const SYS_futex_wait: i64 = 455;
+    pub const SYS_futex_requeue: i64 = 456;
+}
+
+macro_rules! calls {
+    ($($id:ident),* $(,)?) => {
+        &[$(Syscall { ident: stringify!($id), nr: nr::$id }),*]
+    };
+}
+
+/// Allowed unconditionally.
+pub static ALLOW: &[Group] = &[
+    Group {
+        purpose: "file I/O",
+        reason: "reading and writing files and descriptors is what every program does",
+        calls: calls![
+            SYS_read, SYS_write, SYS_open, SYS_openat, SYS_openat2, SYS_close, SYS_close_range,
+            SYS_creat, SYS_lseek, SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev,
+            SYS_preadv, SYS_pwritev, SYS_preadv2, SYS_pwritev2, SYS_sendfile, SYS_splice,
+            SYS_tee, SYS_vmsplice, SYS_copy_file_range, SYS_dup, SYS_dup2, SYS_dup3, SYS_fcntl,
+            SYS_flock, SYS_fsync, SYS_fdatasync, SYS_sync, SYS_syncfs, SYS_sync_file_range,
+            SYS_truncate, SYS_ftruncate, SYS_fallocate, SYS_fadvise64, SYS_readahead,
+        ],
+    },
+    Group {
+        purpose: "file metadata and directories",
+        reason: "stat, directory listing and path operations; DAC and Landlock decide access",
+        calls: calls![
+            SYS_stat, SYS_fstat, SYS_lstat, SYS_newfstatat, SYS_statx, SYS_statfs, SYS_fstatfs,
+            SYS_access, SYS_faccessat, SYS_faccessat2, SYS_getdents, SYS_getdents64,
+            SYS_getcwd, SYS_chdir, SYS_fchdir, SYS_rename, SYS_renameat, SYS_renameat2,
+            SYS_mkdir, SYS_mkdirat, SYS_rmdir, SYS_link, SYS_linkat, SYS_unlink, SYS_unlinkat,
+            SYS_symlink, SYS_symlinkat, SYS_readlink, SYS_readlinkat, SYS_chmod, SYS_fchmod,
+            SYS_fchmodat, SYS_fchmodat2, SYS_chown, SYS_fchown, SYS_lchown, SYS_fchownat,
+            SYS_umask, SYS_utime, SYS_utimes, SYS_futimesat, SYS_utimensat, SYS_mknod,
+            SYS_mknodat, SYS_setxattr, SYS_lsetxattr, SYS_fsetxattr, SYS_getxattr,
+            SYS_lgetxattr, SYS_fgetxattr, SYS_listxattr, SYS_llistxattr, SYS_flistxattr,
+            SYS_removexattr, SYS_lremovexattr, SYS_fremovexattr,
+        ],
+    },
+    Group {
+        purpose: "memory",
+        reason: "allocation and mapping; limits come from the cgroup",
+        calls: calls![
+            SYS_brk, SYS_mmap, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_msync, SYS_mincore,
+            SYS_madvise, SYS_mlock, SYS_mlock2, SYS_munlock, SYS_mlockall, SYS_munlockall,
+            SYS_memfd_create, SYS_membarrier, SYS_pkey_mprotect, SYS_pkey_alloc, SYS_pkey_free,
+            SYS_mbind, SYS_get_mempolicy, SYS_set_mempolicy, SYS_map_shadow_stack,
+        ],
+    },
+    Group {
+        purpose: "processes",
+        reason: "fork/exec/wait inside the sandbox's own pid namespace (clone is filtered)",
+        calls: calls![
+            SYS_fork, SYS_vfork, SYS_execve, SYS_execveat, SYS_exit, SYS_exit_group, SYS_wait4,
+            SYS_waitid, SYS_getpid, SYS_getppid, SYS_gettid, SYS_getpgid, SYS_setpgid,
+            SYS_getpgrp, SYS_getsid, SYS_setsid, SYS_set_tid_address, SYS_arch_prctl,
+            SYS_prctl, SYS_getrlimit, SYS_setrlimit, SYS_prlimit64, SYS_getrusage, SYS_times,
+            SYS_getpriority, SYS_setpriority, SYS_sched_yield, SYS_sched_getaffinity,
+            SYS_sched_setaffinity, SYS_sched_getparam, SYS_sched_setparam,
+            SYS_sched_getscheduler, SYS_sched_setscheduler, SYS_sched_get_priority_max,
+            SYS_sched_get_priority_min, SYS_sched_rr_get_interval, SYS_sched_getattr,
+            SYS_sched_setattr, SYS_ioprio_get, SYS_ioprio_set, SYS_getcpu, SYS_pidfd_open,
+            SYS_pidfd_send_signal, SYS_seccomp, SYS_landlock_create_ruleset,
+            SYS_landlock_add_rule, SYS_landlock_restrict_self,
+        ],
+    },
+    Group {
+        purpose: "credentials",
+        reason: "querying and lowering ids; without capabilities nothing can be raised",
+        calls: calls![
+            SYS_getuid, SYS_geteuid, SYS_getgid, SYS_getegid, SYS_getresuid, SYS_getresgid,
+            SYS_getgroups, SYS_setuid, SYS_setgid, SYS_setreuid, SYS_setregid, SYS_setresuid,
+            SYS_setresgid, SYS_setfsuid, SYS_setfsgid, SYS_setgroups, SYS_capget, SYS_capset,
+        ],
+    },
+    Group {
+        purpose: "threads and synchronisation",
+        reason: "pthreads, futexes and restartable sequences used by every libc",
+        calls: calls![
+            SYS_futex, SYS_futex_waitv, SYS_futex_wake, SYS_futex_wait, SYS_futex_requeue,
+            SYS_set_robust_list, SYS_get_robust_list, SYS_rseq,
+        ],
+    },
+    Group {
+        purpose: "signals",
+        reason: "signal handling; kill reaches only processes of the same pid namespace",
+        calls: calls![
+            SYS_rt_sigaction, SYS_rt_sigprocmask, SYS_rt_sigreturn, SYS_rt_sigpending,
+            SYS_rt_sigtimedwait, SYS_rt_sigqueueinfo, SYS_rt_tgsigqueueinfo,
+            SYS_rt_sigsuspend, SYS_sigaltstack, SYS_kill, SYS_tkill, SYS_tgkill, SYS_pause,
+            SYS_signalfd, SYS_signalfd4,
+        ],
+    },
+    Group {
+        purpose: "time",
+        reason: "reading clocks and sleeping (setting clocks is refused)",
+        calls: calls![
+            SYS_clock_gettime, SYS_clock_getres, SYS_clock_nanosleep, SYS_gettimeofday,
+            SYS_time, SYS_nanosleep, SYS_alarm, SYS_getitimer, SYS_setitimer, SYS_timer_create,
+            SYS_timer_settime, SYS_timer_gettime, SYS_timer_getoverrun, SYS_timer_delete,
+            SYS_timerfd_create, SYS_timerfd_settime, SYS_timerfd_gettime,
+        ],
+    },
+    Group {
+        purpose: "event loops",
+        reason: "poll/select/epoll/eventfd/inotify used by every runtime (node, python asyncio)",
+        calls: calls![
+            SYS_poll, SYS_ppoll, SYS_select, SYS_pselect6, SYS_epoll_create,
+            SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_wait, SYS_epoll_pwait,
+            SYS_epoll_pwait2, SYS_eventfd, SYS_eventfd2, SYS_inotify_init, SYS_inotify_init1,
+            SYS_inotify_add_watch, SYS_inotify_rm_watch, SYS_pipe, SYS_pipe2,
+            SYS_restart_syscall,
+        ],
+    },
+    Group {
+        purpose: "sockets",
+        reason: "networking inside the sandbox's own namespace (socket() is filtered by family)",
+        calls: calls![
+            SYS_socketpair, SYS_connect, SYS_accept, SYS_accept4, SYS_bind, SYS_listen,
+            SYS_getsockname, SYS_getpeername, SYS_sendto, SYS_recvfrom, SYS_sendmsg,
+            SYS_recvmsg, SYS_sendmmsg, SYS_recvmmsg, SYS_shutdown, SYS_setsockopt,
+            SYS_getsockopt,
+        ],
+    },
+    Group {
+        purpose: "System V and POSIX IPC",
+        reason: "confined to the sandbox's own IPC namespace",
+        calls: calls![
+            SYS_shmget, SYS_shmat, SYS_shmdt, SYS_shmctl, SYS_semget, SYS_semop,
+            SYS_semtimedop, SYS_semctl, SYS_msgget, SYS_msgsnd, SYS_msgrcv, SYS_msgctl,
+            SYS_mq_open, SYS_mq_unlink, SYS_mq_timedsend, SYS_mq_timedreceive, SYS_mq_notify,
+            SYS_mq_getsetattr,
+        ],
+    },
+    Group {
+        purpose: "asynchronous I/O (legacy AIO)",
+        reason: "used by databases and some runtimes; io_uring is refused instead",
+        calls: calls![SYS_io_setup, SYS_io_destroy, SYS_io_getevents, SYS_io_pgetevents,
+            SYS_io_submit, SYS_io_cancel],
+    },
+    Group {
+        purpose: "system information",
+        reason: "harmless queries every libc makes",
+        calls: calls![SYS_uname, SYS_sysinfo, SYS_getrandom],
+    },
+];
+
+/// Refused with `EPERM`: kernel attack surface or host-wide effects a sandbox never needs.
+pub static DENY: &[Group] = &[
+    Group {
+        purpose: "namespaces and mounts",
+        reason: "new namespaces and mounts expose kernel code reachable only with privileges",
+        calls: calls![
+            SYS_unshare, SYS_setns, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_chroot,
+            SYS_fsopen, SYS_fsconfig, SYS_fsmount, SYS_fspick, SYS_move_mount, SYS_open_tree,
+            SYS_mount_setattr,
+        ],
+    },
+    Group {
+        purpose: "kernel extension and introspection",
+        reason: "eBPF, perf, userfaultfd and io_uring are the usual local privilege escalations",
+        calls: calls![
+            SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_io_uring_setup,
+            SYS_io_uring_enter, SYS_io_uring_register, SYS_lookup_dcookie, SYS_fanotify_init,
+        ],
+    },
+    Group {
+        purpose: "keyrings",
+        reason: "kernel keyrings are not namespaced",
+        calls: calls![SYS_add_key, SYS_request_key, SYS_keyctl],
+    },
+    Group {
+        purpose: "other processes' memory",
+        reason: "tracing and cross-process memory access (kcmp, pidfd_getfd are ptrace-like)",
+        calls: calls![
+            SYS_ptrace, SYS_process_vm_readv, SYS_process_vm_writev, SYS_kcmp, SYS_pidfd_getfd,
+            SYS_process_madvise, SYS_migrate_pages, SYS_move_pages,
+        ],
+    },
+    Group {
+        purpose: "modules and kexec",
+        reason: "loading code into or replacing the host kernel",
+        calls: calls![
+            SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_kexec_load,
+            SYS_kexec_file_load,
+        ],
+    },
+    Group {
+        purpose: "file handles",
+        reason: "open_by_handle_at bypasses path checks (the 'shocker' container escape)",
+        calls: calls![SYS_open_by_handle_at, SYS_name_to_handle_at],
+    },
+    Group {
+        purpose: "clocks",
+        reason: "the system clock is host-wide",
+        calls: calls![SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex],
+    },
+    Group {
+        purpose: "host administration",
+        reason: "host-wide effects: reboot, swap, accounting, quotas, kernel log, hostname",
+        calls: calls![
+            SYS_reboot, SYS_swapon, SYS_swapoff, SYS_acct, SYS_quotactl, SYS_quotactl_fd,
+            SYS_syslog, SYS_vhangup, SYS_sethostname, SYS_setdomainname,
+        ],
+    },
+    Group {
+        purpose: "hardware access",
+        reason: "direct I/O port access",
+        calls: calls![SYS_iopl, SYS_ioperm],
+    },
+];
+
+/// Refused with `ENOSYS` on purpose (also the default, listed here for the reader).
+pub static NOT_IMPLEMENTED: &[Group] = &[Group {
+    purpose: "clone3",
+    reason: "its flags live in memory seccomp cannot read; ENOSYS makes glibc fall back to clone",
+    calls: calls![SYS_clone3],
+}];
+
+/// Allowed except for the arguments named; those fail with `EPERM`.
+pub struct Conditional {
+    pub call: Syscall,
+    /// When the call is refused, in words.
+    pub refused_when: &'static str,
+    pub reason: &'static str,
+    rules: fn() -> std::result::Result<Vec<SeccompRule>, seccompiler::BackendError>,
+}
+
+/// Every `CLONE_NEW*` flag `clone()` accepts.
+const CLONE_NEW_FLAGS: [u64; 8] = [
+    libc::CLONE_NEWNS as u64,
+    libc::CLONE_NEWCGROUP as u64,
+    libc::CLONE_NEWUTS as u64,
+    libc::CLONE_NEWIPC as u64,
+    libc::CLONE_NEWUSER as u64,
+    libc::CLONE_NEWPID as u64,
+    libc::CLONE_NEWNET as u64,
+    0x80, // CLONE_NEWTIME
+];
+
+fn dword(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+}
+
+/// The kernel reads clone's flags, socket's family, ioctl's request and personality's
+/// persona as 32-bit values, so every comparison is on the low 32 bits (`Dword`): a set
+/// high half cannot slip past the filter.
+pub static CONDITIONAL: &[Conditional] = &[
+    Conditional {
+        call: Syscall { ident: "SYS_clone", nr: libc::SYS_clone },
+        refused_when: "flags contain any CLONE_NEW* bit",
+        reason: "threads and fork are needed; new namespaces are not",
+        rules: || {
+            CLONE_NEW_FLAGS
+                .iter()
+                .map(|&f| SeccompRule::new(vec![dword(0, SeccompCmpOp::MaskedEq(f), f)?]))
+                .collect()
+        },
+    },
+    Conditional {
+        call: Syscall { ident: "SYS_socket", nr: libc::SYS_socket },
+        refused_when: "family is not AF_UNIX, AF_INET or AF_INET6",
+        reason: "netlink, packet, vsock, bluetooth... sockets are kernel attack surface",
+        rules: || {
+            Ok(vec![SeccompRule::new(vec![
+                dword(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?,
+                dword(0, SeccompCmpOp::Ne, libc::AF_INET as u64)?,
+                dword(0, SeccompCmpOp::Ne, libc::AF_INET6 as u64)?,
+            ])?])
+        },
+    },
+    Conditional {
+        call: Syscall { ident: "SYS_ioctl", nr: libc::SYS_ioctl },
+        refused_when: "request is TIOCSTI or TIOCLINUX",
+        reason: "both inject input into a terminal another process reads",
+        rules: || {
+            Ok(vec![
+                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCSTI as u64)?])?,
+                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCLINUX as u64)?])?,
+            ])
+        },
+    },
+    Conditional {
+        call: Syscall { ident: "SYS_personality", nr: libc::SYS_personality },
+        refused_when: "persona is not PER_LINUX (0) or the query 0xffffffff",
+        reason: "other personalities change the address-space layout and syscall semantics",
+        rules: || {
+            Ok(vec![SeccompRule::new(vec![
+                dword(0, SeccompCmpOp::Ne, 0)?,
+                dword(0, SeccompCmpOp::Ne, 0xffff_ffff)?,
+            ])?])
+        },
+    },
+];
+
+/// What the filter does with one system call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Allowed, except for the arguments described (then `EPERM`).
+    AllowUnless(&'static str),
+    /// Fails with this errno.
+    Errno(i32),
+}
+
+/// Every system call the policy names with its verdict, in table order. Anything else
+/// fails with `ENOSYS`; x32 and non-x86_64 entry points kill the process.
+pub fn policy_table() -> Vec<(&'static str, Verdict)> {
+    let mut out = Vec::new();
+    for g in ALLOW {
+        out.extend(g.calls.iter().map(|c| (c.name(), Verdict::Allow)));
+    }
+    for c in CONDITIONAL {
+        out.push((c.call.name(), Verdict::AllowUnless(c.refused_when)));
+    }
+    for g in DENY {
+        out.extend(g.calls.iter().map(|c| (c.name(), Verdict::Errno(libc::EPERM))));
+    }
+    for g in NOT_IMPLEMENTED {
+        out.extend(g.calls.iter().map(|c| (c.name(), Verdict::Errno(libc::ENOSYS))));
+    }
+    out
+}
+
+// Classic BPF opcodes and seccomp constants for our prefix.
+const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
+const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
+const BPF_RET_K: u16 = 0x06;
+const SECCOMP_DATA_NR: u32 = 0;
+const SECCOMP_DATA_ARCH: u32 = 4;
+const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+fn stmt(code: u16, k: u32) -> sock_filter {
+    sock_filter { code, jt: 0, jf: 0, k }
+}
+
+fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter { code, jt, jf, k }
+}
+
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+) -> Result<BpfProgram> {
+    let filter = SeccompFilter::new(rules, mismatch, matched, TargetArch::x86_64)
+        .map_err(|e| SysError::Other(format!("seccomp filter: {e}")))?;
+    BpfProgram::try_from(filter).map_err(|e| SysError::Other(format!("seccomp filter: {e}")))
+}
+
+/// Compiles the sandbox policy to a BPF program (x86_64).
+pub fn sandbox_filter() -> Result<BpfProgram> {
+    if !cfg!(target_arch = "x86_64") {
+        return Err(SysError::Other("the seccomp policy is written for x86_64 only".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let all = ALLOW.iter().chain(DENY).chain(NOT_IMPLEMENTED).flat_map(|g| g.calls.iter());
+    for c in all.chain(CONDITIONAL.iter().map(|c| &c.call)) {
+        if !seen.insert(c.nr) {
+            return Err(SysError::Other(format!("seccomp policy names {} twice", c.name())));
+        }
+    }
+
+    let mut prog = vec![
+        stmt(BPF_LD_W_ABS, SECCOMP_DATA_ARCH),
+        jump(BPF_JMP_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
+        stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+        stmt(BPF_LD_W_ABS, SECCOMP_DATA_NR),
+        jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
+        stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+    ];
+
+    // Section 2: refusals. Matching → EPERM, an argument mismatch → allow, and a syscall
+    // this section does not name falls through to the allowlist.
+    let mut refusals: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for c in DENY.iter().flat_map(|g| g.calls.iter()) {
+        refusals.insert(c.nr, Vec::new());
+    }
+    for c in CONDITIONAL {
+        let rules = (c.rules)().map_err(|e| SysError::Other(format!("seccomp rule: {e}")))?;
+        refusals.insert(c.call.nr, rules);
+    }
+    let mut section =
+        compile(refusals, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))?;
+    match section.pop() {
+        Some(last) if last == stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW) => {}
+        other => {
+            return Err(SysError::Other(format!(
+                "unexpected end of the seccomp refusal section: {other:?}"
+            )))
+        }
+    }
+    prog.extend(section);
+
+    // Section 3: the allowlist; everything else → ENOSYS.
+    let allowed: BTreeMap<i64, Vec<SeccompRule>> =
+        ALLOW.iter().flat_map(|g| g.calls.iter()).map(|c| (c.nr, Vec::new())).collect();
+    prog.extend(compile(
+        allowed,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        SeccompAction::Allow,
+    )?);
+
+    if prog.len() > 4096 {
+        return Err(SysError::Other(format!("seccomp program too long: {}", prog.len())));
+    }
+    Ok(prog)
+}
+
+/// Installs `prog` on the calling thread (and sets no_new_privs, which seccomp requires
+/// without CAP_SYS_ADMIN). Async-signal-safe: two system calls, no allocation, so it may
+/// run between fork and exec.
+pub fn apply(prog: &[sock_filter]) -> io::Result<()> {
+    if prog.is_empty() || prog.len() > u16::MAX as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: prctl with integer arguments only; it touches no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        // seccompiler's sock_filter is #[repr(C)] with the same fields as the kernel's.
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `prog`, which lives for the whole call; the kernel copies the
+    // program and does not write to it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_call_is_named_once_and_the_program_fits() {
+        let prog = sandbox_filter().expect("filter compiles");
+        assert!(prog.len() < 4096, "{} instructions", prog.len());
+        let table = policy_table();
+        let names: std::collections::HashSet<_> = table.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names.len(), table.len());
+        for must_deny in ["bpf", "ptrace", "mount", "unshare", "io_uring_setup", "keyctl"] {
+            assert!(table.contains(&(must_deny, Verdict::Errno(libc::EPERM))), "{must_deny}");
+        }
+        assert!(table.contains(&("clone3", Verdict::Errno(libc::ENOSYS))));
+    }
+
+    /// Runs `check` in a forked child under the filter; returns the child's wait status.
+    /// The child only makes raw system calls (the test harness is multithreaded, so it
+    /// must not allocate after fork).
+    fn in_filtered_child(check: fn() -> i32) -> i32 {
+        let prog = sandbox_filter().unwrap();
+        // SAFETY: the child calls only async-signal-safe functions (`apply`, raw syscalls,
+        // `_exit`) before exiting.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            let code = match apply(&prog) {
+                Ok(()) => check(),
+                Err(_) => 99,
+            };
+            // SAFETY: _exit ends the child without running the parent's atexit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer for the call.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(rc, pid);
+        status
+    }
+
+    fn errno() -> i32 {
+        io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+
+    fn exit_code(status: i32) -> i32 {
+        assert!(libc::WIFEXITED(status), "child did not exit normally: status {status:#x}");
+        libc::WEXITSTATUS(status)
+    }
+
+    #[test]
+    fn forked_child_sees_the_policy() {
+        let status = in_filtered_child(|| {
+            // SAFETY (whole block): raw system calls with integer arguments.
+            unsafe {
+                if libc::syscall(libc::SYS_getpid) <= 0 {
+                    return 1;
+                }
+                if libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) != -1 || errno() != libc::EPERM {
+                    return 2;
+                }
+                if libc::syscall(1000) != -1 || errno() != libc::ENOSYS {
+                    return 3;
+                }
+                if libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) != -1 || errno() != libc::EPERM {
+                    return 4;
+                }
+                let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                if s < 0 {
+                    return 5;
+                }
+                libc::close(s);
+                // A flag in the high half of the 64-bit argument must not matter, and a
+                // namespace flag must be refused.
+                if libc::syscall(libc::SYS_clone, libc::CLONE_NEWNS as u64, 0, 0, 0, 0) != -1
+                    || errno() != libc::EPERM
+                {
+                    return 6;
+                }
+                if libc::syscall(libc::SYS_personality, 0x0040000u64) != -1 || errno() != libc::EPERM {
+                    return 7;
+                }
+                if libc::syscall(libc::SYS_personality, 0xffff_ffffu64) < 0 {
+                    return 8;
+                }
+                let tiocsti_high = (1u64 << 32) | libc::TIOCSTI as u64;
+                if libc::syscall(libc::SYS_ioctl, 0, tiocsti_high, 0) != -1 || errno() != libc::EPERM {
+                    return 9;
+                }
+                if libc::syscall(libc::SYS_clone3, 0, 0) != -1 || errno() != libc::ENOSYS {
+                    return 10;
+                }
+                if libc::syscall(libc::SYS_bpf, 0, 0, 0) != -1 || errno() != libc::EPERM {
+                    return 11;
+                }
+            }
+            0
+        });
+        assert_eq!(exit_code(status), 0, "check number that failed");
+    }
+
+    #[test]
+    fn x32_entry_point_kills_the_process() {
+        let status = in_filtered_child(|| {
+            // SAFETY: raw system call; the filter kills the process before it runs.
+            unsafe { libc::syscall(libc::SYS_getpid | X32_SYSCALL_BIT as i64) };
+            0
+        });
+        assert!(libc::WIFSIGNALED(status), "status {status:#x}");
+        assert_eq!(libc::WTERMSIG(status), libc::SIGSYS);
+    }
+}

@@ -1,0 +1,21 @@
+# The two front-door commands are `make serve` and `make test` (see README.md).
+.PHONY: build serve test lint openapi bench
+
+build:
+	cargo build --release --workspace --bins
+
+# Builds everything and starts the daemon on embedded defaults
+# (root /var/lib/threadbox, SQLite, the host image, unix socket + 127.0.0.1:7420).
+serve: build
+	./target/release/threadbox serve
+
+# Installs what the tests need, then runs every suite.
+test:
+	./scripts/test.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+openapi:
+	cargo run -q -p threadbox -- openapi > api/openapi.json

@@ -1,0 +1,317 @@
+//! The agent's shared state: the child policy ingredients, the pid → waiter map fed by the
+//! reaper, per-call cgroups, and background processes.
+
+use crate::error::{AgentError, Result};
+use crate::exec::Background;
+use crate::log;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+use threadbox_proto::{Command as ProtoCommand, ErrorKind, RunAs};
+use threadbox_sys::child::{self as syschild, ChildPolicy, DirFd, WaitStatus};
+use threadbox_sys::landlock::{self, Ruleset};
+use threadbox_sys::seccomp::{self, sock_filter};
+use tokio::sync::oneshot;
+
+/// PATH of every sandbox process (the request's env may override it).
+pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How often empty per-call cgroups are retried for removal (and children reaped, in case
+/// a SIGCHLD notification was coalesced away).
+const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// Who a process or file operation runs as.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: &'static str,
+    pub home: &'static str,
+}
+
+pub fn identity(user: RunAs) -> Identity {
+    match user {
+        RunAs::User => Identity { uid: 1000, gid: 1000, name: "user", home: "/home/user" },
+        RunAs::Root => Identity { uid: 0, gid: 0, name: "root", home: "/root" },
+    }
+}
+
+/// Built once at start: the seccomp program and the Landlock ruleset shared by all children.
+pub struct PolicyParts {
+    pub seccomp: Arc<Vec<sock_filter>>,
+    pub landlock: Option<Arc<Ruleset>>,
+    /// Why Landlock is not enforced, when it is not.
+    pub landlock_missing: Option<String>,
+}
+
+impl PolicyParts {
+    pub fn load() -> std::result::Result<PolicyParts, String> {
+        let seccomp =
+            Arc::new(seccomp::sandbox_filter().map_err(|e| format!("seccomp policy: {e}"))?);
+        let (landlock, landlock_missing) = match landlock::sandbox_ruleset() {
+            Ok(Some(rs)) => (Some(Arc::new(rs)), None),
+            Ok(None) => (None, Some("the kernel has no Landlock".to_string())),
+            Err(e) => (None, Some(format!("building the ruleset failed: {e}"))),
+        };
+        Ok(PolicyParts { seccomp, landlock, landlock_missing })
+    }
+}
+
+/// A child cgroup of the sandbox's cgroup, for one call or background process.
+#[derive(Debug)]
+pub struct CallCgroup {
+    pub name: String,
+    /// `cgroup.procs` of it, opened before fork for the child to write "0" into.
+    pub procs: Option<OwnedFd>,
+}
+
+pub struct Agent {
+    pub cgroup: Option<DirFd>,
+    pub policy: PolicyParts,
+    waiters: RefCell<HashMap<i32, oneshot::Sender<WaitStatus>>>,
+    next_cgroup: Cell<u64>,
+    /// Cgroups that still had processes when their call ended.
+    leftover_cgroups: RefCell<Vec<String>>,
+    pub background: RefCell<BTreeMap<u64, Rc<RefCell<Background>>>>,
+    pub next_bg: Cell<u64>,
+}
+
+impl Agent {
+    pub fn new(cgroup: Option<DirFd>, policy: PolicyParts) -> Agent {
+        Agent {
+            cgroup,
+            policy,
+            waiters: RefCell::new(HashMap::new()),
+            next_cgroup: Cell::new(1),
+            leftover_cgroups: RefCell::new(Vec::new()),
+            background: RefCell::new(BTreeMap::new()),
+            next_bg: Cell::new(1),
+        }
+    }
+
+    /// Registers interest in `pid`'s exit status. Must be called right after the fork,
+    /// before the next `.await`, so the reaper cannot have taken the status yet.
+    pub fn wait_for(&self, pid: i32) -> oneshot::Receiver<WaitStatus> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.borrow_mut().insert(pid, tx);
+        rx
+    }
+
+    /// Reaps every terminated child: statuses go to their waiters; orphans are just reaped.
+    pub fn reap(&self) {
+        loop {
+            match syschild::reap_any() {
+                Ok(Some((pid, status))) => {
+                    if let Some(tx) = self.waiters.borrow_mut().remove(&pid) {
+                        let _ = tx.send(status);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    log(&format!("waitpid: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Creates `<prefix>-<n>` under the sandbox's cgroup (None without one).
+    pub fn new_cgroup(&self, prefix: &str) -> Result<Option<CallCgroup>> {
+        let Some(dir) = &self.cgroup else { return Ok(None) };
+        loop {
+            let n = self.next_cgroup.get();
+            self.next_cgroup.set(n + 1);
+            let name = format!("{prefix}-{n}");
+            match dir.mkdir(&name, 0o755) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                Err(e) => {
+                    return Err(AgentError::internal(format!("could not create a cgroup for the call: {e}")))
+                }
+            }
+            return match dir.open_write(&format!("{name}/cgroup.procs")) {
+                Ok(fd) => Ok(Some(CallCgroup { name, procs: Some(fd) })),
+                Err(e) => {
+                    let _ = dir.rmdir(&name);
+                    Err(AgentError::internal(format!("could not open the call's cgroup: {e}")))
+                }
+            };
+        }
+    }
+
+    /// Kills every process of a call: `cgroup.kill` when the call has a cgroup; otherwise
+    /// the process group of its leader (`pgid == pid` after its setsid). The fallback
+    /// misses descendants that left the group with their own `setsid` (double fork).
+    pub fn kill_tree(&self, cgroup: Option<&str>, pid: i32) {
+        if let (Some(dir), Some(name)) = (&self.cgroup, cgroup) {
+            match dir.write_file(&format!("{name}/cgroup.kill"), b"1") {
+                Ok(()) => return,
+                // The cgroup is gone (removed once empty): nothing is left to kill, and
+                // the leader's pid may belong to someone else by now.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::ENOENT)
+                        && dir.open_write(&format!("{name}/cgroup.procs")).is_err() =>
+                {
+                    return
+                }
+                Err(e) => log(&format!("cgroup.kill of {name} failed ({e}); killing the process group")),
+            }
+        }
+        let _ = syschild::kill_group(pid, libc::SIGKILL);
+        let _ = syschild::kill(pid, libc::SIGKILL);
+    }
+
+    /// Removes a call's cgroup, or remembers it for the periodic sweep while processes
+    /// (e.g. `server &`) still live in it.
+    pub fn release_cgroup(&self, name: String) {
+        let Some(dir) = &self.cgroup else { return };
+        match dir.rmdir(&name) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(_) => self.leftover_cgroups.borrow_mut().push(name),
+        }
+    }
+
+    fn sweep_cgroups(&self) {
+        let Some(dir) = &self.cgroup else { return };
+        self.leftover_cgroups.borrow_mut().retain(|name| match dir.rmdir(name) {
+            Ok(()) => false,
+            Err(e) => e.raw_os_error() != Some(libc::ENOENT),
+        });
+    }
+
+    /// The policy a child of `who` enters, changing into `cwd`.
+    pub fn child_policy(&self, who: &Identity, cwd: &Path, cgroup_procs: Option<OwnedFd>) -> Result<ChildPolicy> {
+        let cwd = CString::new(cwd.as_os_str().as_bytes())
+            .map_err(|_| AgentError::invalid("working directory contains a NUL byte"))?;
+        Ok(ChildPolicy {
+            uid: who.uid,
+            gid: who.gid,
+            groups: vec![who.gid],
+            cwd: Some(cwd),
+            cgroup_procs,
+            landlock: self.policy.landlock.clone(),
+            seccomp: self.policy.seccomp.clone(),
+        })
+    }
+}
+
+/// Waits for SIGCHLD and reaps; also sweeps leftover cgroups now and then.
+pub struct Reaper {
+    sigchld: tokio::signal::unix::Signal,
+}
+
+impl Reaper {
+    pub fn install() -> io::Result<Reaper> {
+        let sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+        Ok(Reaper { sigchld })
+    }
+
+    pub async fn run(mut self, agent: Rc<Agent>) {
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.sigchld.recv() => {}
+                _ = tick.tick() => agent.sweep_cgroups(),
+            }
+            agent.reap();
+        }
+    }
+}
+
+/// A command ready to spawn: the std `Command` (env set, stdio not yet) and where it runs.
+pub struct Prepared {
+    pub cmd: std::process::Command,
+    pub who: Identity,
+    pub cwd: PathBuf,
+}
+
+fn no_nul(s: &str, what: &str) -> Result<()> {
+    if s.contains('\0') {
+        return Err(AgentError::invalid(format!("{what} contains a NUL byte")));
+    }
+    Ok(())
+}
+
+/// Validates a request's command, env and cwd and builds the `Command`. The working
+/// directory is checked here, as the user, so a missing or forbidden one is a clear error
+/// rather than a failed spawn.
+pub fn prepare(
+    command: &ProtoCommand,
+    env: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+    user: RunAs,
+) -> Result<Prepared> {
+    let who = identity(user);
+    let (program, args): (&str, Vec<&str>) = match command {
+        ProtoCommand::Argv(v) => match v.split_first() {
+            Some((p, rest)) if !p.is_empty() => (p.as_str(), rest.iter().map(|s| s.as_str()).collect()),
+            _ => return Err(AgentError::invalid("the command is empty")),
+        },
+        ProtoCommand::Shell(s) => ("/bin/sh", vec!["-c", s.as_str()]),
+    };
+    no_nul(program, "the command")?;
+    for a in &args {
+        no_nul(a, "an argument")?;
+    }
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(AgentError::invalid(format!("invalid environment variable name {k:?}")));
+        }
+        no_nul(v, "an environment value")?;
+    }
+
+    let cwd = match cwd {
+        Some(c) => {
+            let p = crate::files::normalize(c, who.home)?;
+            check_cwd(&p, &who, c)?;
+            p
+        }
+        None => {
+            // The user's home; "/" when the image has none (the host test mode).
+            let home = PathBuf::from(who.home);
+            if check_cwd(&home, &who, who.home).is_ok() {
+                home
+            } else {
+                PathBuf::from("/")
+            }
+        }
+    };
+
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(&args)
+        .env_clear()
+        .env("PATH", BASE_PATH)
+        .env("HOME", who.home)
+        .env("USER", who.name)
+        .env("LOGNAME", who.name)
+        .env("LANG", "C.UTF-8")
+        .envs(env);
+    Ok(Prepared { cmd, who, cwd })
+}
+
+/// `dir/.` resolves only if `dir` exists, is a directory and the user may search it.
+fn check_cwd(dir: &Path, who: &Identity, shown: &str) -> Result<()> {
+    let _as_user = syschild::assume_fs_identity(who.uid, who.gid)
+        .map_err(|e| AgentError::internal(format!("could not switch the file system identity: {e}")))?;
+    match std::fs::metadata(dir.join(".")) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let (kind, what) = match e.raw_os_error() {
+                Some(libc::ENOENT) => (ErrorKind::NotFound, "does not exist"),
+                Some(libc::ENOTDIR) => (ErrorKind::NotADirectory, "is not a directory"),
+                Some(libc::EACCES) | Some(libc::EPERM) => (ErrorKind::PermissionDenied, "is not accessible"),
+                _ => return Err(AgentError::io(&e, shown)),
+            };
+            Err(AgentError::new(kind, format!("working directory {shown} {what}")))
+        }
+    }
+}

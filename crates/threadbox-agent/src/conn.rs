@@ -1,0 +1,159 @@
+//! One host connection: handshake, then requests handled concurrently (each in its own
+//! local task), responses funnelled through one writer task. Connections are independent;
+//! the host may reconnect at any time (daemon restart) and may hold several at once.
+
+use crate::agent::Agent;
+use crate::error::AgentError;
+use crate::{exec, files, log, selftest};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use threadbox_proto::{encode_frame, ErrorKind, Frame, FrameDecoder, Hello, Request, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+
+pub const CAPABILITIES: &[&str] = &["exec", "stream", "background", "files", "selftest"];
+
+/// Frames queued for the writer; producers wait when it is full (flow control).
+const OUTBOX: usize = 64;
+
+type Cancels = Rc<RefCell<HashMap<u64, oneshot::Sender<()>>>>;
+
+pub async fn serve(agent: Rc<Agent>, stream: UnixStream) {
+    let (mut rd, wr) = stream.into_split();
+    let (tx, rx) = mpsc::channel::<Frame>(OUTBOX);
+    let writer = tokio::task::spawn_local(write_frames(wr, rx));
+    let software = format!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
+    let _ = tx.send(Frame::Hello(Hello::ours(&software, CAPABILITIES))).await;
+
+    let cancels: Cancels = Rc::new(RefCell::new(HashMap::new()));
+    let mut decoder = FrameDecoder::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut greeted = false;
+    'conn: loop {
+        let n = match rd.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) => {
+                log(&format!("connection read: {e}"));
+                break;
+            }
+        };
+        decoder.feed(&buf[..n]);
+        loop {
+            let frame = match decoder.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    log(&format!("closing a connection: {e}"));
+                    break 'conn;
+                }
+            };
+            match frame {
+                Frame::Hello(h) => {
+                    if let Err(e) = h.check() {
+                        log(&format!("refusing peer {:?}: {e}", h.software));
+                        break 'conn;
+                    }
+                    greeted = true;
+                }
+                _ if !greeted => {
+                    log("closing a connection that did not start with Hello");
+                    break 'conn;
+                }
+                Frame::Request { id, req } => dispatch(&agent, &tx, &cancels, id, req),
+                Frame::Cancel { id } => {
+                    if let Some(c) = cancels.borrow_mut().remove(&id) {
+                        let _ = c.send(());
+                    }
+                }
+                Frame::Response { .. } => log("ignoring a response frame from the host"),
+            }
+        }
+    }
+    // Calls in flight go on (their timeouts still apply); their results are dropped. The
+    // writer ends once every task holding a sender has finished.
+    cancels.borrow_mut().clear();
+    drop(tx);
+    let _ = writer.await;
+}
+
+async fn write_frames(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>) {
+    while let Some(frame) = rx.recv().await {
+        let bytes = match encode_frame(&frame) {
+            Ok(b) => b,
+            Err(e) => {
+                let Frame::Response { id, .. } = frame else {
+                    log(&format!("dropping a frame that cannot be encoded: {e}"));
+                    continue;
+                };
+                let resp = AgentError::internal(format!("the response could not be sent: {e}")).into_response();
+                match encode_frame(&Frame::Response { id, resp }) {
+                    Ok(b) => b,
+                    Err(_) => continue,
+                }
+            }
+        };
+        if wr.write_all(&bytes).await.is_err() {
+            // The host went away; keep draining so senders never block on a dead peer.
+            while rx.recv().await.is_some() {}
+            return;
+        }
+    }
+}
+
+fn dispatch(agent: &Rc<Agent>, tx: &mpsc::Sender<Frame>, cancels: &Cancels, id: u64, req: Request) {
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    {
+        let mut c = cancels.borrow_mut();
+        if c.contains_key(&id) {
+            let tx = tx.clone();
+            let resp = AgentError::invalid(format!("request id {id} is already in use")).into_response();
+            tokio::task::spawn_local(async move {
+                let _ = tx.send(Frame::Response { id, resp }).await;
+            });
+            return;
+        }
+        c.insert(id, cancel_tx);
+    }
+    let agent = agent.clone();
+    let tx = tx.clone();
+    let cancels = cancels.clone();
+    tokio::task::spawn_local(async move {
+        let resp = handle(agent, id, req, tx.clone(), cancel_rx).await;
+        cancels.borrow_mut().remove(&id);
+        let _ = tx.send(Frame::Response { id, resp }).await;
+    });
+}
+
+async fn handle(
+    agent: Rc<Agent>,
+    id: u64,
+    req: Request,
+    tx: mpsc::Sender<Frame>,
+    cancel: oneshot::Receiver<()>,
+) -> Response {
+    let done = |r: Result<Response, AgentError>| r.unwrap_or_else(AgentError::into_response);
+    match req {
+        Request::Ping => Response::Pong,
+        Request::Exec(spec) => exec::exec(agent, id, spec, tx, cancel).await,
+        Request::BackgroundStart(spec) => done(exec::start_background(&agent, spec)),
+        Request::BackgroundList => exec::list_background(&agent),
+        Request::BackgroundLogs { bg_id } => done(exec::background_logs(&agent, bg_id)),
+        Request::BackgroundKill { bg_id, signal } => done(exec::kill_background(&agent, bg_id, signal)),
+        Request::FileRead { path, user, offset, limit } => done(files::read(&path, user, offset, limit)),
+        Request::FileWrite { path, user, data, append, mode, make_parents } => {
+            done(files::write(&path, user, &data, append, mode, make_parents))
+        }
+        Request::FileList { path, user } => done(files::list(&path, user)),
+        Request::FileStat { path, user } => done(files::stat(&path, user)),
+        Request::Mkdir { path, user, parents } => done(files::mkdir(&path, user, parents)),
+        Request::Remove { path, user, recursive } => done(files::remove(&path, user, recursive)),
+        Request::Rename { from, to, user } => done(files::rename(&from, &to, user)),
+        Request::Selftest => selftest::selftest(agent).await,
+        Request::Stats => Response::Stats { processes: selftest::count_processes() },
+        #[allow(unreachable_patterns)]
+        _ => AgentError::new(ErrorKind::InvalidArgument, "this agent does not know the request").into_response(),
+    }
+}

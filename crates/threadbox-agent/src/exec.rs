@@ -1,0 +1,512 @@
+//! Running processes: `Exec` (to completion, captured or streamed, with a timeout that
+//! kills the whole tree) and background processes with bounded ring logs.
+
+use crate::agent::{self, Agent, CallCgroup};
+use crate::error::{AgentError, Result};
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::process::Stdio;
+use std::rc::Rc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use threadbox_proto::{
+    BackgroundInfo, BackgroundLogs, BackgroundSpec, ErrorKind, ExecResult, ExecSpec, Frame,
+    Response, Stream, CHUNK, MAX_OUTPUT_LIMIT,
+};
+use threadbox_sys::child::{self as syschild, WaitStatus};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::sleep_until;
+
+/// After the main process exits, output is still drained this long at most: a background
+/// child (`server &`) holding the pipes open must not make the call hang.
+const GRACE_AFTER_EXIT: Duration = Duration::from_millis(250);
+/// After a timeout or cancel kills the tree, what is left in the pipes is read this long.
+const DRAIN_AFTER_KILL: Duration = Duration::from_millis(100);
+/// Output frames queued for the connection before we stop reading the pipes (which then
+/// blocks the writer: flow control instead of memory).
+const STREAM_BACKLOG: usize = 16;
+/// Background processes remembered; beyond that the oldest finished ones are forgotten.
+const MAX_BACKGROUND: usize = 256;
+
+/// Bounded capture of one output stream.
+struct Capture {
+    stream: Stream,
+    limit: usize,
+    accepted: usize,
+    kept: Vec<u8>,
+    truncated: bool,
+    eof: bool,
+}
+
+impl Capture {
+    fn new(stream: Stream, limit: usize) -> Self {
+        Capture { stream, limit, accepted: 0, kept: Vec::new(), truncated: false, eof: false }
+    }
+
+    /// The part of `chunk` within the bound; the rest is dropped and marks truncation.
+    fn admit<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
+        let take = chunk.len().min(self.limit - self.accepted);
+        if take < chunk.len() {
+            self.truncated = true;
+        }
+        self.accepted += take;
+        &chunk[..take]
+    }
+}
+
+fn receiver(fd: impl Into<OwnedFd>) -> io::Result<pipe::Receiver> {
+    pipe::Receiver::from_owned_fd(fd.into())
+}
+
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86400 * 365)
+}
+
+fn exit_fields(status: Option<WaitStatus>) -> (Option<i32>, Option<i32>) {
+    match status {
+        Some(WaitStatus::Exited(c)) => (Some(c), None),
+        Some(WaitStatus::Signaled(s)) => (Some(128 + s), Some(s)),
+        None => (None, None),
+    }
+}
+
+fn spawn_error(e: &io::Error, program: &str) -> AgentError {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => AgentError::new(ErrorKind::NotFound, format!("command not found: {program}")),
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            AgentError::new(ErrorKind::PermissionDenied, format!("permission denied: {program}"))
+        }
+        Some(libc::E2BIG) => AgentError::invalid("the argument list and environment are too long"),
+        Some(libc::ENOEXEC) => AgentError::invalid(format!("{program}: exec format error")),
+        _ => AgentError::internal(format!("could not start {program}: {e}")),
+    }
+}
+
+fn program_name(command: &threadbox_proto::Command) -> String {
+    match command {
+        threadbox_proto::Command::Argv(v) => v.first().cloned().unwrap_or_default(),
+        threadbox_proto::Command::Shell(_) => "/bin/sh".into(),
+    }
+}
+
+/// A spawned process with its pipes, its cgroup and its exit-status waiter.
+struct Spawned {
+    pid: i32,
+    exit: oneshot::Receiver<WaitStatus>,
+    stdin: Option<pipe::Sender>,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    cgroup: Option<String>,
+}
+
+fn spawn(
+    agent: &Agent,
+    mut prepared: agent::Prepared,
+    program: &str,
+    cgroup_prefix: &str,
+    with_stdin: bool,
+) -> Result<Spawned> {
+    let mut cg = agent.new_cgroup(cgroup_prefix)?;
+    let procs = cg.as_mut().and_then(|c: &mut CallCgroup| c.procs.take());
+    let cgroup = cg.map(|c| c.name);
+    let policy = match agent.child_policy(&prepared.who, &prepared.cwd, procs) {
+        Ok(p) => p,
+        Err(e) => {
+            if let Some(name) = cgroup {
+                agent.release_cgroup(name);
+            }
+            return Err(e);
+        }
+    };
+    prepared
+        .cmd
+        .stdin(if with_stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let spawned = syschild::spawn(&mut prepared.cmd, policy);
+    // Drops the pre_exec hook and with it the cgroup.procs fd.
+    drop(prepared);
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(name) = cgroup {
+                agent.release_cgroup(name);
+            }
+            return Err(spawn_error(&e, program));
+        }
+    };
+    let pid = child.id() as i32;
+    // No `.await` since the fork: the reaper cannot have taken the status yet.
+    let exit = agent.wait_for(pid);
+    let pipes = (|| -> io::Result<_> {
+        let stdin = child.stdin.take().map(|s| pipe::Sender::from_owned_fd(s.into())).transpose()?;
+        let stdout = receiver(child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?)?;
+        let stderr = receiver(child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?)?;
+        Ok((stdin, stdout, stderr))
+    })();
+    match pipes {
+        Ok((stdin, stdout, stderr)) => Ok(Spawned { pid, exit, stdin, stdout, stderr, cgroup }),
+        Err(e) => {
+            agent.kill_tree(cgroup.as_deref(), pid);
+            if let Some(name) = cgroup {
+                agent.release_cgroup(name);
+            }
+            Err(AgentError::internal(format!("could not set up the process's pipes: {e}")))
+        }
+    }
+}
+
+enum Ending {
+    Exited,
+    TimedOut,
+    Cancelled,
+}
+
+/// Runs one `Exec` request. Sends `Started` (and `Output` frames in stream mode) on `tx`
+/// and returns the final response.
+///
+/// Stream mode sends the output only as `Output` frames: the final `Exited` then has
+/// empty `stdout`/`stderr` (the truncation flags still say whether bytes were dropped).
+/// Both modes admit at most `max_output` bytes per stream (capped at
+/// [`MAX_OUTPUT_LIMIT`]) and keep reading beyond it, discarding, so the writer never blocks
+/// on a full pipe.
+pub async fn exec(
+    agent: Rc<Agent>,
+    id: u64,
+    mut spec: ExecSpec,
+    tx: mpsc::Sender<Frame>,
+    mut cancel: oneshot::Receiver<()>,
+) -> Response {
+    let started = Instant::now();
+    let program = program_name(&spec.command);
+    let prepared = match agent::prepare(&spec.command, &spec.env, spec.cwd.as_deref(), spec.user) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let mut p = match spawn(&agent, prepared, &program, "exec", spec.stdin.is_some()) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let pid = p.pid;
+    let stdin_task = match (p.stdin.take(), spec.stdin.take()) {
+        (Some(mut w), Some(data)) => Some(tokio::task::spawn_local(async move {
+            // EPIPE when the process does not read its input is not an error of the call.
+            let _ = w.write_all(&data).await;
+        })),
+        _ => None,
+    };
+    let _ = tx.send(Frame::Response { id, resp: Response::Started { pid } }).await;
+
+    let limit = spec.max_output.min(MAX_OUTPUT_LIMIT) as usize;
+    let mut out = Capture::new(Stream::Stdout, limit);
+    let mut err = Capture::new(Stream::Stderr, limit);
+    let mut obuf = vec![0u8; CHUNK];
+    let mut ebuf = vec![0u8; CHUNK];
+    let mut pending: VecDeque<Frame> = VecDeque::new();
+    let timeout_at = spec.timeout_ms.map(|ms| tokio::time::Instant::from_std(started) + Duration::from_millis(ms));
+    let mut status: Option<WaitStatus> = None;
+    let mut exited = false;
+    let mut ending: Option<Ending> = None;
+    let mut stop_at: Option<tokio::time::Instant> = None;
+    let mut cancel_open = true;
+
+    loop {
+        let pipes_done = out.eof && err.eof;
+        if pipes_done && (exited || ending.is_some()) && pending.is_empty() {
+            break;
+        }
+        let reading = pending.len() < STREAM_BACKLOG;
+        tokio::select! {
+            biased;
+            r = &mut cancel, if cancel_open && ending.is_none() && !exited => {
+                cancel_open = false;
+                // A closed channel means the connection went away: the call goes on (its
+                // timeout still applies) and its result is dropped.
+                if r.is_ok() {
+                    agent.kill_tree(p.cgroup.as_deref(), pid);
+                    ending = Some(Ending::Cancelled);
+                    stop_at = Some(tokio::time::Instant::now() + DRAIN_AFTER_KILL);
+                }
+            }
+            _ = sleep_until(timeout_at.unwrap_or_else(far_future)), if timeout_at.is_some() && ending.is_none() && !exited => {
+                agent.kill_tree(p.cgroup.as_deref(), pid);
+                ending = Some(Ending::TimedOut);
+                stop_at = Some(tokio::time::Instant::now() + DRAIN_AFTER_KILL);
+            }
+            st = &mut p.exit, if !exited && ending.is_none() => {
+                exited = true;
+                status = st.ok();
+                ending = Some(Ending::Exited);
+                stop_at = Some(tokio::time::Instant::now() + GRACE_AFTER_EXIT);
+            }
+            _ = sleep_until(stop_at.unwrap_or_else(far_future)), if stop_at.is_some() => break,
+            permit = tx.reserve(), if !pending.is_empty() => {
+                match (permit, pending.pop_front()) {
+                    (Ok(permit), Some(frame)) => permit.send(frame),
+                    // The connection is gone: nobody reads the stream any more.
+                    _ => pending.clear(),
+                }
+            }
+            r = p.stdout.read(&mut obuf), if reading && !out.eof => {
+                handle_read(r, &obuf, &mut out, &spec, id, &mut pending);
+            }
+            r = p.stderr.read(&mut ebuf), if reading && !err.eof => {
+                handle_read(r, &ebuf, &mut err, &spec, id, &mut pending);
+            }
+        }
+    }
+    // Frames admitted before the end are still delivered, in order, before `Exited`.
+    for frame in pending {
+        if tx.send(frame).await.is_err() {
+            break;
+        }
+    }
+    if let Some(t) = stdin_task {
+        t.abort();
+    }
+    if let Some(name) = p.cgroup.take() {
+        agent.release_cgroup(name);
+    }
+    let duration_ms = started.elapsed().as_millis() as u64;
+    match ending {
+        Some(Ending::Cancelled) => AgentError::new(ErrorKind::Cancelled, "the call was cancelled").into_response(),
+        other => {
+            let timed_out = matches!(other, Some(Ending::TimedOut));
+            let (exit_code, signal) = if timed_out { (None, None) } else { exit_fields(status) };
+            Response::Exited(ExecResult {
+                exit_code,
+                signal,
+                timed_out,
+                stdout: out.kept,
+                stderr: err.kept,
+                stdout_truncated: out.truncated,
+                stderr_truncated: err.truncated,
+                duration_ms,
+            })
+        }
+    }
+}
+
+fn handle_read(
+    r: io::Result<usize>,
+    buf: &[u8],
+    cap: &mut Capture,
+    spec: &ExecSpec,
+    id: u64,
+    pending: &mut VecDeque<Frame>,
+) {
+    match r {
+        Ok(0) | Err(_) => cap.eof = true,
+        Ok(n) => {
+            let kept = cap.admit(&buf[..n]);
+            if kept.is_empty() {
+                return;
+            }
+            if spec.stream {
+                pending.push_back(Frame::Response {
+                    id,
+                    resp: Response::Output { stream: cap.stream, data: kept.to_vec() },
+                });
+            } else {
+                cap.kept.extend_from_slice(kept);
+            }
+        }
+    }
+}
+
+/// The last `cap` bytes of a stream.
+#[derive(Debug)]
+pub struct Ring {
+    buf: VecDeque<u8>,
+    cap: usize,
+    dropped: u64,
+}
+
+impl Ring {
+    fn new(cap: usize) -> Self {
+        Ring { buf: VecDeque::new(), cap, dropped: 0 }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        let data = if data.len() > self.cap {
+            self.dropped += (data.len() - self.cap) as u64;
+            &data[data.len() - self.cap..]
+        } else {
+            data
+        };
+        let overflow = (self.buf.len() + data.len()).saturating_sub(self.cap);
+        self.buf.drain(..overflow);
+        self.dropped += overflow as u64;
+        self.buf.extend(data);
+    }
+
+    fn contents(&self) -> Vec<u8> {
+        self.buf.iter().copied().collect()
+    }
+}
+
+#[derive(Debug)]
+pub struct Background {
+    pub info: BackgroundInfo,
+    stdout: Ring,
+    stderr: Ring,
+    cgroup: Option<String>,
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+pub fn start_background(agent: &Rc<Agent>, spec: BackgroundSpec) -> Result<Response> {
+    {
+        let mut bg = agent.background.borrow_mut();
+        while bg.len() >= MAX_BACKGROUND {
+            let oldest_done = bg.iter().find(|(_, b)| !b.borrow().info.running).map(|(k, _)| *k);
+            match oldest_done {
+                Some(k) => {
+                    bg.remove(&k);
+                }
+                None => {
+                    return Err(AgentError::invalid(format!(
+                        "already {MAX_BACKGROUND} background processes running"
+                    )))
+                }
+            }
+        }
+    }
+    let program = program_name(&spec.command);
+    let prepared = agent::prepare(&spec.command, &spec.env, spec.cwd.as_deref(), spec.user)?;
+    let p = spawn(agent, prepared, &program, "bg", false)?;
+    let bg_id = agent.next_bg.get();
+    agent.next_bg.set(bg_id + 1);
+    let cap = spec.max_log.min(MAX_OUTPUT_LIMIT) as usize;
+    let entry = Rc::new(RefCell::new(Background {
+        info: BackgroundInfo {
+            bg_id,
+            pid: p.pid,
+            command: spec.command,
+            running: true,
+            exit_code: None,
+            signal: None,
+            started_at: now_secs(),
+        },
+        stdout: Ring::new(cap),
+        stderr: Ring::new(cap),
+        cgroup: p.cgroup.clone(),
+    }));
+    agent.background.borrow_mut().insert(bg_id, entry.clone());
+    let pid = p.pid;
+    tokio::task::spawn_local(follow_background(agent.clone(), entry, p));
+    Ok(Response::BackgroundStarted { bg_id, pid })
+}
+
+/// Feeds the ring logs until both pipes close and records the exit status.
+async fn follow_background(agent: Rc<Agent>, entry: Rc<RefCell<Background>>, mut p: Spawned) {
+    let mut obuf = vec![0u8; CHUNK];
+    let mut ebuf = vec![0u8; CHUNK];
+    let (mut out_eof, mut err_eof, mut exited) = (false, false, false);
+    while !(out_eof && err_eof && exited) {
+        tokio::select! {
+            st = &mut p.exit, if !exited => {
+                exited = true;
+                let (exit_code, signal) = exit_fields(st.ok());
+                let mut e = entry.borrow_mut();
+                e.info.running = false;
+                e.info.exit_code = exit_code;
+                e.info.signal = signal;
+            }
+            r = p.stdout.read(&mut obuf), if !out_eof => match r {
+                Ok(n) if n > 0 => entry.borrow_mut().stdout.push(&obuf[..n]),
+                _ => out_eof = true,
+            },
+            r = p.stderr.read(&mut ebuf), if !err_eof => match r {
+                Ok(n) if n > 0 => entry.borrow_mut().stderr.push(&ebuf[..n]),
+                _ => err_eof = true,
+            },
+        }
+    }
+    if let Some(name) = p.cgroup.take() {
+        agent.release_cgroup(name);
+    }
+}
+
+pub fn list_background(agent: &Agent) -> Response {
+    let processes = agent.background.borrow().values().map(|b| b.borrow().info.clone()).collect();
+    Response::BackgroundList { processes }
+}
+
+fn find(agent: &Agent, bg_id: u64) -> Result<Rc<RefCell<Background>>> {
+    agent
+        .background
+        .borrow()
+        .get(&bg_id)
+        .cloned()
+        .ok_or_else(|| AgentError::new(ErrorKind::NotFound, format!("no background process {bg_id}")))
+}
+
+pub fn background_logs(agent: &Agent, bg_id: u64) -> Result<Response> {
+    let b = find(agent, bg_id)?;
+    let b = b.borrow();
+    Ok(Response::BackgroundLogs(BackgroundLogs {
+        stdout: b.stdout.contents(),
+        stderr: b.stderr.contents(),
+        stdout_dropped: b.stdout.dropped,
+        stderr_dropped: b.stderr.dropped,
+    }))
+}
+
+/// SIGKILL (the default) kills the whole cgroup of the process, descendants included;
+/// another signal goes to the process alone.
+pub fn kill_background(agent: &Agent, bg_id: u64, signal: Option<i32>) -> Result<Response> {
+    let b = find(agent, bg_id)?;
+    let (pid, running, cgroup) = {
+        let b = b.borrow();
+        (b.info.pid, b.info.running, b.cgroup.clone())
+    };
+    let sig = signal.unwrap_or(libc::SIGKILL);
+    if !(1..=64).contains(&sig) {
+        return Err(AgentError::invalid(format!("invalid signal {sig}")));
+    }
+    if sig == libc::SIGKILL {
+        // Without a cgroup, a group whose leader is gone is not signalled: its number may
+        // belong to someone else by now.
+        if running || cgroup.is_some() {
+            agent.kill_tree(cgroup.as_deref(), pid);
+        }
+        return Ok(Response::Done);
+    }
+    if !running {
+        return Err(AgentError::invalid(format!("background process {bg_id} has already exited")));
+    }
+    syschild::kill(pid, sig).map_err(|e| AgentError::io(&e, &format!("signal to process {pid}")))?;
+    Ok(Response::Done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_keeps_the_tail() {
+        let mut r = Ring::new(4);
+        r.push(b"ab");
+        r.push(b"cde");
+        assert_eq!(r.contents(), b"bcde");
+        assert_eq!(r.dropped, 1);
+        r.push(b"123456");
+        assert_eq!(r.contents(), b"3456");
+        assert_eq!(r.dropped, 1 + 4 + 2);
+    }
+
+    #[test]
+    fn capture_bounds() {
+        let mut c = Capture::new(Stream::Stdout, 5);
+        assert_eq!(c.admit(b"abc"), b"abc");
+        assert_eq!(c.admit(b"defg"), b"de");
+        assert!(c.truncated);
+        assert_eq!(c.admit(b"x"), b"");
+    }
+}

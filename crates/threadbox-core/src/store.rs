@@ -1,0 +1,271 @@
+//! The store: SQLite (WAL) through sqlx with migrations, so PostgreSQL can follow.
+//! Every state change of a sandbox is one statement (or one transaction), so a crash at
+//! any moment leaves a row that reconciliation understands.
+
+use crate::error::{CoreError, Result};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use threadbox_api::TtlAction;
+
+/// Internal state: the API's states plus `deleting`, which is never shown to users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Creating,
+    Running,
+    Paused,
+    Stopped,
+    Deleting,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Creating => "creating",
+            State::Running => "running",
+            State::Paused => "paused",
+            State::Stopped => "stopped",
+            State::Deleting => "deleting",
+        }
+    }
+    pub fn parse(s: &str) -> Result<State> {
+        Ok(match s {
+            "creating" => State::Creating,
+            "running" => State::Running,
+            "paused" => State::Paused,
+            "stopped" => State::Stopped,
+            "deleting" => State::Deleting,
+            other => return Err(CoreError::Internal(format!("unknown state {other:?} in the store"))),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxRow {
+    pub id: String,
+    pub name: Option<String>,
+    pub state: State,
+    pub labels: BTreeMap<String, String>,
+    pub image: String,
+    pub memory_bytes: u64,
+    pub cpus: f64,
+    pub pids: u32,
+    pub idle_pause_secs: Option<u64>,
+    pub ttl_secs: Option<u64>,
+    pub ttl_action: TtlAction,
+    pub slot: u32,
+    pub agent_pid: Option<i32>,
+    pub created_at: i64,
+    pub last_active_at: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ImageRow {
+    pub name: String,
+    pub kind: String,
+    pub path: Option<String>,
+    pub created_at: i64,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn ttl_str(a: TtlAction) -> &'static str {
+    match a {
+        TtlAction::Stop => "stop",
+        TtlAction::Delete => "delete",
+    }
+}
+
+fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
+    let labels: String = r.try_get("labels")?;
+    let ttl_action: String = r.try_get("ttl_action")?;
+    Ok(SandboxRow {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        state: State::parse(&r.try_get::<String, _>("state")?)?,
+        labels: serde_json::from_str(&labels)
+            .map_err(|e| CoreError::Internal(format!("bad labels in the store: {e}")))?,
+        image: r.try_get("image")?,
+        memory_bytes: r.try_get::<i64, _>("memory_bytes")? as u64,
+        cpus: r.try_get("cpus")?,
+        pids: r.try_get::<i64, _>("pids")? as u32,
+        idle_pause_secs: r.try_get::<Option<i64>, _>("idle_pause_secs")?.map(|v| v as u64),
+        ttl_secs: r.try_get::<Option<i64>, _>("ttl_secs")?.map(|v| v as u64),
+        ttl_action: if ttl_action == "delete" { TtlAction::Delete } else { TtlAction::Stop },
+        slot: r.try_get::<i64, _>("slot")? as u32,
+        agent_pid: r.try_get::<Option<i64>, _>("agent_pid")?.map(|v| v as i32),
+        created_at: r.try_get("created_at")?,
+        last_active_at: r.try_get("last_active_at")?,
+    })
+}
+
+impl Store {
+    pub async fn open(path: &Path) -> Result<Store> {
+        let opts = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(std::time::Duration::from_secs(5))
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Inserts a new sandbox in state `creating`, allocating the lowest free uid slot in
+    /// the same transaction. Fails with `Conflict` when the name is taken.
+    pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<u32> {
+        let mut tx = self.pool.begin().await?;
+        let used: Vec<i64> = sqlx::query_scalar("SELECT slot FROM sandboxes ORDER BY slot")
+            .fetch_all(&mut *tx)
+            .await?;
+        // The lowest free slot, so uid ranges are reused after deletes.
+        let mut slot: i64 = 0;
+        for u in used {
+            if u == slot {
+                slot += 1;
+            } else if u > slot {
+                break;
+            }
+        }
+        let labels = serde_json::to_string(&row.labels).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let res = sqlx::query(
+            "INSERT INTO sandboxes (id, name, state, labels, image, memory_bytes, cpus, pids, \
+             idle_pause_secs, ttl_secs, ttl_action, slot, agent_pid, created_at, last_active_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+        )
+        .bind(&row.id)
+        .bind(&row.name)
+        .bind(row.state.as_str())
+        .bind(labels)
+        .bind(&row.image)
+        .bind(row.memory_bytes as i64)
+        .bind(row.cpus)
+        .bind(row.pids as i64)
+        .bind(row.idle_pause_secs.map(|v| v as i64))
+        .bind(row.ttl_secs.map(|v| v as i64))
+        .bind(ttl_str(row.ttl_action))
+        .bind(slot)
+        .bind(row.created_at)
+        .bind(row.last_active_at)
+        .execute(&mut *tx)
+        .await;
+        match res {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                return Err(CoreError::Conflict(format!(
+                    "a sandbox named {:?} already exists",
+                    row.name.as_deref().unwrap_or("")
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tx.commit().await?;
+        Ok(slot as u32)
+    }
+
+    pub async fn get_sandbox(&self, id_or_name: &str) -> Result<Option<SandboxRow>> {
+        let r = sqlx::query("SELECT * FROM sandboxes WHERE (id = ? OR name = ?) AND state != 'deleting' ORDER BY id = ? DESC LIMIT 1")
+            .bind(id_or_name)
+            .bind(id_or_name)
+            .bind(id_or_name)
+            .fetch_optional(&self.pool)
+            .await?;
+        r.as_ref().map(row_to_sandbox).transpose()
+    }
+
+    pub async fn get_by_id_any(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let r = sqlx::query("SELECT * FROM sandboxes WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        r.as_ref().map(row_to_sandbox).transpose()
+    }
+
+    /// Every sandbox, `deleting` ones included (for reconciliation).
+    pub async fn all_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY created_at, id").fetch_all(&self.pool).await?;
+        rows.iter().map(row_to_sandbox).collect()
+    }
+
+    pub async fn set_state(&self, id: &str, state: State, agent_pid: Option<i32>) -> Result<()> {
+        sqlx::query("UPDATE sandboxes SET state = ?, agent_pid = ? WHERE id = ?")
+            .bind(state.as_str())
+            .bind(agent_pid)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn touch(&self, id: &str, at: i64) -> Result<()> {
+        sqlx::query("UPDATE sandboxes SET last_active_at = ? WHERE id = ?")
+            .bind(at)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM sandboxes WHERE id = ?").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn insert_image(&self, img: &ImageRow) -> Result<()> {
+        let res = sqlx::query("INSERT INTO images (name, kind, path, created_at) VALUES (?, ?, ?, ?)")
+            .bind(&img.name)
+            .bind(&img.kind)
+            .bind(&img.path)
+            .bind(img.created_at)
+            .execute(&self.pool)
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(CoreError::Conflict(format!("an image named {:?} already exists", img.name)))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn get_image(&self, name: &str) -> Result<Option<ImageRow>> {
+        let r = sqlx::query("SELECT * FROM images WHERE name = ?").bind(name).fetch_optional(&self.pool).await?;
+        Ok(match r {
+            Some(r) => Some(ImageRow {
+                name: r.try_get("name")?,
+                kind: r.try_get("kind")?,
+                path: r.try_get("path")?,
+                created_at: r.try_get("created_at")?,
+            }),
+            None => None,
+        })
+    }
+
+    pub async fn list_images(&self) -> Result<Vec<ImageRow>> {
+        let rows = sqlx::query("SELECT * FROM images ORDER BY name").fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ImageRow {
+                    name: r.try_get("name")?,
+                    kind: r.try_get("kind")?,
+                    path: r.try_get("path")?,
+                    created_at: r.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+}

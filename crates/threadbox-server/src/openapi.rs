@@ -1,0 +1,74 @@
+//! The OpenAPI document, generated from the handlers and the `threadbox-api` types.
+
+use crate::routes;
+use std::sync::OnceLock;
+use threadbox_api::*;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "threadbox",
+        description = "Self-hosted sandboxes for AI agents. Errors are \
+            `{\"error\": {\"code\": \"...\", \"message\": \"...\"}}` with a stable code.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    paths(
+        routes::healthz,
+        routes::openapi_document,
+        routes::create_sandbox,
+        routes::list_sandboxes,
+        routes::get_sandbox,
+        routes::delete_sandbox,
+        routes::pause_sandbox,
+        routes::resume_sandbox,
+        routes::stop_sandbox,
+        routes::start_sandbox,
+        routes::exec,
+        routes::exec_stream,
+        routes::start_process,
+        routes::list_processes,
+        routes::process_logs,
+        routes::kill_process,
+        routes::read_file,
+        routes::write_file,
+        routes::remove_file,
+        routes::list_files,
+        routes::stat_file,
+        routes::mkdir,
+        routes::selftest,
+        routes::list_images,
+        routes::add_image,
+    ),
+    components(schemas(
+        ErrorCode, ErrorBody, ErrorResponse, SandboxState, TtlAction, LimitsRequest, Limits,
+        CreateSandboxRequest, Sandbox, SandboxList, User, Encoding, ExecRequest, ExecResponse,
+        ExecEvent, StartProcessRequest, ProcessInfo, ProcessList, ProcessLogs,
+        KillProcessRequest, FileKind, FileEntry, FileList, PostureCheck, SelftestReport,
+        Health, AddImageRequest, Image, ImageList,
+    )),
+    tags(
+        (name = "meta", description = "Health and this document"),
+        (name = "sandboxes", description = "Sandbox lifecycle"),
+        (name = "exec", description = "Run commands to completion"),
+        (name = "processes", description = "Background processes"),
+        (name = "files", description = "Files inside a sandbox"),
+        (name = "images", description = "Root filesystem images"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The OpenAPI document as pretty JSON with a final newline: exactly the committed
+/// `api/openapi.json`.
+pub fn openapi_json() -> String {
+    let mut json = ApiDoc::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|err| format!("{{\"error\": \"cannot render the OpenAPI document: {err}\"}}"));
+    json.push('\n');
+    json
+}
+
+pub(crate) fn openapi_json_cached() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(openapi_json)
+}

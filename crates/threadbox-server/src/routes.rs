@@ -1,0 +1,750 @@
+//! The REST routes: thin translators from HTTP to one [`Manager`] call each.
+
+use crate::error::ApiError;
+use crate::openapi;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use threadbox_api::*;
+use threadbox_core::Manager;
+use utoipa::{IntoParams, ToSchema};
+
+/// Bound on JSON request bodies.
+pub const MAX_JSON_BODY_BYTES: usize = 1 << 20;
+/// Default bound on a file upload (`PUT /files`).
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 1 << 30;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<Manager>,
+    /// Bound on one file upload, in bytes.
+    pub max_upload_bytes: u64,
+}
+
+impl AppState {
+    pub fn new(manager: Arc<Manager>) -> Self {
+        AppState {
+            manager,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+        }
+    }
+}
+
+/// The router's state. The manager is optional only so that the HTTP layer (routing,
+/// rejections, limits, OpenAPI) can be unit-tested without a jail.
+pub(crate) struct Shared {
+    manager: Option<Arc<Manager>>,
+    max_upload_bytes: u64,
+}
+
+impl Shared {
+    fn manager(&self) -> Result<&Manager, ApiError> {
+        self.manager
+            .as_deref()
+            .ok_or_else(|| ApiError::new(ErrorCode::Unavailable, "the sandbox manager is not running"))
+    }
+}
+
+type St = State<Arc<Shared>>;
+
+/// The daemon's HTTP application.
+pub fn app(state: AppState) -> Router {
+    router(Shared {
+        manager: Some(state.manager),
+        max_upload_bytes: state.max_upload_bytes,
+    })
+}
+
+/// The HTTP layer without a manager: every call that needs one answers `unavailable`.
+#[cfg(test)]
+pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
+    router(Shared {
+        manager: None,
+        max_upload_bytes,
+    })
+}
+
+fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/openapi.json", get(openapi_document))
+        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route(
+            "/v1/sandboxes/{sandbox}",
+            get(get_sandbox).delete(delete_sandbox),
+        )
+        .route("/v1/sandboxes/{sandbox}/pause", post(pause_sandbox))
+        .route("/v1/sandboxes/{sandbox}/resume", post(resume_sandbox))
+        .route("/v1/sandboxes/{sandbox}/stop", post(stop_sandbox))
+        .route("/v1/sandboxes/{sandbox}/start", post(start_sandbox))
+        .route("/v1/sandboxes/{sandbox}/exec", post(exec))
+        .route("/v1/sandboxes/{sandbox}/exec/stream", post(exec_stream))
+        .route(
+            "/v1/sandboxes/{sandbox}/processes",
+            post(start_process).get(list_processes),
+        )
+        .route(
+            "/v1/sandboxes/{sandbox}/processes/{process_id}/logs",
+            get(process_logs),
+        )
+        .route(
+            "/v1/sandboxes/{sandbox}/processes/{process_id}/kill",
+            post(kill_process),
+        )
+        .route(
+            "/v1/sandboxes/{sandbox}/files",
+            get(read_file).put(write_file).delete(remove_file),
+        )
+        .route("/v1/sandboxes/{sandbox}/files/list", get(list_files))
+        .route("/v1/sandboxes/{sandbox}/files/stat", get(stat_file))
+        .route("/v1/sandboxes/{sandbox}/files/mkdir", post(mkdir))
+        .route("/v1/sandboxes/{sandbox}/selftest", get(selftest))
+        .route("/v1/images", get(list_images).post(add_image))
+        // Must come after the routes: it is installed on each existing method router.
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(route_not_found)
+        // Applies to the buffering extractors (JSON, optional kill body); file uploads
+        // read the raw body and enforce `max_upload_bytes` themselves.
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        .with_state(Arc::new(shared))
+}
+
+// ---- extractors whose rejections use the one error shape ------------------------------
+
+/// `axum::Json` with rejections answered as [`ApiError`].
+#[derive(FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct ApiJson<T>(pub T);
+
+impl<T: Serialize> IntoResponse for ApiJson<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+/// `axum::extract::Query` with rejections answered as [`ApiError`].
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct ApiQuery<T>(pub T);
+
+/// `axum::extract::Path` with rejections answered as [`ApiError`].
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
+
+fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a request handler panicked");
+    ApiError::new(ErrorCode::Internal, "internal error (see the daemon log)").into_response()
+}
+
+async fn route_not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+// ---- query parameters -----------------------------------------------------------------
+
+/// `?force=true` on delete.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteQuery {
+    /// Delete even when the sandbox is running.
+    pub force: Option<bool>,
+}
+
+/// A path inside the sandbox and who accesses it.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct FileQuery {
+    /// Path inside the sandbox (relative paths are relative to the user's home).
+    pub path: String,
+    /// `user` (default) or `root`.
+    #[param(value_type = Option<User>)]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RemoveFileQuery {
+    /// Path inside the sandbox.
+    pub path: String,
+    /// Remove a directory and everything in it.
+    pub recursive: Option<bool>,
+    /// `user` (default) or `root`.
+    #[param(value_type = Option<User>)]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct MkdirQuery {
+    /// Path inside the sandbox.
+    pub path: String,
+    /// Create missing parents; no error when the directory exists.
+    pub parents: Option<bool>,
+    /// `user` (default) or `root`.
+    #[param(value_type = Option<User>)]
+    pub user: Option<String>,
+}
+
+/// Raw bytes of a file, for the OpenAPI document.
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct RawBytes(#[allow(dead_code)] Vec<u8>);
+
+fn parse_user(user: Option<&str>) -> Result<User, ApiError> {
+    match user {
+        None => Ok(User::User),
+        Some(s) => User::parse(s)
+            .ok_or_else(|| ApiError::invalid(format!("invalid user {s:?}: expected `user` or `root`"))),
+    }
+}
+
+fn check_path(path: &str) -> Result<&str, ApiError> {
+    if path.is_empty() {
+        return Err(ApiError::invalid("`path` must not be empty"));
+    }
+    if path.contains('\0') {
+        return Err(ApiError::invalid("`path` must not contain NUL bytes"));
+    }
+    Ok(path)
+}
+
+/// Parses `label=k=v` (repeatable) and `state=...` of the list route.
+pub(crate) fn parse_list_query(raw: Option<&str>) -> Result<(BTreeMap<String, String>, Option<SandboxState>), ApiError> {
+    let mut labels = BTreeMap::new();
+    let mut state = None;
+    for (key, value) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+        match key.as_ref() {
+            "label" => {
+                let (k, v) = value.split_once('=').ok_or_else(|| {
+                    ApiError::invalid(format!("invalid label filter {value:?}: expected `key=value`"))
+                })?;
+                if k.is_empty() {
+                    return Err(ApiError::invalid(format!(
+                        "invalid label filter {value:?}: the key is empty"
+                    )));
+                }
+                labels.insert(k.to_string(), v.to_string());
+            }
+            "state" => {
+                let s = SandboxState::parse(&value).ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "invalid state {value:?}: expected creating, running, paused or stopped"
+                    ))
+                })?;
+                state = Some(s);
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter {other:?}: expected `label` or `state`"
+                )))
+            }
+        }
+    }
+    Ok((labels, state))
+}
+
+fn check_command(command: &Option<Vec<String>>, shell: &Option<String>) -> Result<(), ApiError> {
+    match (command, shell) {
+        (Some(_), Some(_)) => Err(ApiError::invalid("give exactly one of `command` and `shell`, not both")),
+        (None, None) => Err(ApiError::invalid("give one of `command` and `shell`")),
+        (Some(argv), None) if argv.is_empty() => Err(ApiError::invalid("`command` must not be empty")),
+        (Some(argv), None) if argv[0].is_empty() => {
+            Err(ApiError::invalid("`command[0]` must not be empty"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_exec(req: &ExecRequest) -> Result<(), ApiError> {
+    check_command(&req.command, &req.shell)?;
+    if let Some(t) = req.timeout_secs {
+        if !t.is_finite() || t <= 0.0 {
+            return Err(ApiError::invalid("`timeout_secs` must be a positive number"));
+        }
+    }
+    Ok(())
+}
+
+// ---- handlers -------------------------------------------------------------------------
+
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, description = "The daemon is up", body = Health)))]
+pub(crate) async fn healthz() -> ApiJson<Health> {
+    ApiJson(Health {
+        status: "ok".to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    })
+}
+
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta",
+    responses((status = 200, description = "This OpenAPI document", content_type = "application/json")))]
+pub(crate) async fn openapi_document() -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        openapi::openapi_json_cached(),
+    )
+        .into_response()
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = CreateSandboxRequest,
+    responses(
+        (status = 201, description = "Created", body = Sandbox),
+        (status = 200, description = "A sandbox of that name already existed", body = Sandbox),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn create_sandbox(
+    State(st): St,
+    ApiJson(req): ApiJson<CreateSandboxRequest>,
+) -> Result<(StatusCode, ApiJson<Sandbox>), ApiError> {
+    if let Some(name) = &req.name {
+        if name.is_empty() {
+            return Err(ApiError::invalid("`name` must not be empty"));
+        }
+    }
+    let (sandbox, created) = st.manager()?.create(req).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, ApiJson(sandbox)))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    params(
+        ("label" = Option<Vec<String>>, Query, explode = true,
+            description = "`key=value`; repeat to require several labels"),
+        ("state" = Option<SandboxState>, Query, description = "Only sandboxes in this state")),
+    responses(
+        (status = 200, description = "Matching sandboxes", body = SandboxList),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn list_sandboxes(
+    State(st): St,
+    RawQuery(raw): RawQuery,
+) -> Result<ApiJson<SandboxList>, ApiError> {
+    let (labels, state) = parse_list_query(raw.as_deref())?;
+    let sandboxes = st.manager()?.list(&labels, state).await?;
+    Ok(ApiJson(SandboxList { sandboxes }))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}", tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "The sandbox", body = Sandbox),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn get_sandbox(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<Sandbox>, ApiError> {
+    Ok(ApiJson(st.manager()?.get(&sandbox).await?))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{sandbox}", tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), DeleteQuery),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn delete_sandbox(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
+) -> Result<StatusCode, ApiError> {
+    st.manager()?
+        .delete(&sandbox, q.force.unwrap_or(false))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/pause", tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "The paused sandbox", body = Sandbox),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn pause_sandbox(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<Sandbox>, ApiError> {
+    Ok(ApiJson(st.manager()?.pause(&sandbox).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/resume", tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "The resumed sandbox", body = Sandbox),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn resume_sandbox(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<Sandbox>, ApiError> {
+    Ok(ApiJson(st.manager()?.resume(&sandbox).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/stop", tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "The stopped sandbox", body = Sandbox),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn stop_sandbox(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<Sandbox>, ApiError> {
+    Ok(ApiJson(st.manager()?.stop(&sandbox).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/start", tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "The started sandbox", body = Sandbox),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn start_sandbox(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<Sandbox>, ApiError> {
+    Ok(ApiJson(st.manager()?.start(&sandbox).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec", tag = "exec",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    request_body = ExecRequest,
+    responses(
+        (status = 200, description = "The process ran to completion (or timed out)", body = ExecResponse),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn exec(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<ApiJson<ExecResponse>, ApiError> {
+    check_exec(&req)?;
+    Ok(ApiJson(st.manager()?.exec(&sandbox, req).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec/stream", tag = "exec",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    request_body = ExecRequest,
+    responses(
+        (status = 200, description = "NDJSON: one `ExecEvent` per line: `start`, then `stdout`/`stderr`, then `end` or `error`",
+            body = ExecEvent, content_type = "application/x-ndjson"),
+        (status = "default", description = "Error before the process started", body = ErrorResponse)))]
+pub(crate) async fn exec_stream(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Response, ApiError> {
+    check_exec(&req)?;
+    let rx = st.manager()?.exec_stream(&sandbox, req).await?;
+    // Stops after the terminal event; a channel that closes without one ends with an
+    // `error` event, so a client never mistakes a cut stream for a finished process.
+    let lines = futures::stream::unfold((rx, false), |(mut rx, finished)| async move {
+        if finished {
+            return None;
+        }
+        let (event, terminal) = match rx.recv().await {
+            Some(ev) => {
+                let terminal = matches!(ev, ExecEvent::End { .. } | ExecEvent::Error { .. });
+                (ev, terminal)
+            }
+            None => (
+                ExecEvent::Error {
+                    code: ErrorCode::Internal,
+                    message: "the exec stream ended without an end event".to_string(),
+                },
+                true,
+            ),
+        };
+        Some((Ok::<_, std::convert::Infallible>(ndjson_line(&event)), (rx, terminal)))
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+fn ndjson_line(event: &ExecEvent) -> Bytes {
+    let mut line = serde_json::to_vec(event).unwrap_or_else(|err| {
+        tracing::error!(%err, "cannot serialize an exec event");
+        br#"{"type":"error","code":"internal","message":"cannot serialize an exec event"}"#.to_vec()
+    });
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/processes", tag = "processes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    request_body = StartProcessRequest,
+    responses(
+        (status = 201, description = "Started", body = ProcessInfo),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn start_process(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiJson(req): ApiJson<StartProcessRequest>,
+) -> Result<(StatusCode, ApiJson<ProcessInfo>), ApiError> {
+    check_command(&req.command, &req.shell)?;
+    let info = st.manager()?.start_process(&sandbox, req).await?;
+    Ok((StatusCode::CREATED, ApiJson(info)))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/processes", tag = "processes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "Background processes", body = ProcessList),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn list_processes(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<ProcessList>, ApiError> {
+    Ok(ApiJson(st.manager()?.list_processes(&sandbox).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/processes/{process_id}/logs", tag = "processes",
+    params(
+        ("sandbox" = String, Path, description = "Sandbox id or name"),
+        ("process_id" = u64, Path, description = "Background process id")),
+    responses(
+        (status = 200, description = "Captured output", body = ProcessLogs),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn process_logs(
+    State(st): St,
+    ApiPath((sandbox, process_id)): ApiPath<(String, u64)>,
+) -> Result<ApiJson<ProcessLogs>, ApiError> {
+    Ok(ApiJson(
+        st.manager()?.process_logs(&sandbox, process_id).await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/processes/{process_id}/kill", tag = "processes",
+    params(
+        ("sandbox" = String, Path, description = "Sandbox id or name"),
+        ("process_id" = u64, Path, description = "Background process id")),
+    request_body(content = Option<KillProcessRequest>, description = "Optional; default signal 9"),
+    responses(
+        (status = 204, description = "Signal sent"),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn kill_process(
+    State(st): St,
+    ApiPath((sandbox, process_id)): ApiPath<(String, u64)>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let req: KillProcessRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        KillProcessRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|err| ApiError::invalid(format!("invalid kill request: {err}")))?
+    };
+    if let Some(sig) = req.signal {
+        if !(1..=64).contains(&sig) {
+            return Err(ApiError::invalid(format!(
+                "invalid signal {sig}: expected 1 to 64"
+            )));
+        }
+    }
+    st.manager()?
+        .kill_process(&sandbox, process_id, req.signal)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
+    responses(
+        (status = 200, description = "The file's bytes", body = RawBytes, content_type = "application/octet-stream"),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn read_file(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(q.user.as_deref())?;
+    let path = check_path(&q.path)?;
+    let chunks = st.manager()?.read_file(&sandbox, path, user).await?;
+    let body = chunks.map(|chunk| {
+        chunk.map(Bytes::from).map_err(|err| {
+            // Headers are gone already: the client sees a cut body.
+            tracing::warn!(error = %crate::error::ErrorChain(&err), "file read failed mid-stream");
+            std::io::Error::other(err.public_message())
+        })
+    });
+    Ok((
+        [(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"))],
+        Body::from_stream(body),
+    )
+        .into_response())
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
+    request_body(content = RawBytes, content_type = "application/octet-stream",
+        description = "The new contents (replaces the file)"),
+    responses(
+        (status = 204, description = "Written"),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn write_file(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FileQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let user = parse_user(q.user.as_deref())?;
+    let path = check_path(&q.path)?;
+    let limit = st.max_upload_bytes;
+    let too_large = || ApiError::too_large(format!("file uploads are limited to {limit} bytes"));
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit {
+            return Err(too_large());
+        }
+    }
+    let manager = st.manager()?;
+    let exceeded = Arc::new(AtomicBool::new(false));
+    let flag = exceeded.clone();
+    let mut seen: u64 = 0;
+    let body = body
+        .into_data_stream()
+        .map(move |chunk| match chunk {
+            Ok(bytes) => {
+                seen = seen.saturating_add(bytes.len() as u64);
+                if seen > limit {
+                    flag.store(true, Ordering::Relaxed);
+                    Err(format!("file uploads are limited to {limit} bytes"))
+                } else {
+                    Ok(bytes.to_vec())
+                }
+            }
+            Err(err) => Err(format!("reading the request body failed: {err}")),
+        })
+        .boxed();
+    let result = manager.write_file(&sandbox, path, user, body).await;
+    if exceeded.load(Ordering::Relaxed) {
+        return Err(too_large());
+    }
+    result?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), RemoveFileQuery),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn remove_file(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiQuery(q): ApiQuery<RemoveFileQuery>,
+) -> Result<StatusCode, ApiError> {
+    let user = parse_user(q.user.as_deref())?;
+    let path = check_path(&q.path)?;
+    st.manager()?
+        .remove_file(&sandbox, path, user, q.recursive.unwrap_or(false))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files/list", tag = "files",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
+    responses(
+        (status = 200, description = "Directory entries", body = FileList),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn list_files(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> Result<ApiJson<FileList>, ApiError> {
+    let user = parse_user(q.user.as_deref())?;
+    let path = check_path(&q.path)?;
+    Ok(ApiJson(st.manager()?.list_files(&sandbox, path, user).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files/stat", tag = "files",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
+    responses(
+        (status = 200, description = "The entry", body = FileEntry),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn stat_file(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiQuery(q): ApiQuery<FileQuery>,
+) -> Result<ApiJson<FileEntry>, ApiError> {
+    let user = parse_user(q.user.as_deref())?;
+    let path = check_path(&q.path)?;
+    Ok(ApiJson(st.manager()?.stat_file(&sandbox, path, user).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/files/mkdir", tag = "files",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), MkdirQuery),
+    responses(
+        (status = 204, description = "Created"),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn mkdir(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+    ApiQuery(q): ApiQuery<MkdirQuery>,
+) -> Result<StatusCode, ApiError> {
+    let user = parse_user(q.user.as_deref())?;
+    let path = check_path(&q.path)?;
+    st.manager()?
+        .mkdir(&sandbox, path, user, q.parents.unwrap_or(false))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/selftest", tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "Isolation checks run inside the sandbox", body = SelftestReport),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn selftest(
+    State(st): St,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<SelftestReport>, ApiError> {
+    Ok(ApiJson(st.manager()?.selftest(&sandbox).await?))
+}
+
+#[utoipa::path(get, path = "/v1/images", tag = "images",
+    responses(
+        (status = 200, description = "Known images", body = ImageList),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn list_images(State(st): St) -> Result<ApiJson<ImageList>, ApiError> {
+    Ok(ApiJson(st.manager()?.list_images().await?))
+}
+
+#[utoipa::path(post, path = "/v1/images", tag = "images",
+    request_body = AddImageRequest,
+    responses(
+        (status = 201, description = "Added", body = Image),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn add_image(
+    State(st): St,
+    ApiJson(req): ApiJson<AddImageRequest>,
+) -> Result<(StatusCode, ApiJson<Image>), ApiError> {
+    if req.name.is_empty() {
+        return Err(ApiError::invalid("`name` must not be empty"));
+    }
+    if !req.path.starts_with('/') {
+        return Err(ApiError::invalid("`path` must be an absolute path on the daemon's host"));
+    }
+    let image = st.manager()?.add_image(req).await?;
+    Ok((StatusCode::CREATED, ApiJson(image)))
+}

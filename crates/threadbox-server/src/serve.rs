@@ -1,0 +1,209 @@
+//! `threadbox serve`: opens the manager and answers on a unix socket and on loopback TCP
+//! until SIGTERM or SIGINT.
+
+use crate::error::ErrorChain;
+use crate::routes::{app, AppState, DEFAULT_MAX_UPLOAD_BYTES};
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use threadbox_core::{Config, CoreError, Manager};
+use tokio::net::{TcpListener, UnixListener};
+
+/// Default TCP address of the daemon.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+/// Name of the daemon's unix socket inside its root.
+pub const SOCKET_NAME: &str = "threadbox.sock";
+/// Name of the file holding the daemon's pid inside its root.
+pub const PID_FILE_NAME: &str = "threadbox.pid";
+
+/// Everything `serve` needs; the binary fills it from flags, environment and config file.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub root: PathBuf,
+    pub listen: SocketAddr,
+    pub agent_path: PathBuf,
+    /// The binary run as `<helper> __jail-launch` (normally the `threadbox` binary).
+    pub helper_path: PathBuf,
+    pub max_upload_bytes: u64,
+    /// How long in-flight requests may take to finish after a shutdown signal.
+    pub shutdown_grace: Duration,
+}
+
+impl ServeOptions {
+    pub fn new(root: PathBuf, agent_path: PathBuf, helper_path: PathBuf) -> Self {
+        ServeOptions {
+            root,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
+            agent_path,
+            helper_path,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(
+        "refusing to listen on {0}: only loopback addresses are allowed until the daemon \
+         supports API keys (use 127.0.0.1 or [::1])"
+    )]
+    NotLoopback(SocketAddr),
+    #[error("cannot create the root directory {}", .path.display())]
+    CreateRoot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another daemon is already listening on {}", .0.display())]
+    AlreadyRunning(PathBuf),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write {}", .path.display())]
+    WriteFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the sandbox manager")]
+    Manager(#[source] CoreError),
+    #[error("cannot install the signal handlers")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Runs the daemon until SIGTERM or SIGINT. Sandboxes keep running after it returns.
+pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
+    if !opts.listen.ip().is_loopback() {
+        return Err(ServeError::NotLoopback(opts.listen));
+    }
+    std::fs::create_dir_all(&opts.root).map_err(|source| ServeError::CreateRoot {
+        path: opts.root.clone(),
+        source,
+    })?;
+    let socket_path = opts.root.join(SOCKET_NAME);
+    let pid_path = opts.root.join(PID_FILE_NAME);
+
+    // Signals first, so a SIGTERM during start-up still shuts down cleanly.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ServeError::Signals)?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(ServeError::Signals)?;
+
+    let tcp = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: opts.listen.to_string(),
+            source,
+        })?;
+    let tcp_addr = tcp.local_addr().unwrap_or(opts.listen);
+    let unix = bind_unix_socket(&socket_path).await?;
+
+    let manager = Manager::open(Config::new(
+        opts.root.clone(),
+        opts.agent_path.clone(),
+        opts.helper_path.clone(),
+    ))
+    .await
+    .map_err(|err| {
+        let _ = std::fs::remove_file(&socket_path);
+        ServeError::Manager(err)
+    })?;
+
+    if let Err(source) = std::fs::write(&pid_path, format!("{}\n", std::process::id())) {
+        manager.shutdown().await;
+        let _ = std::fs::remove_file(&socket_path);
+        return Err(ServeError::WriteFile {
+            path: pid_path,
+            source,
+        });
+    }
+
+    let mut state = AppState::new(manager.clone());
+    state.max_upload_bytes = opts.max_upload_bytes;
+    let router = app(state);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let mut tcp_task = tokio::spawn(
+        axum::serve(tcp, router.clone())
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+    );
+    let mut unix_task = tokio::spawn(
+        axum::serve(unix, router)
+            .with_graceful_shutdown(stopped(stop_rx))
+            .into_future(),
+    );
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        root = %opts.root.display(),
+        "threadbox daemon listening on http://{tcp_addr} and unix://{}",
+        socket_path.display()
+    );
+
+    tokio::select! {
+        _ = sigterm.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = sigint.recv() => tracing::info!("SIGINT received, shutting down"),
+        res = &mut tcp_task => tracing::error!(?res, "the TCP listener stopped unexpectedly"),
+        res = &mut unix_task => tracing::error!(?res, "the unix socket listener stopped unexpectedly"),
+    }
+    let _ = stop_tx.send(true);
+    // Stop accepting at once: the socket file goes first, so clients fail fast.
+    let _ = std::fs::remove_file(&socket_path);
+    let drain = async {
+        if !tcp_task.is_finished() {
+            let _ = (&mut tcp_task).await;
+        }
+        if !unix_task.is_finished() {
+            let _ = (&mut unix_task).await;
+        }
+    };
+    if tokio::time::timeout(opts.shutdown_grace, drain).await.is_err() {
+        tracing::warn!(
+            "in-flight requests did not finish within {:?}; closing them",
+            opts.shutdown_grace
+        );
+        tcp_task.abort();
+        unix_task.abort();
+    }
+    manager.shutdown().await;
+    let _ = std::fs::remove_file(&pid_path);
+    tracing::info!("threadbox daemon stopped");
+    Ok(())
+}
+
+/// Binds `<root>/threadbox.sock`, replacing a stale socket file but never a live daemon's.
+async fn bind_unix_socket(path: &Path) -> Result<UnixListener, ServeError> {
+    let listen_err = |source| ServeError::Listen {
+        addr: format!("unix://{}", path.display()),
+        source,
+    };
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(ServeError::AlreadyRunning(path.to_path_buf()));
+        }
+        tracing::info!(path = %path.display(), "removing a stale socket file");
+        std::fs::remove_file(path).map_err(listen_err)?;
+    }
+    let listener = UnixListener::bind(path).map_err(listen_err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        ServeError::WriteFile {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(listener)
+}
+
+/// Logs an error with its whole chain (for the binary's convenience).
+pub fn describe_error(err: &(dyn std::error::Error + 'static)) -> String {
+    ErrorChain(err).to_string()
+}

@@ -1,0 +1,246 @@
+//! Router tests without a socket and without a jail: routing, rejections, limits and the
+//! OpenAPI document. Calls that reach the manager answer `unavailable` here; they are
+//! covered by the CLI's integration suite.
+
+use crate::routes::app_without_manager;
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use threadbox_api::{ErrorCode, ErrorResponse, Health};
+use tower::ServiceExt;
+
+fn router() -> Router {
+    app_without_manager(1024)
+}
+
+async fn call(req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let resp = router().oneshot(req).await.expect("router is infallible");
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("body collects")
+        .to_bytes()
+        .to_vec();
+    (status, body)
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+fn post_json(uri: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .unwrap()
+}
+
+/// Asserts the one error shape and returns its code.
+fn error_code(status: StatusCode, body: &[u8]) -> ErrorCode {
+    let err: ErrorResponse = serde_json::from_slice(body).unwrap_or_else(|e| {
+        panic!(
+            "status {status}: body is not the error shape ({e}): {}",
+            String::from_utf8_lossy(body)
+        )
+    });
+    assert!(!err.error.message.is_empty());
+    assert_eq!(status.as_u16(), err.error.code.http_status());
+    err.error.code
+}
+
+#[tokio::test]
+async fn healthz_reports_ok_and_version() {
+    let (status, body) = call(get("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    let health: Health = serde_json::from_slice(&body).unwrap();
+    assert_eq!(health.status, "ok");
+    assert_eq!(health.version, env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test]
+async fn openapi_is_served_and_lists_every_route() {
+    let (status, body) = call(get("/v1/openapi.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/healthz",
+        "/v1/sandboxes",
+        "/v1/sandboxes/{sandbox}",
+        "/v1/sandboxes/{sandbox}/exec/stream",
+        "/v1/sandboxes/{sandbox}/processes/{process_id}/kill",
+        "/v1/sandboxes/{sandbox}/files",
+        "/v1/sandboxes/{sandbox}/files/mkdir",
+        "/v1/images",
+    ] {
+        assert!(paths.contains_key(p), "missing {p}");
+    }
+    assert_eq!(body, crate::openapi_json().into_bytes());
+}
+
+#[tokio::test]
+async fn unknown_route_is_a_json_404() {
+    for uri in ["/nope", "/v1/sandboxes/x/nope", "/v2/sandboxes"] {
+        let (status, body) = call(get(uri)).await;
+        assert_eq!(error_code(status, &body), ErrorCode::NotFound, "{uri}");
+    }
+}
+
+#[tokio::test]
+async fn wrong_method_is_a_json_405() {
+    let req = Request::builder()
+        .method(Method::PATCH)
+        .uri("/v1/sandboxes")
+        .body(Body::empty())
+        .unwrap();
+    let (status, body) = call(req).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    let err: ErrorResponse = serde_json::from_slice(&body).unwrap();
+    assert_eq!(err.error.code, ErrorCode::InvalidArgument);
+}
+
+#[tokio::test]
+async fn malformed_json_is_invalid_argument() {
+    for body in [
+        "{",
+        "not json",
+        r#"{"name": 5}"#,
+        r#"{"bogus": true}"#,
+        r#"{"limits": {"memory_bytes": -1}}"#,
+        "",
+    ] {
+        let (status, resp) = call(post_json("/v1/sandboxes", body)).await;
+        assert_eq!(
+            error_code(status, &resp),
+            ErrorCode::InvalidArgument,
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn missing_content_type_is_invalid_argument() {
+    let req = Request::post("/v1/sandboxes")
+        .body(Body::from("{}"))
+        .unwrap();
+    let (status, body) = call(req).await;
+    assert_eq!(error_code(status, &body), ErrorCode::InvalidArgument);
+}
+
+#[tokio::test]
+async fn too_large_json_body_is_413() {
+    let big = format!(
+        r#"{{"name": "{}"}}"#,
+        "a".repeat(crate::MAX_JSON_BODY_BYTES + 10)
+    );
+    let (status, body) = call(post_json("/v1/sandboxes", big)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(error_code(status, &body), ErrorCode::PayloadTooLarge);
+}
+
+#[tokio::test]
+async fn too_large_upload_is_413_before_the_manager() {
+    let req = Request::put("/v1/sandboxes/sb/files?path=/tmp/x")
+        .header(header::CONTENT_LENGTH, "2048")
+        .body(Body::from(vec![0u8; 2048]))
+        .unwrap();
+    let (status, body) = call(req).await;
+    assert_eq!(error_code(status, &body), ErrorCode::PayloadTooLarge);
+}
+
+#[tokio::test]
+async fn bad_query_strings_are_invalid_argument() {
+    for uri in [
+        "/v1/sandboxes?state=sleeping",
+        "/v1/sandboxes?label=novalue",
+        "/v1/sandboxes?label==v",
+        "/v1/sandboxes?bogus=1",
+        "/v1/sandboxes/sb?force=maybe",
+        "/v1/sandboxes/sb/files",
+        "/v1/sandboxes/sb/files?path=",
+        "/v1/sandboxes/sb/files?path=/x&user=nobody",
+        "/v1/sandboxes/sb/files/list?path=/x&extra=1",
+        "/v1/sandboxes/sb/processes/notanumber/logs",
+    ] {
+        let method = if uri.starts_with("/v1/sandboxes/sb?") {
+            Method::DELETE
+        } else {
+            Method::GET
+        };
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap();
+        let (status, body) = call(req).await;
+        assert_eq!(
+            error_code(status, &body),
+            ErrorCode::InvalidArgument,
+            "{uri}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn bad_exec_requests_are_refused_early() {
+    for body in [
+        r#"{}"#,
+        r#"{"command": []}"#,
+        r#"{"command": ["ls"], "shell": "ls"}"#,
+        r#"{"shell": "ls", "timeout_secs": -1}"#,
+        r#"{"shell": "ls", "user": "nobody"}"#,
+    ] {
+        for uri in ["/v1/sandboxes/sb/exec", "/v1/sandboxes/sb/exec/stream"] {
+            let (status, resp) = call(post_json(uri, body)).await;
+            assert_eq!(
+                error_code(status, &resp),
+                ErrorCode::InvalidArgument,
+                "{uri} {body}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn kill_body_is_optional_but_checked() {
+    let req = Request::post("/v1/sandboxes/sb/processes/1/kill")
+        .body(Body::from(r#"{"signal": 0}"#))
+        .unwrap();
+    let (status, body) = call(req).await;
+    assert_eq!(error_code(status, &body), ErrorCode::InvalidArgument);
+    // No body: valid, so it reaches the (absent) manager.
+    let req = Request::post("/v1/sandboxes/sb/processes/1/kill")
+        .body(Body::empty())
+        .unwrap();
+    let (status, body) = call(req).await;
+    assert_eq!(error_code(status, &body), ErrorCode::Unavailable);
+}
+
+#[tokio::test]
+async fn valid_requests_reach_the_manager() {
+    for req in [
+        get("/v1/sandboxes?label=a=b&label=c=d%3De&state=running"),
+        get("/v1/sandboxes/sb"),
+        post_json("/v1/sandboxes", r#"{"name":"x","labels":{"a":"b"}}"#),
+        post_json("/v1/sandboxes/sb/exec", r#"{"command":["echo","hi"]}"#),
+        get("/v1/sandboxes/sb/files?path=/etc/hostname&user=root"),
+        get("/v1/images"),
+    ] {
+        let uri = req.uri().to_string();
+        let (status, body) = call(req).await;
+        assert_eq!(error_code(status, &body), ErrorCode::Unavailable, "{uri}");
+    }
+}
+
+#[test]
+fn list_query_parses_repeated_labels() {
+    let (labels, state) =
+        crate::routes::parse_list_query(Some("label=a%3Db&label=c=d=e&state=paused"))
+            .unwrap();
+    assert_eq!(labels.get("a").map(String::as_str), Some("b"));
+    assert_eq!(labels.get("c").map(String::as_str), Some("d=e"));
+    assert_eq!(state, Some(threadbox_api::SandboxState::Paused));
+}

@@ -1,0 +1,315 @@
+//! The command line, as documented in INTERFACES.md.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "threadbox",
+    version,
+    about = "Self-hosted sandboxes for AI agents",
+    long_about = "Self-hosted sandboxes for AI agents.\n\n\
+        Start the daemon with `threadbox serve`; every other command is a client of it. \
+        The daemon is found through --url, else THREADBOX_URL, else the local socket \
+        <THREADBOX_ROOT or /var/lib/threadbox>/threadbox.sock, else http://127.0.0.1:7420. \
+        THREADBOX_API_KEY is sent as a bearer token when set.",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Daemon URL: unix:///path/to/threadbox.sock or http://host:port.
+    #[arg(long, global = true, value_name = "URL")]
+    pub url: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon.
+    Serve(ServeArgs),
+    /// Create a sandbox (or return the existing one of that name); prints its id.
+    Create(CreateArgs),
+    /// List sandboxes.
+    Ls(LsArgs),
+    /// Show one sandbox.
+    Info(SandboxJson),
+    /// Run a command in a sandbox and wait for it; exits with its exit code.
+    Exec(ExecArgs),
+    /// Freeze a sandbox: its processes keep their memory but use no CPU.
+    Pause(SandboxJson),
+    /// Thaw a paused sandbox.
+    Resume(SandboxJson),
+    /// Stop a sandbox's processes; its disk is kept.
+    Stop(SandboxJson),
+    /// Boot a stopped sandbox again on its disk.
+    Start(SandboxJson),
+    /// Delete a sandbox and its disk.
+    Rm(RmArgs),
+    /// Files inside a sandbox.
+    #[command(subcommand)]
+    Files(FilesCommand),
+    /// List a sandbox's background processes.
+    Ps(SandboxJson),
+    /// Start a background process in a sandbox; prints its id.
+    Spawn(SpawnArgs),
+    /// Show the captured output of a background process.
+    Logs(LogsArgs),
+    /// Send a signal to a background process.
+    Kill(KillArgs),
+    /// Run the isolation checks inside a sandbox; exits 1 if any fails.
+    Selftest(SandboxJson),
+    /// Root filesystem images.
+    #[command(subcommand)]
+    Image(ImageCommand),
+    /// Print the daemon's OpenAPI document (no daemon needed).
+    Openapi,
+    /// Internal: the single-threaded jail launch helper (dispatched before parsing).
+    #[command(name = "__jail-launch", hide = true)]
+    JailLaunch,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Root of the daemon's state.
+    #[arg(long, env = "THREADBOX_ROOT", value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// TCP address to listen on (loopback only) [default: 127.0.0.1:7420].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// JSON configuration file: {"root", "listen", "agent", "max_upload"}; flags win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The threadbox-agent binary [default: threadbox-agent next to this binary].
+    #[arg(long, env = "THREADBOX_AGENT", value_name = "PATH")]
+    pub agent: Option<PathBuf>,
+    /// Largest accepted file upload, e.g. 1G, 512M [default: 1G].
+    #[arg(long, value_name = "SIZE")]
+    pub max_upload: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum TtlActionArg {
+    Stop,
+    Delete,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StateArg {
+    Creating,
+    Running,
+    Paused,
+    Stopped,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Unique name; an existing name returns that sandbox (get-or-create).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Label K=V (repeatable).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// Image name [default: host].
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Memory limit: 512M, 1G, 1.5G, 64MiB or a number of bytes.
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
+    /// CPU limit in cores, e.g. 0.5 or 2.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Maximum number of processes and threads.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u32>,
+    /// Pause after this many seconds without API activity.
+    #[arg(long, value_name = "SECS")]
+    pub idle_pause: Option<u64>,
+    /// Stop (or delete, see --ttl-action) this many seconds after creation.
+    #[arg(long, value_name = "SECS")]
+    pub ttl: Option<u64>,
+    /// What the TTL does.
+    #[arg(long, value_enum, value_name = "ACTION")]
+    pub ttl_action: Option<TtlActionArg>,
+    /// Print the sandbox as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Only sandboxes with label K=V (repeatable: all must match).
+    #[arg(long = "label", value_name = "K=V")]
+    pub labels: Vec<String>,
+    /// Only sandboxes in this state.
+    #[arg(long, value_enum)]
+    pub state: Option<StateArg>,
+    /// Print {"sandboxes": [...]} as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SandboxJson {
+    /// Sandbox id or name.
+    pub sandbox: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Sandbox id or name.
+    pub sandbox: String,
+    /// Kill the command's whole process tree after this many seconds (exit code 124).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Environment variable K=V (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox [default: the user's home].
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// `user` (uid 1000, default) or `root`.
+    #[arg(long, short = 'u', value_name = "NAME")]
+    pub user: Option<String>,
+    /// Send all of this command's stdin to the process.
+    #[arg(long)]
+    pub stdin: bool,
+    /// Wait for the end and print the result as one JSON document (exit status 0 when
+    /// the call succeeded; the process's code is in `exit_code`).
+    #[arg(long)]
+    pub json: bool,
+    /// Bound on captured stdout and stderr, each (e.g. 1M).
+    #[arg(long, value_name = "SIZE")]
+    pub max_output: Option<String>,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// Sandbox id or name.
+    pub sandbox: String,
+    /// Delete even when it is running.
+    #[arg(long, short = 'f')]
+    pub force: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCommand {
+    /// List a directory.
+    Ls(FileJsonArgs),
+    /// Write a file's raw bytes to stdout.
+    Read(FileArgs),
+    /// Replace a file with the raw bytes of stdin.
+    Write(FileArgs),
+    /// Create a directory.
+    Mkdir(MkdirArgs),
+    /// Remove a file (or, with -r, a directory tree).
+    Rm(FileRmArgs),
+    /// Show one file's metadata.
+    Stat(FileJsonArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FileArgs {
+    /// Sandbox id or name.
+    pub sandbox: String,
+    /// Path inside the sandbox.
+    pub path: String,
+    /// `user` (default) or `root`.
+    #[arg(long, short = 'u', value_name = "NAME")]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct FileJsonArgs {
+    #[command(flatten)]
+    pub file: FileArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MkdirArgs {
+    #[command(flatten)]
+    pub file: FileArgs,
+    /// Create missing parents; no error if it exists.
+    #[arg(short = 'p', long)]
+    pub parents: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct FileRmArgs {
+    #[command(flatten)]
+    pub file: FileArgs,
+    /// Remove a directory and everything in it.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SpawnArgs {
+    /// Sandbox id or name.
+    pub sandbox: String,
+    /// Environment variable K=V (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// `user` (default) or `root`.
+    #[arg(long, short = 'u', value_name = "NAME")]
+    pub user: Option<String>,
+    /// Print the process as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Sandbox id or name.
+    pub sandbox: String,
+    /// Background process id (from `spawn` or `ps`).
+    pub process_id: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct KillArgs {
+    /// Sandbox id or name.
+    pub sandbox: String,
+    /// Background process id (from `spawn` or `ps`).
+    pub process_id: u64,
+    /// Signal number or name (9, KILL, SIGTERM, ...) [default: 9].
+    #[arg(long, short = 's', value_name = "SIGNAL")]
+    pub signal: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Register a root filesystem directory on the daemon's host as an image.
+    Add {
+        /// Image name.
+        name: String,
+        /// Root filesystem directory.
+        dir: PathBuf,
+        /// Print the image as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List images.
+    Ls {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}

@@ -1,0 +1,544 @@
+//! One function per CLI command: build a request, call the client, print the result.
+
+use crate::cli::*;
+use crate::parse::{parse_pairs, parse_signal, parse_size, parse_user};
+use anyhow::{bail, Context};
+use futures::StreamExt;
+use serde::Serialize;
+use std::io::Write;
+use threadbox_api::*;
+use threadbox_client::Client;
+
+/// Exit status of `exec` when the timeout killed the command.
+const EXIT_TIMEOUT: u8 = 124;
+
+pub async fn run(cli: Cli) -> anyhow::Result<u8> {
+    let url = cli.url.as_deref();
+    match cli.command {
+        Command::Serve(args) => crate::serve_cmd::serve(args).await.map(|()| 0),
+        Command::Openapi => {
+            write_stdout(threadbox_server::openapi_json().as_bytes())?;
+            Ok(0)
+        }
+        Command::JailLaunch => bail!("__jail-launch must be the first argument"),
+        Command::Create(args) => create(&client(url)?, args).await,
+        Command::Ls(args) => ls(&client(url)?, args).await,
+        Command::Info(a) => {
+            let sb = client(url)?.get(&a.sandbox).await?;
+            if a.json {
+                print_json(&sb)?;
+            } else {
+                print_sandbox(&sb)?;
+            }
+            Ok(0)
+        }
+        Command::Exec(args) => exec(&client(url)?, args).await,
+        Command::Pause(a) => {
+            let c = client(url)?;
+            transition(c.pause(&a.sandbox).await?, a.json)
+        }
+        Command::Resume(a) => {
+            let c = client(url)?;
+            transition(c.resume(&a.sandbox).await?, a.json)
+        }
+        Command::Stop(a) => {
+            let c = client(url)?;
+            transition(c.stop(&a.sandbox).await?, a.json)
+        }
+        Command::Start(a) => {
+            let c = client(url)?;
+            transition(c.start(&a.sandbox).await?, a.json)
+        }
+        Command::Rm(a) => {
+            client(url)?.delete(&a.sandbox, a.force).await?;
+            Ok(0)
+        }
+        Command::Files(cmd) => files(&client(url)?, cmd).await,
+        Command::Ps(a) => {
+            let list = client(url)?.list_processes(&a.sandbox).await?;
+            if a.json {
+                print_json(&list)?;
+            } else {
+                print_processes(&list)?;
+            }
+            Ok(0)
+        }
+        Command::Spawn(args) => spawn(&client(url)?, args).await,
+        Command::Logs(a) => {
+            let logs = client(url)?.process_logs(&a.sandbox, a.process_id).await?;
+            if a.json {
+                print_json(&logs)?;
+            } else {
+                let out = decode_bytes(&logs.stdout, logs.encoding).map_err(anyhow::Error::msg)?;
+                let err = decode_bytes(&logs.stderr, logs.encoding).map_err(anyhow::Error::msg)?;
+                write_stdout(&out)?;
+                write_stderr(&err)?;
+            }
+            Ok(0)
+        }
+        Command::Kill(a) => {
+            let signal = a.signal.as_deref().map(parse_signal).transpose()?;
+            client(url)?
+                .kill_process(&a.sandbox, a.process_id, signal)
+                .await?;
+            Ok(0)
+        }
+        Command::Selftest(a) => {
+            let report = client(url)?.selftest(&a.sandbox).await?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                let mut text = String::new();
+                for c in &report.checks {
+                    let mark = if c.ok { "ok  " } else { "FAIL" };
+                    text.push_str(&format!("{mark} {}: {}\n", c.name, c.detail));
+                }
+                text.push_str(if report.ok {
+                    "all checks passed\n"
+                } else {
+                    "some checks FAILED\n"
+                });
+                write_stdout(text.as_bytes())?;
+            }
+            Ok(if report.ok { 0 } else { 1 })
+        }
+        Command::Image(cmd) => image(&client(url)?, cmd).await,
+    }
+}
+
+fn client(url: Option<&str>) -> anyhow::Result<Client> {
+    Ok(Client::from_env(url)?)
+}
+
+// ---- output helpers -------------------------------------------------------------------
+
+fn write_stdout(bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)?;
+    out.flush()
+}
+
+fn write_stderr(bytes: &[u8]) -> std::io::Result<()> {
+    let mut err = std::io::stderr().lock();
+    err.write_all(bytes)?;
+    err.flush()
+}
+
+/// Prints exactly one JSON document.
+fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    write_stdout(text.as_bytes())?;
+    Ok(())
+}
+
+/// Left-aligned columns separated by two spaces; the last column is not padded.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let last = cells.len().saturating_sub(1);
+        for (i, cell) in cells.iter().enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for row in rows {
+        line(row.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+fn print_sandbox(sb: &Sandbox) -> anyhow::Result<()> {
+    let labels = sb
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |s| format!("{s}s"));
+    let text = format!(
+        "id:             {}\nname:           {}\nstate:          {}\nimage:          {}\n\
+         labels:         {}\ncreated_at:     {}\nlast_active_at: {}\nmemory:         {} bytes\n\
+         cpus:           {}\npids:           {}\nidle_pause:     {}\nttl:            {}{}\n\
+         agent_pid:      {}\n",
+        sb.id,
+        sb.name.as_deref().unwrap_or("-"),
+        sb.state.as_str(),
+        sb.image,
+        if labels.is_empty() { "-" } else { &labels },
+        sb.created_at,
+        sb.last_active_at,
+        sb.limits.memory_bytes,
+        sb.limits.cpus,
+        sb.limits.pids,
+        opt(sb.idle_pause_secs),
+        opt(sb.ttl_secs),
+        match (sb.ttl_secs, sb.ttl_action) {
+            (None, _) => "",
+            (Some(_), TtlAction::Stop) => " (then stop)",
+            (Some(_), TtlAction::Delete) => " (then delete)",
+        },
+        sb.agent_pid.map_or("-".to_string(), |p| p.to_string()),
+    );
+    write_stdout(text.as_bytes())?;
+    Ok(())
+}
+
+fn transition(sb: Sandbox, json: bool) -> anyhow::Result<u8> {
+    if json {
+        print_json(&sb)?;
+    } else {
+        write_stdout(format!("{}\n", sb.state.as_str()).as_bytes())?;
+    }
+    Ok(0)
+}
+
+fn print_processes(list: &ProcessList) -> anyhow::Result<()> {
+    let rows: Vec<Vec<String>> = list
+        .processes
+        .iter()
+        .map(|p| {
+            let status = if p.running {
+                "running".to_string()
+            } else if let Some(code) = p.exit_code {
+                format!("exited {code}")
+            } else if let Some(sig) = p.signal {
+                format!("killed by signal {sig}")
+            } else {
+                "exited".to_string()
+            };
+            vec![
+                p.id.to_string(),
+                p.pid.to_string(),
+                status,
+                p.started_at.clone(),
+                p.command.join(" "),
+            ]
+        })
+        .collect();
+    write_stdout(table(&["ID", "PID", "STATUS", "STARTED", "COMMAND"], &rows).as_bytes())?;
+    Ok(())
+}
+
+// ---- sandboxes ------------------------------------------------------------------------
+
+async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
+    let memory_bytes = args.memory.as_deref().map(parse_size).transpose()?;
+    if let Some(cpus) = args.cpus {
+        if !cpus.is_finite() || cpus <= 0.0 {
+            bail!("invalid --cpus {cpus}: expected a positive number of cores");
+        }
+    }
+    let req = CreateSandboxRequest {
+        name: args.name,
+        labels: parse_pairs("--label", &args.labels)?,
+        image: args.image,
+        limits: LimitsRequest {
+            memory_bytes,
+            cpus: args.cpus,
+            pids: args.pids,
+        },
+        idle_pause_secs: args.idle_pause,
+        ttl_secs: args.ttl,
+        ttl_action: match args.ttl_action {
+            Some(TtlActionArg::Delete) => TtlAction::Delete,
+            Some(TtlActionArg::Stop) | None => TtlAction::Stop,
+        },
+    };
+    let (sandbox, _created) = client.create(&req).await?;
+    if args.json {
+        print_json(&sandbox)?;
+    } else {
+        write_stdout(format!("{}\n", sandbox.id).as_bytes())?;
+    }
+    Ok(0)
+}
+
+async fn ls(client: &Client, args: LsArgs) -> anyhow::Result<u8> {
+    let labels = parse_pairs("--label", &args.labels)?;
+    let state = args.state.map(|s| match s {
+        StateArg::Creating => SandboxState::Creating,
+        StateArg::Running => SandboxState::Running,
+        StateArg::Paused => SandboxState::Paused,
+        StateArg::Stopped => SandboxState::Stopped,
+    });
+    let list = client.list(&labels, state).await?;
+    if args.json {
+        print_json(&list)?;
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = list
+        .sandboxes
+        .iter()
+        .map(|s| {
+            vec![
+                s.id.clone(),
+                s.name.clone().unwrap_or_else(|| "-".to_string()),
+                s.state.as_str().to_string(),
+                s.image.clone(),
+                s.created_at.clone(),
+            ]
+        })
+        .collect();
+    write_stdout(table(&["ID", "NAME", "STATE", "IMAGE", "CREATED"], &rows).as_bytes())?;
+    Ok(0)
+}
+
+// ---- exec -------------------------------------------------------------------------------
+
+async fn read_all_stdin() -> anyhow::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut data = Vec::new();
+    tokio::io::stdin()
+        .read_to_end(&mut data)
+        .await
+        .context("cannot read stdin")?;
+    Ok(data)
+}
+
+async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<u8> {
+    if let Some(t) = args.timeout {
+        if !t.is_finite() || t <= 0.0 {
+            bail!("invalid --timeout {t}: expected a positive number of seconds");
+        }
+    }
+    let (stdin, stdin_encoding) = if args.stdin {
+        let (s, e) = encode_bytes(&read_all_stdin().await?);
+        (Some(s), e)
+    } else {
+        (None, Encoding::Utf8)
+    };
+    let req = ExecRequest {
+        command: Some(args.command),
+        shell: None,
+        env: parse_pairs("--env", &args.env)?,
+        cwd: args.cwd,
+        user: parse_user(args.user.as_deref())?,
+        stdin,
+        stdin_encoding,
+        timeout_secs: args.timeout,
+        max_output_bytes: args.max_output.as_deref().map(parse_size).transpose()?,
+    };
+    if args.json {
+        let resp = client.exec(&args.sandbox, &req).await?;
+        print_json(&resp)?;
+        return Ok(0);
+    }
+    let mut events = client.exec_stream(&args.sandbox, &req).await?;
+    while let Some(event) = events.next().await {
+        match event? {
+            ExecEvent::Start { .. } => {}
+            ExecEvent::Stdout { data, encoding } => {
+                write_stdout(&decode_bytes(&data, encoding).map_err(anyhow::Error::msg)?)?;
+            }
+            ExecEvent::Stderr { data, encoding } => {
+                write_stderr(&decode_bytes(&data, encoding).map_err(anyhow::Error::msg)?)?;
+            }
+            ExecEvent::End {
+                exit_code,
+                signal,
+                timed_out,
+                ..
+            } => {
+                if timed_out {
+                    return Ok(EXIT_TIMEOUT);
+                }
+                return Ok(match (exit_code, signal) {
+                    (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+                    (None, Some(sig)) => u8::try_from(128 + (sig & 0x7f)).unwrap_or(1),
+                    (None, None) => 1,
+                });
+            }
+            ExecEvent::Error { code, message } => {
+                bail!("{message} ({})", code.as_str());
+            }
+        }
+    }
+    bail!("the exec stream ended before the process did")
+}
+
+async fn spawn(client: &Client, args: SpawnArgs) -> anyhow::Result<u8> {
+    let req = StartProcessRequest {
+        command: Some(args.command),
+        shell: None,
+        env: parse_pairs("--env", &args.env)?,
+        cwd: args.cwd,
+        user: parse_user(args.user.as_deref())?,
+    };
+    let info = client.start_process(&args.sandbox, &req).await?;
+    if args.json {
+        print_json(&info)?;
+    } else {
+        write_stdout(format!("{}\n", info.id).as_bytes())?;
+    }
+    Ok(0)
+}
+
+// ---- files ------------------------------------------------------------------------------
+
+async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
+    match cmd {
+        FilesCommand::Ls(a) => {
+            let user = parse_user(a.file.user.as_deref())?;
+            let list = client.list_files(&a.file.sandbox, &a.file.path, user).await?;
+            if a.json {
+                print_json(&list)?;
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .entries
+                    .iter()
+                    .map(|e| {
+                        let name = match (&e.kind, &e.symlink_target) {
+                            (FileKind::Symlink, Some(t)) => format!("{} -> {t}", e.name),
+                            (FileKind::Dir, _) => format!("{}/", e.name),
+                            _ => e.name.clone(),
+                        };
+                        vec![
+                            kind_str(e.kind).to_string(),
+                            format!("{:o}", e.mode & 0o7777),
+                            e.size.to_string(),
+                            e.modified_at.clone(),
+                            name,
+                        ]
+                    })
+                    .collect();
+                write_stdout(
+                    table(&["TYPE", "MODE", "SIZE", "MODIFIED", "NAME"], &rows).as_bytes(),
+                )?;
+            }
+        }
+        FilesCommand::Stat(a) => {
+            let user = parse_user(a.file.user.as_deref())?;
+            let e = client.stat_file(&a.file.sandbox, &a.file.path, user).await?;
+            if a.json {
+                print_json(&e)?;
+            } else {
+                let text = format!(
+                    "path:     {}\ntype:     {}\nsize:     {}\nmode:     {:o}\nowner:    {}:{}\nmodified: {}\n{}",
+                    e.path,
+                    kind_str(e.kind),
+                    e.size,
+                    e.mode & 0o7777,
+                    e.uid,
+                    e.gid,
+                    e.modified_at,
+                    e.symlink_target
+                        .as_deref()
+                        .map(|t| format!("target:   {t}\n"))
+                        .unwrap_or_default(),
+                );
+                write_stdout(text.as_bytes())?;
+            }
+        }
+        FilesCommand::Read(a) => {
+            let user = parse_user(a.user.as_deref())?;
+            let mut chunks = client.read_file(&a.sandbox, &a.path, user).await?;
+            let mut out = std::io::stdout().lock();
+            while let Some(chunk) = chunks.next().await {
+                out.write_all(&chunk?)?;
+            }
+            out.flush()?;
+        }
+        FilesCommand::Write(a) => {
+            let user = parse_user(a.user.as_deref())?;
+            client
+                .write_file_from(&a.sandbox, &a.path, user, tokio::io::stdin())
+                .await?;
+        }
+        FilesCommand::Mkdir(a) => {
+            let user = parse_user(a.file.user.as_deref())?;
+            client
+                .mkdir(&a.file.sandbox, &a.file.path, user, a.parents)
+                .await?;
+        }
+        FilesCommand::Rm(a) => {
+            let user = parse_user(a.file.user.as_deref())?;
+            client
+                .remove_file(&a.file.sandbox, &a.file.path, user, a.recursive)
+                .await?;
+        }
+    }
+    Ok(0)
+}
+
+fn kind_str(kind: FileKind) -> &'static str {
+    match kind {
+        FileKind::File => "file",
+        FileKind::Dir => "dir",
+        FileKind::Symlink => "symlink",
+        FileKind::Other => "other",
+    }
+}
+
+// ---- images -----------------------------------------------------------------------------
+
+async fn image(client: &Client, cmd: ImageCommand) -> anyhow::Result<u8> {
+    match cmd {
+        ImageCommand::Add { name, dir, json } => {
+            // The daemon resolves the path on its host; make a relative path absolute
+            // here, where it was meant.
+            let dir = if dir.is_absolute() {
+                dir
+            } else {
+                std::fs::canonicalize(&dir)
+                    .with_context(|| format!("cannot resolve {}", dir.display()))?
+            };
+            let path = dir
+                .to_str()
+                .with_context(|| format!("{} is not valid UTF-8", dir.display()))?
+                .to_string();
+            let image = client.add_image(&AddImageRequest { name, path }).await?;
+            if json {
+                print_json(&image)?;
+            } else {
+                write_stdout(format!("{}\n", image.name).as_bytes())?;
+            }
+        }
+        ImageCommand::Ls { json } => {
+            let list = client.list_images().await?;
+            if json {
+                print_json(&list)?;
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .images
+                    .iter()
+                    .map(|i| {
+                        vec![
+                            i.name.clone(),
+                            i.kind.clone(),
+                            i.created_at.clone(),
+                            i.path.clone().unwrap_or_else(|| "-".to_string()),
+                        ]
+                    })
+                    .collect();
+                write_stdout(table(&["NAME", "KIND", "CREATED", "PATH"], &rows).as_bytes())?;
+            }
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::table;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(
+            &["ID", "NAME"],
+            &[vec!["abc".into(), "x".into()], vec!["a".into(), "longer".into()]],
+        );
+        assert_eq!(t, "ID   NAME\nabc  x\na    longer\n");
+    }
+}

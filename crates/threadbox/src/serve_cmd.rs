@@ -1,0 +1,86 @@
+//! `threadbox serve`: flags, environment and config file turned into `ServeOptions`.
+
+use crate::cli::ServeArgs;
+use crate::parse::parse_size;
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use threadbox_server::{ServeOptions, DEFAULT_LISTEN};
+
+const DEFAULT_ROOT: &str = "/var/lib/threadbox";
+
+/// The `--config` file (JSON). Flags and environment variables win over it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    root: Option<PathBuf>,
+    listen: Option<String>,
+    agent: Option<PathBuf>,
+    /// e.g. "1G".
+    max_upload: Option<String>,
+}
+
+fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("invalid config file {} (expected JSON)", path.display()))
+}
+
+/// `--agent`, else `THREADBOX_AGENT` (both via clap), else the config file, else
+/// `threadbox-agent` next to this binary.
+fn resolve_agent(explicit: Option<PathBuf>, exe: &Path) -> anyhow::Result<PathBuf> {
+    let agent = match explicit {
+        Some(p) => p,
+        None => exe
+            .parent()
+            .map(|dir| dir.join("threadbox-agent"))
+            .context("cannot locate the directory of the threadbox binary")?,
+    };
+    if !agent.is_file() {
+        bail!(
+            "the sandbox agent binary {} does not exist (build it with `cargo build -p \
+             threadbox-agent`, or pass --agent PATH / set THREADBOX_AGENT)",
+            agent.display()
+        );
+    }
+    Ok(agent)
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging();
+    let config = match &args.config {
+        Some(path) => read_config(path)?,
+        None => ConfigFile::default(),
+    };
+    let root = args
+        .root
+        .or(config.root)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT));
+    let listen = args
+        .listen
+        .or(config.listen)
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen: SocketAddr = listen
+        .parse()
+        .with_context(|| format!("invalid --listen address {listen:?}: expected IP:PORT, e.g. 127.0.0.1:7420"))?;
+    let exe = std::env::current_exe().context("cannot locate the threadbox binary")?;
+    let agent = resolve_agent(args.agent.or(config.agent), &exe)?;
+    let mut opts = ServeOptions::new(root, agent, exe);
+    opts.listen = listen;
+    if let Some(size) = args.max_upload.or(config.max_upload) {
+        opts.max_upload_bytes = parse_size(&size)?;
+    }
+    threadbox_server::serve(opts).await?;
+    Ok(())
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,62 @@
+"""LangChain / LangGraph / Deep Agents integration for threadbox sandboxes.
+
+- :class:`ThreadboxToolkit`: ``run_python``, ``run_shell``, ``read_file``,
+  ``write_file`` and ``list_files`` tools, bound to the graph's thread by default.
+- :func:`require_approval` / :func:`with_approval`: ask a human through
+  ``interrupt()`` before a tool runs.
+- :class:`ThreadboxSandbox`: a Deep Agents ``BaseSandbox`` backend (needs the
+  ``deepagents`` extra).
+- :func:`release_thread_sandbox`: stop or delete a finished thread's sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._output import cut_middle, format_exec
+from .approval import Decision, parse_decision, require_approval, with_approval
+from .binding import (
+    ClientFactory,
+    FixedSandbox,
+    SandboxBinding,
+    ThreadIdMissing,
+    ThreadSandboxes,
+    arelease_thread_sandbox,
+    release_thread_sandbox,
+    thread_id_from_config,
+    thread_sandbox_name,
+)
+from .tools import ThreadboxToolkit
+
+if TYPE_CHECKING:
+    from .sandbox import ThreadboxSandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClientFactory",
+    "Decision",
+    "FixedSandbox",
+    "SandboxBinding",
+    "ThreadIdMissing",
+    "ThreadSandboxes",
+    "ThreadboxSandbox",
+    "ThreadboxToolkit",
+    "arelease_thread_sandbox",
+    "cut_middle",
+    "format_exec",
+    "parse_decision",
+    "release_thread_sandbox",
+    "require_approval",
+    "thread_id_from_config",
+    "thread_sandbox_name",
+    "with_approval",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ThreadboxSandbox":  # imports deepagents only when asked for
+        from .sandbox import ThreadboxSandbox
+
+        return ThreadboxSandbox
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

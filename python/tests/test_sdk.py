@@ -1,0 +1,323 @@
+"""The SDK against a real daemon: every method, errors, streaming, files, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import Daemon, Names
+
+import threadbox
+from threadbox import (
+    AsyncThreadbox,
+    EndEvent,
+    FileNotFound,
+    OutputEvent,
+    Sandbox,
+    SandboxNotFound,
+    SandboxNotRunning,
+    StartEvent,
+    Threadbox,
+)
+
+pytestmark = pytest.mark.daemon
+
+
+def test_health(tb: Threadbox) -> None:
+    h = tb.health()
+    assert h.status and h.version
+
+
+def test_unix_socket(daemon: Daemon) -> None:
+    if not daemon.socket_path.exists():
+        pytest.fail(f"the daemon has no unix socket at {daemon.socket_path} (INTERFACES.md says it keeps one)")
+    with Threadbox(f"unix://{daemon.socket_path}") as client:
+        assert client.health().status
+
+
+def test_env_configuration(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, names: Names) -> None:
+    monkeypatch.setenv("THREADBOX_URL", daemon.url)
+    with Threadbox() as client:
+        assert client.url == daemon.url
+        sb = client.create(names.new("env"))
+        assert client.get(sb.id).name == sb.name
+
+
+def test_create_get_list_delete(tb: Threadbox, names: Names) -> None:
+    name = names.new("crud")
+    label = {"pt-suite": name}
+    sb = tb.create(name, labels={**label, "kind": "crud"}, memory="256M", cpus=0.5, pids=128)
+    assert sb.created and sb.name == name and sb.state == "running"
+    assert sb.labels == {**label, "kind": "crud"}
+    assert sb.info.limits.memory_bytes == 256 << 20 and sb.info.limits.pids == 128
+    assert sb.info.limits.cpus == pytest.approx(0.5)
+    by_name, by_id = tb.get(name), tb.get(sb.id)
+    assert by_name.id == by_id.id == sb.id
+    assert [s.id for s in tb.list(label)] == [sb.id]
+    assert [s.id for s in tb.list({**label, "kind": "crud"}, state="running")] == [sb.id]
+    assert tb.list({**label, "kind": "other"}) == []
+    assert [s.id for s in Sandbox.list(label, client=tb)] == [sb.id]
+    sb.delete()
+    with pytest.raises(SandboxNotFound) as ei:
+        tb.get(name)
+    assert ei.value.code == "not_found" and ei.value.status == 404
+    with pytest.raises(SandboxNotFound):
+        tb.delete(name)
+    tb.delete(name, missing_ok=True)
+
+
+def test_get_or_create_is_idempotent(tb: Threadbox, names: Names) -> None:
+    name = names.new("goc")
+    a = tb.get_or_create(name)
+    b = tb.get_or_create(name)
+    c = Sandbox.get_or_create(name, client=tb)
+    assert a.created and not b.created and not c.created
+    assert a.id == b.id == c.id
+
+
+def test_exec_basics(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("exec"))
+    r = sb.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out, r.truncated) == (3, "out\n", "err\n", False, False)
+    assert r.duration_ms >= 0
+    r = sb.exec(["python3", "-c", "import os,sys; print(os.getuid(), os.getcwd(), os.environ['X'])"], env={"X": "y"})
+    assert r.ok and r.stdout == "1000 /home/user y\n"
+    assert sb.exec(["pwd"], cwd="/tmp").stdout == "/tmp\n"
+    assert sb.exec(["id", "-u"], user="root").stdout.strip() == "0"
+    assert sb.exec(["cat"], stdin="from stdin").stdout == "from stdin"
+    assert sb.exec(["cat"], stdin=b"\xff\x00\x01").stdout_bytes == b"\xff\x00\x01"
+    r = sb.exec("printf '\\377\\000abc'; printf '\\376' >&2")
+    assert r.stdout_bytes == b"\xff\x00abc" and r.stderr_bytes == b"\xfe"
+    assert sb.exec("no-such-binary-xyz").exit_code == 127
+    # The daemon answers an argv whose program does not exist with not_found.
+    with pytest.raises(threadbox.NotFound) as ei:
+        sb.exec(["no-such-binary-xyz"])
+    assert not isinstance(ei.value, SandboxNotFound)
+
+
+def test_exec_no_network(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("net"))
+    code = (
+        "import socket\n"
+        "try:\n socket.create_connection(('1.1.1.1', 53), timeout=2); print('online')\n"
+        "except OSError as e: print('offline', e)"
+    )
+    assert sb.exec(["python3", "-c", code], timeout=20).stdout.startswith("offline")
+
+
+def test_exec_timeout_kills_tree(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("timeout"))
+    t0 = time.monotonic()
+    r = sb.exec("echo before; (sleep 60 &) ; setsid sleep 61 & sleep 62", timeout=1.5)
+    assert time.monotonic() - t0 < 20
+    assert r.timed_out and r.exit_code is None and "before" in r.stdout
+    ps = sb.exec(["sh", "-c", "ps -eo args 2>/dev/null || ls /proc"]).stdout
+    assert "sleep 6" not in ps
+
+
+def test_exec_background_child_does_not_hang(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("bg"))
+    t0 = time.monotonic()
+    r = sb.exec("nohup sleep 30 >/dev/null 2>&1 & echo started", timeout=20)
+    assert r.exit_code == 0 and "started" in r.stdout and time.monotonic() - t0 < 10
+    r = sb.exec("sleep 30 & echo held-open", timeout=20)  # child keeps stdout open
+    assert r.exit_code == 0 and "held-open" in r.stdout and time.monotonic() - t0 < 20
+
+
+def test_exec_output_bound(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("trunc"))
+    r = sb.exec("head -c 100000 /dev/zero | tr '\\0' x", max_output_bytes=1000)
+    assert r.truncated and r.stdout_truncated and not r.stderr_truncated
+    assert len(r.stdout_bytes) <= 1000 and r.exit_code == 0
+
+
+def test_exec_stream(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("stream"))
+    seen: list[tuple[float, object]] = []
+    t0 = time.monotonic()
+    with sb.exec_stream("for i in 1 2 3; do echo $i; sleep 0.4; done; echo bad >&2; exit 4") as events:
+        for ev in events:
+            seen.append((time.monotonic() - t0, ev))
+    evs = [e for _, e in seen]
+    assert isinstance(evs[0], StartEvent) and evs[0].pid > 0
+    assert isinstance(evs[-1], EndEvent) and evs[-1].exit_code == 4
+    out = b"".join(e.data for e in evs if isinstance(e, OutputEvent) and e.stream == "stdout")
+    err = b"".join(e.data for e in evs if isinstance(e, OutputEvent) and e.stream == "stderr")
+    assert out == b"1\n2\n3\n" and err == b"bad\n"
+    first_out = next(t for t, e in seen if isinstance(e, OutputEvent))
+    assert first_out < seen[-1][0] - 0.5, "output was not streamed as it happened"
+
+
+def test_exec_stream_timeout_and_binary(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("stream2"))
+    r = sb.exec_stream("printf '\\377'; sleep 30", timeout=1).collect()
+    assert r.timed_out and r.stdout_bytes == b"\xff"
+
+
+def test_processes(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("proc"))
+    p = sb.processes.start("echo started; echo oops >&2; sleep 60", env={"A": "b"})
+    assert p.running and p.pid > 0 and p.id in [q.id for q in sb.processes.list()]
+    deadline = time.monotonic() + 10
+    while "started" not in p.logs().stdout:
+        assert time.monotonic() < deadline, "no output from the background process"
+        time.sleep(0.1)
+    assert "oops" in p.logs().stderr
+    assert sb.exec("echo still here").ok  # exec works alongside
+    p.kill()
+    info = p.wait(timeout=10)
+    assert not info.running
+    q = sb.processes.start(["sh", "-c", "exit 7"])
+    assert q.wait(timeout=10).exit_code == 7
+
+
+def test_files(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("files"))
+    blob = bytes(range(256)) * 1000
+    sb.files.write("/home/user/data/blob.bin", blob)
+    assert sb.files.read("data/blob.bin") == blob
+    assert sb.exec(["sha256sum", "data/blob.bin"]).ok
+    sb.files.write("deep/er/note.txt", "héllo\n")  # parents created, relative to /home/user
+    assert sb.files.read_text("/home/user/deep/er/note.txt") == "héllo\n"
+    assert sb.exec(["cat", "deep/er/note.txt"]).stdout == "héllo\n"
+    st = sb.files.stat("deep/er/note.txt")
+    assert st.kind == "file" and st.size == len("héllo\n".encode()) and st.uid == 1000
+    entries = {e.name: e for e in sb.files.list("/home/user")}
+    assert entries["data"].kind == "dir" and entries["deep"].is_dir
+    sb.exec("ln -s data/blob.bin link")
+    link = {e.name: e for e in sb.files.list(".")}["link"]
+    assert link.kind == "symlink" and link.symlink_target == "data/blob.bin"
+    sb.files.mkdir("a/b/c", parents=True)
+    assert sb.files.stat("a/b/c").is_dir
+    sb.files.write("a/b/c/x", b"1")
+    with pytest.raises(threadbox.ThreadboxError):
+        sb.files.remove("a")  # not empty, not recursive
+    sb.files.remove("a", recursive=True)
+    assert not sb.files.exists("a")
+    sb.files.remove("deep/er/note.txt")
+    with pytest.raises(FileNotFound) as ei:
+        sb.files.read("deep/er/note.txt")
+    assert ei.value.code == "not_found"
+    sb.files.remove("nope", missing_ok=True)
+    sb.files.write("empty", b"")
+    assert sb.files.read("empty") == b""
+
+
+def test_files_streams(tb: Threadbox, names: Names, tmp_path: Path) -> None:
+    sb = tb.create(names.new("fstream"))
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(5 << 20))
+    sb.files.upload(src, "up/src.bin")
+    dst = tmp_path / "dst.bin"
+    assert sb.files.download("up/src.bin", dst) == 5 << 20
+    assert dst.read_bytes() == src.read_bytes()
+    sb.files.write("chunks.txt", (f"{i}\n".encode() for i in range(10000)))
+    assert sb.files.read("chunks.txt") == b"".join(f"{i}\n".encode() for i in range(10000))
+    assert b"".join(sb.files.read_stream("up/src.bin", chunk_size=4096)) == src.read_bytes()
+
+
+def test_file_permissions_are_enforced(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("perm"))
+    sb.exec("echo secret > /tmp/s && chmod 000 /tmp/s", user="root")
+    with pytest.raises(threadbox.PermissionDenied):
+        sb.files.read("/tmp/s")
+    assert sb.files.read("/tmp/s", user="root") == b"secret\n"
+
+
+def test_lifecycle(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("life"))
+    sb.files.write("keep.txt", b"kept")
+    assert sb.pause().state == "paused"
+    assert sb.refresh().state == "paused"
+    assert sb.resume().state == "running"
+    assert sb.exec("cat keep.txt").stdout == "kept"
+    assert sb.stop().state == "stopped"
+    with pytest.raises(SandboxNotRunning) as ei:
+        sb.exec("true")
+    assert ei.value.code == "sandbox_not_running"
+    assert [s.id for s in tb.list(state="stopped") if s.id == sb.id] == [sb.id]
+    assert sb.start().state == "running"
+    assert sb.exec("cat keep.txt").stdout == "kept"
+
+
+def test_context_managers(tb: Threadbox, names: Names) -> None:
+    with tb.create(names.new("cm")) as sb:
+        assert sb.exec("true").ok
+    with pytest.raises(SandboxNotFound):
+        tb.get(sb.id)
+    with tb.create(names.new("cm2"), on_exit="stop") as sb2:
+        sb2.files.write("x", b"1")
+    assert tb.get(sb2.id).state == "stopped"
+
+
+def test_invalid_argument(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("inval"))
+    with pytest.raises(threadbox.InvalidArgument):
+        tb._send("POST", f"/v1/sandboxes/{sb.id}/exec", json_body={"shell": "true", "bogus": 1})
+    with pytest.raises(threadbox.InvalidArgument):
+        tb._send("POST", f"/v1/sandboxes/{sb.id}/exec", json_body={})
+
+
+def test_selftest(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("self"))
+    report = sb.selftest()
+    assert report.checks, "selftest returned no checks"
+    assert report.ok, [c for c in report.checks if not c.ok]
+
+
+def test_two_sandboxes_do_not_share_files(tb: Threadbox, names: Names) -> None:
+    a, b = tb.create(names.new("iso-a")), tb.create(names.new("iso-b"))
+    a.files.write("/tmp/mine", b"a")
+    a.files.write("mine", b"a")
+    assert not b.files.exists("mine")
+    assert b.exec("cat /tmp/mine").exit_code != 0
+
+
+def test_concurrency_threads(tb: Threadbox, names: Names) -> None:
+    sbs = [tb.create(names.new(f"thr{i}")) for i in range(3)]
+
+    def work(i: int) -> str:
+        sb = sbs[i % 3]
+        sb.files.write(f"f{i}.txt", str(i).encode())
+        return sb.exec(["cat", f"f{i}.txt"]).stdout
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(work, range(24)))
+    assert results == [str(i) for i in range(24)]
+
+
+async def test_async_client(atb: AsyncThreadbox, names: Names) -> None:
+    sb = await atb.create(names.new("async"))
+    assert sb.created
+    assert (await atb.get_or_create(sb.name or "")).id == sb.id
+    r = await sb.exec("echo hi")
+    assert r.stdout == "hi\n"
+    await sb.files.write("x/y.bin", bytes(range(256)))
+    assert await sb.files.read("x/y.bin") == bytes(range(256))
+    assert [e.name for e in await sb.files.list("x")] == ["y.bin"]
+    evs = [e async for e in sb.exec_stream("echo a; echo b >&2")]
+    assert isinstance(evs[-1], EndEvent) and evs[-1].exit_code == 0
+    p = await sb.processes.start("sleep 30")
+    await p.kill()
+    assert not (await p.wait(timeout=10)).running
+    assert (await sb.pause()).state == "paused"
+    assert (await sb.resume()).state == "running"
+    results = await asyncio.gather(*(sb.exec(["sh", "-c", f"sleep 0.5; echo {i}"]) for i in range(8)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
+    async with await atb.create(names.new("async-cm")) as sb2:
+        assert (await sb2.exec("true")).ok
+    with pytest.raises(SandboxNotFound):
+        await atb.get(sb2.id)
+    await sb.delete()
+
+
+async def test_concurrency_asyncio_many_sandboxes(atb: AsyncThreadbox, names: Names) -> None:
+    sbs = await asyncio.gather(*(atb.create(names.new(f"par{i}")) for i in range(4)))
+    t0 = time.monotonic()
+    results = await asyncio.gather(*(s.exec("sleep 1; echo done") for s in sbs))
+    assert all(r.stdout == "done\n" for r in results)
+    assert time.monotonic() - t0 < 4, "execs in different sandboxes did not run concurrently"

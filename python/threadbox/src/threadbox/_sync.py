@@ -1,0 +1,800 @@
+"""The synchronous client: :class:`Threadbox`, :class:`Sandbox` and friends."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Literal
+
+import httpx
+
+from . import _common as c
+from ._errors import (
+    DaemonUnreachable,
+    FileNotFound,
+    ProtocolError,
+    ThreadboxError,
+    error_from_code,
+    error_from_response,
+)
+from ._models import (
+    EndEvent,
+    ErrorEvent,
+    ExecEvent,
+    ExecResult,
+    FileEntry,
+    Health,
+    OutputEvent,
+    ProcessInfo,
+    ProcessLogs,
+    SandboxInfo,
+    SelftestReport,
+    parse_event,
+)
+
+__all__ = ["ExecStream", "Files", "Process", "Processes", "Sandbox", "Threadbox", "default_client"]
+
+_CHUNK = 1 << 16
+
+
+class Threadbox:
+    """Synchronous client of a threadbox daemon.
+
+    Args:
+        url: ``http://host:port`` or ``unix:///path/threadbox.sock``. Defaults to
+            ``$THREADBOX_URL``, then ``http://127.0.0.1:7420``.
+        api_key: Sent as ``Authorization: Bearer``. Defaults to ``$THREADBOX_API_KEY``.
+        timeout: Default HTTP timeout in seconds for non-exec calls. Execs use their
+            own ``timeout`` plus a margin (unbounded when the exec has none).
+        headers: Extra headers sent with every request.
+        transport: A custom httpx transport (tests use ``httpx.MockTransport``).
+
+    The client is thread-safe; use one per process. It is a context manager that
+    closes its connection pool on exit.
+
+    Example:
+        >>> with Threadbox() as tb:
+        ...     with tb.create(name="demo") as sb:
+        ...         print(sb.exec("echo hi").stdout)
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = c.DEFAULT_TIMEOUT,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._config = c.resolve_config(url, api_key)
+        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        if transport is None and self._config.uds:
+            transport = httpx.HTTPTransport(uds=self._config.uds)
+        self._http = httpx.Client(
+            base_url=self._config.base_url,
+            headers=self._config.headers(headers),
+            timeout=self._timeout,
+            transport=transport,
+        )
+
+    @property
+    def url(self) -> str:
+        """The daemon URL this client talks to."""
+        return self._config.display_url
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Any = None,
+        content: Any = None,
+        timeout: httpx.Timeout | None = None,
+        stream: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        req = self._http.build_request(
+            method,
+            path,
+            json=json_body,
+            params=params,
+            content=content,
+            timeout=timeout or self._timeout,
+            headers=headers,
+        )
+        try:
+            resp = self._http.send(req, stream=stream)
+        except httpx.TimeoutException as e:
+            raise DaemonUnreachable(f"timed out talking to threadbox at {self.url}: {e!r}") from e
+        except httpx.TransportError as e:
+            raise DaemonUnreachable(f"cannot reach threadbox at {self.url}: {e}") from e
+        if not c.is_success(resp.status_code):
+            try:
+                body = resp.read()
+            finally:
+                resp.close()
+            raise error_from_response(resp.status_code, body, path)
+        return resp
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self._send(method, path, **kw)
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise ProtocolError(f"invalid JSON from {method} {path}: {resp.text[:200]!r}") from e
+
+    def close(self) -> None:
+        """Closes the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Threadbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- daemon ---------------------------------------------------------------
+
+    def health(self) -> Health:
+        """``GET /healthz``."""
+        return Health.from_dict(self._json("GET", "/healthz"))
+
+    # -- sandboxes ------------------------------------------------------------
+
+    def _create(self, body: dict[str, Any], on_exit: c.OnExit) -> Sandbox:
+        resp = self._send("POST", "/v1/sandboxes", json_body=body)
+        info = SandboxInfo.from_dict(resp.json())
+        return Sandbox(self, info, created=resp.status_code == 201, on_exit=on_exit)
+
+    def create(
+        self,
+        name: str | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
+        image: str | None = None,
+        memory: int | str | None = None,
+        cpus: float | None = None,
+        pids: int | None = None,
+        idle_pause_secs: int | None = None,
+        ttl_secs: int | None = None,
+        ttl_action: Literal["stop", "delete"] | None = None,
+        on_exit: c.OnExit = "delete",
+    ) -> Sandbox:
+        """Creates a sandbox (``POST /v1/sandboxes``).
+
+        When ``name`` already exists the daemon returns that sandbox instead
+        (``Sandbox.created`` tells which). ``memory`` takes bytes or ``"512M"``.
+        ``on_exit`` is what ``with sandbox:`` does at the end of the block.
+        """
+        body = c.create_body(
+            name=name,
+            labels=labels,
+            image=image,
+            memory=memory,
+            cpus=cpus,
+            pids=pids,
+            idle_pause_secs=idle_pause_secs,
+            ttl_secs=ttl_secs,
+            ttl_action=ttl_action,
+        )
+        return self._create(body, on_exit)
+
+    def get_or_create(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        image: str | None = None,
+        memory: int | str | None = None,
+        cpus: float | None = None,
+        pids: int | None = None,
+        idle_pause_secs: int | None = None,
+        ttl_secs: int | None = None,
+        ttl_action: Literal["stop", "delete"] | None = None,
+        on_exit: c.OnExit = "delete",
+    ) -> Sandbox:
+        """Returns the sandbox named ``name``, creating it when it does not exist.
+
+        The settings only apply when the sandbox is created.
+        """
+        if not name:
+            raise ValueError("get_or_create needs a name")
+        return self.create(
+            name,
+            labels=labels,
+            image=image,
+            memory=memory,
+            cpus=cpus,
+            pids=pids,
+            idle_pause_secs=idle_pause_secs,
+            ttl_secs=ttl_secs,
+            ttl_action=ttl_action,
+            on_exit=on_exit,
+        )
+
+    def get(self, sandbox: str, *, on_exit: c.OnExit = "none") -> Sandbox:
+        """Fetches a sandbox by id or name; raises :class:`SandboxNotFound`."""
+        info = SandboxInfo.from_dict(self._json("GET", c.sandbox_path(sandbox)))
+        return Sandbox(self, info, on_exit=on_exit)
+
+    def list(
+        self,
+        labels: Mapping[str, str] | None = None,
+        *,
+        state: Literal["creating", "running", "paused", "stopped"] | None = None,
+    ) -> builtins.list[Sandbox]:
+        """Lists sandboxes having all of ``labels`` (and in ``state``, if given)."""
+        data = self._json("GET", "/v1/sandboxes", params=c.list_params(labels, state))
+        return [Sandbox(self, SandboxInfo.from_dict(d), on_exit="none") for d in data.get("sandboxes", [])]
+
+    def delete(self, sandbox: str, *, force: bool = True, missing_ok: bool = False) -> None:
+        """Deletes a sandbox by id or name (``force`` stops it first if running)."""
+        params = {"force": "true"} if force else None
+        try:
+            self._send("DELETE", c.sandbox_path(sandbox), params=params)
+        except ThreadboxError as e:
+            if not (missing_ok and e.code == "not_found"):
+                raise
+
+
+_default: Threadbox | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> Threadbox:
+    """A process-wide client configured from the environment (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Threadbox()
+        return _default
+
+
+class Sandbox:
+    """A handle on one sandbox.
+
+    Obtain one with :meth:`Threadbox.create`, :meth:`Threadbox.get_or_create`,
+    :meth:`Threadbox.get`, :meth:`Threadbox.list` or the class methods of the same
+    names. ``info`` is the last known metadata; :meth:`refresh` reloads it.
+
+    Used as a context manager, the sandbox is deleted (``on_exit="delete"``), stopped
+    (``"stop"``) or left alone (``"none"``) when the block ends.
+    """
+
+    def __init__(
+        self,
+        client: Threadbox,
+        info: SandboxInfo,
+        *,
+        created: bool = False,
+        on_exit: c.OnExit = "none",
+    ) -> None:
+        self.client = client
+        self.info = info
+        self.created = created
+        """True when the call that returned this handle created the sandbox."""
+        self.on_exit: c.OnExit = on_exit
+        self.files = Files(self)
+        self.processes = Processes(self)
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, name={self.name!r}, state={self.state!r})"
+
+    # -- class-level constructors (default client) ----------------------------
+
+    @classmethod
+    def create(cls, name: str | None = None, *, client: Threadbox | None = None, **kwargs: Any) -> Sandbox:
+        """Like :meth:`Threadbox.create`, with ``client`` defaulting to the environment's."""
+        return (client or default_client()).create(name, **kwargs)
+
+    @classmethod
+    def get_or_create(cls, name: str, *, client: Threadbox | None = None, **kwargs: Any) -> Sandbox:
+        """Like :meth:`Threadbox.get_or_create`."""
+        return (client or default_client()).get_or_create(name, **kwargs)
+
+    @classmethod
+    def get(cls, sandbox: str, *, client: Threadbox | None = None, on_exit: c.OnExit = "none") -> Sandbox:
+        """Like :meth:`Threadbox.get`."""
+        return (client or default_client()).get(sandbox, on_exit=on_exit)
+
+    @classmethod
+    def list(
+        cls,
+        labels: Mapping[str, str] | None = None,
+        *,
+        state: Literal["creating", "running", "paused", "stopped"] | None = None,
+        client: Threadbox | None = None,
+    ) -> builtins.list[Sandbox]:
+        """Like :meth:`Threadbox.list`."""
+        return (client or default_client()).list(labels, state=state)
+
+    # -- metadata -------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def name(self) -> str | None:
+        return self.info.name
+
+    @property
+    def state(self) -> str:
+        """State as of the last call that returned metadata (see :meth:`refresh`)."""
+        return self.info.state
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.info.labels
+
+    def _path(self, *rest: str) -> str:
+        return c.sandbox_path(self.id, *rest)
+
+    def refresh(self) -> SandboxInfo:
+        """Reloads the metadata from the daemon."""
+        self.info = SandboxInfo.from_dict(self.client._json("GET", self._path()))
+        return self.info
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _lifecycle(self, action: str) -> SandboxInfo:
+        self.info = SandboxInfo.from_dict(self.client._json("POST", self._path(action)))
+        return self.info
+
+    def pause(self) -> SandboxInfo:
+        """Freezes every process of the sandbox (memory is kept)."""
+        return self._lifecycle("pause")
+
+    def resume(self) -> SandboxInfo:
+        """Thaws a paused sandbox."""
+        return self._lifecycle("resume")
+
+    def stop(self) -> SandboxInfo:
+        """Stops the sandbox's processes; its files are kept."""
+        return self._lifecycle("stop")
+
+    def start(self) -> SandboxInfo:
+        """Starts a stopped sandbox."""
+        return self._lifecycle("start")
+
+    def delete(self, *, force: bool = True, missing_ok: bool = False) -> None:
+        """Deletes the sandbox and its files."""
+        self.client.delete(self.id, force=force, missing_ok=missing_ok)
+
+    def ensure_running(self) -> SandboxInfo:
+        """Resumes or starts the sandbox if it is paused or stopped."""
+        info = self.refresh()
+        if info.state == "paused":
+            return self.resume()
+        if info.state == "stopped":
+            return self.start()
+        return info
+
+    def selftest(self) -> SelftestReport:
+        """Runs the isolation self-test inside the sandbox."""
+        return SelftestReport.from_dict(self.client._json("GET", self._path("selftest")))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.on_exit == "delete":
+            self.delete(missing_ok=True)
+        elif self.on_exit == "stop":
+            try:
+                self.stop()
+            except ThreadboxError as e:
+                if e.code != "not_found":
+                    raise
+
+    # -- exec -----------------------------------------------------------------
+
+    def exec(
+        self,
+        cmd: c.Command,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: Literal["user", "root"] | None = None,
+        stdin: str | bytes | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """Runs a command to completion.
+
+        Args:
+            cmd: A shell command line (``str``, run with ``/bin/sh -c``) or an argv list.
+            timeout: Seconds after which the whole process tree is killed; the result
+                then has ``timed_out=True`` and ``exit_code=None``.
+            env: Extra environment variables.
+            cwd: Working directory (default ``/home/user``).
+            user: ``"user"`` (uid 1000, default) or ``"root"``.
+            stdin: Data written to the process's standard input.
+            max_output_bytes: Bound on captured stdout and stderr, each.
+
+        A non-zero exit is not an exception: check ``result.exit_code``.
+        """
+        body = c.exec_body(
+            cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes
+        )
+        data = self.client._json(
+            "POST",
+            self._path("exec"),
+            json_body=body,
+            timeout=c.exec_http_timeout(self.client._timeout, timeout),
+        )
+        return ExecResult.from_dict(data)
+
+    def exec_stream(
+        self,
+        cmd: c.Command,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: Literal["user", "root"] | None = None,
+        stdin: str | bytes | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecStream:
+        """Runs a command and streams its events as they happen.
+
+        Returns an iterator of :class:`StartEvent`, :class:`OutputEvent` (stdout and
+        stderr chunks) and a final :class:`EndEvent`; use it in a ``with`` block (or
+        iterate it to the end) so the connection is released::
+
+            with sb.exec_stream("make test") as events:
+                for ev in events:
+                    if isinstance(ev, OutputEvent):
+                        print(ev.text, end="")
+        """
+        body = c.exec_body(
+            cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes
+        )
+        return ExecStream(
+            self.client, self._path("exec", "stream"), body, c.exec_http_timeout(self.client._timeout, timeout)
+        )
+
+
+class ExecStream(Iterator[ExecEvent]):
+    """Iterator over the events of a streamed exec (see :meth:`Sandbox.exec_stream`).
+
+    A daemon-side error event is raised as the matching :class:`ThreadboxError`.
+    After the iteration ends, ``end`` holds the :class:`EndEvent`.
+    """
+
+    def __init__(self, client: Threadbox, path: str, body: dict[str, Any], timeout: httpx.Timeout) -> None:
+        self._client = client
+        self._path = path
+        self._body = body
+        self._timeout = timeout
+        self._resp: httpx.Response | None = None
+        self._lines: Iterator[str] | None = None
+        self._done = False
+        self.end: EndEvent | None = None
+
+    def _open(self) -> Iterator[str]:
+        if self._lines is None:
+            self._resp = self._client._send(
+                "POST", self._path, json_body=self._body, timeout=self._timeout, stream=True
+            )
+            self._lines = self._resp.iter_lines()
+        return self._lines
+
+    def __enter__(self) -> ExecStream:
+        self._open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> ExecStream:
+        return self
+
+    def __next__(self) -> ExecEvent:
+        if self._done:
+            raise StopIteration
+        lines = self._open()
+        try:
+            while True:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    self.close()
+                    if self.end is None:
+                        raise ProtocolError("exec stream ended without an end event") from None
+                    raise
+                except httpx.TransportError as e:
+                    self.close()
+                    raise DaemonUnreachable(f"exec stream interrupted: {e}") from e
+                if not line.strip():
+                    continue
+                try:
+                    ev = parse_event(json.loads(line))
+                except ValueError as e:
+                    self.close()
+                    raise ProtocolError(f"invalid exec stream line: {line[:200]!r}") from e
+                if ev is None:
+                    continue
+                if isinstance(ev, ErrorEvent):
+                    self.close()
+                    raise error_from_code(ev.code, ev.message, path=self._path)
+                if isinstance(ev, EndEvent):
+                    self.end = ev
+                    self.close()
+                return ev
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Releases the connection (the command keeps running until its timeout)."""
+        self._done = True
+        if self._resp is not None:
+            self._resp.close()
+
+    def collect(self) -> ExecResult:
+        """Consumes the stream and returns the accumulated result."""
+        out: builtins.list[bytes] = []
+        err: builtins.list[bytes] = []
+        for ev in self:
+            if isinstance(ev, OutputEvent):
+                (out if ev.stream == "stdout" else err).append(ev.data)
+        end = self.end
+        if end is None:  # pragma: no cover - __next__ raises first
+            raise ProtocolError("exec stream ended without an end event")
+        return ExecResult(
+            exit_code=end.exit_code,
+            signal=end.signal,
+            stdout_bytes=b"".join(out),
+            stderr_bytes=b"".join(err),
+            timed_out=end.timed_out,
+            truncated=end.truncated,
+            stdout_truncated=end.truncated,
+            stderr_truncated=end.truncated,
+            duration_ms=end.duration_ms,
+        )
+
+
+class Process:
+    """A background process of a sandbox."""
+
+    def __init__(self, sandbox: Sandbox, info: ProcessInfo) -> None:
+        self.sandbox = sandbox
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"Process(id={self.id}, pid={self.info.pid}, running={self.info.running})"
+
+    @property
+    def id(self) -> int:
+        return self.info.id
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+    @property
+    def running(self) -> bool:
+        return self.info.running
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.info.exit_code
+
+    def refresh(self) -> ProcessInfo:
+        """Reloads the process's state."""
+        for p in self.sandbox.processes.list():
+            if p.id == self.id:
+                self.info = p.info
+                return self.info
+        from ._errors import ProcessNotFound
+
+        raise ProcessNotFound(f"process {self.id} not found", code="not_found")
+
+    def logs(self) -> ProcessLogs:
+        """Its captured output so far."""
+        return self.sandbox.processes.logs(self.id)
+
+    def kill(self, signal: int | None = None) -> None:
+        """Sends ``signal`` (default SIGKILL)."""
+        self.sandbox.processes.kill(self.id, signal=signal)
+
+    def wait(self, timeout: float | None = None, *, poll: float = 0.1) -> ProcessInfo:
+        """Polls until the process exits; raises ``TimeoutError`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.refresh()
+            if not info.running:
+                return info
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"process {self.id} still running after {timeout}s")
+            time.sleep(poll)
+
+
+class Processes:
+    """Background processes of a sandbox (``sandbox.processes``)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def start(
+        self,
+        cmd: c.Command,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: Literal["user", "root"] | None = None,
+    ) -> Process:
+        """Starts a process that keeps running after the call returns."""
+        data = self._sb.client._json(
+            "POST", self._sb._path("processes"), json_body=c.process_body(cmd, env=env, cwd=cwd, user=user)
+        )
+        return Process(self._sb, ProcessInfo.from_dict(data))
+
+    def list(self) -> builtins.list[Process]:
+        """Every background process started through the API."""
+        data = self._sb.client._json("GET", self._sb._path("processes"))
+        return [Process(self._sb, ProcessInfo.from_dict(d)) for d in data.get("processes", [])]
+
+    def logs(self, process_id: int) -> ProcessLogs:
+        """Captured output of a process."""
+        return ProcessLogs.from_dict(self._sb.client._json("GET", self._sb._path("processes", str(process_id), "logs")))
+
+    def kill(self, process_id: int, *, signal: int | None = None) -> None:
+        """Sends ``signal`` (default SIGKILL) to a process."""
+        body: dict[str, Any] = {} if signal is None else {"signal": int(signal)}
+        self._sb.client._send("POST", self._sb._path("processes", str(process_id), "kill"), json_body=body)
+
+
+def _iter_io(f: IO[bytes], chunk_size: int = _CHUNK) -> Iterator[bytes]:
+    while True:
+        b = f.read(chunk_size)
+        if not b:
+            return
+        yield b
+
+
+def _parent(path: str) -> str | None:
+    p = path.rstrip("/")
+    if "/" not in p:
+        return None
+    parent = p.rsplit("/", 1)[0]
+    return parent or None
+
+
+class Files:
+    """Files of a sandbox (``sandbox.files``). Relative paths resolve against ``/home/user``."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def _files(self, *rest: str) -> str:
+        return self._sb._path("files", *rest)
+
+    def read(self, path: str, *, user: Literal["user", "root"] | None = None) -> bytes:
+        """Reads a whole file."""
+        resp = self._sb.client._send("GET", self._files(), params=c.file_params(path, user))
+        return resp.content
+
+    def read_text(self, path: str, *, encoding: str = "utf-8", user: Literal["user", "root"] | None = None) -> str:
+        """Reads a whole file as text."""
+        return self.read(path, user=user).decode(encoding)
+
+    def read_stream(
+        self, path: str, *, chunk_size: int = _CHUNK, user: Literal["user", "root"] | None = None
+    ) -> Iterator[bytes]:
+        """Streams a file in chunks (for files too large to hold in memory)."""
+        resp = self._sb.client._send("GET", self._files(), params=c.file_params(path, user), stream=True)
+        try:
+            yield from resp.iter_bytes(chunk_size)
+        finally:
+            resp.close()
+
+    def write(
+        self,
+        path: str,
+        data: bytes | str | Iterable[bytes] | IO[bytes],
+        *,
+        user: Literal["user", "root"] | None = None,
+        parents: bool = True,
+    ) -> None:
+        """Writes a file, replacing it if it exists.
+
+        ``data`` may be bytes, text (written as UTF-8), an iterable of byte chunks or
+        a binary file object (both streamed). With ``parents`` the missing parent
+        directories are created.
+        """
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            body = bytes(data)
+            try:
+                self._sb.client._send("PUT", self._files(), params=c.file_params(path, user), content=body)
+            except FileNotFound:
+                parent = _parent(path)
+                if not parents or parent is None:
+                    raise
+                self.mkdir(parent, parents=True)
+                self._sb.client._send("PUT", self._files(), params=c.file_params(path, user), content=body)
+            return
+        if parents and (parent := _parent(path)) is not None:
+            self.mkdir(parent, parents=True)
+        content: Iterable[bytes] = _iter_io(data) if hasattr(data, "read") else data  # type: ignore[arg-type]
+        self._sb.client._send(
+            "PUT",
+            self._files(),
+            params=c.file_params(path, user),
+            content=content,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+
+    def upload(
+        self, local_path: str | os.PathLike[str], remote_path: str, *, user: Literal["user", "root"] | None = None
+    ) -> None:
+        """Streams a local file into the sandbox."""
+        with open(local_path, "rb") as f:
+            self.write(remote_path, f, user=user)
+
+    def download(
+        self, remote_path: str, local_path: str | os.PathLike[str], *, user: Literal["user", "root"] | None = None
+    ) -> int:
+        """Streams a sandbox file to a local file; returns the number of bytes."""
+        n = 0
+        tmp = Path(str(local_path) + ".part")
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in self.read_stream(remote_path, user=user):
+                    f.write(chunk)
+                    n += len(chunk)
+            os.replace(tmp, local_path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return n
+
+    def list(self, path: str = ".") -> builtins.list[FileEntry]:
+        """Lists a directory."""
+        data = self._sb.client._json("GET", self._files("list"), params=c.file_params(path))
+        return [FileEntry.from_dict(d) for d in data.get("entries", [])]
+
+    def stat(self, path: str) -> FileEntry:
+        """Metadata of one path; raises :class:`FileNotFound`."""
+        return FileEntry.from_dict(self._sb.client._json("GET", self._files("stat"), params=c.file_params(path)))
+
+    def exists(self, path: str) -> bool:
+        """True when ``path`` exists."""
+        try:
+            self.stat(path)
+        except FileNotFound:
+            return False
+        return True
+
+    def mkdir(self, path: str, *, parents: bool = True) -> None:
+        """Creates a directory (and its parents with ``parents``)."""
+        params = c.file_params(path, None, parents="true" if parents else "false")
+        self._sb.client._send("POST", self._files("mkdir"), params=params)
+
+    def remove(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
+        """Removes a file, or a directory tree with ``recursive``."""
+        params = c.file_params(path, None, recursive="true" if recursive else "false")
+        try:
+            self._sb.client._send("DELETE", self._files(), params=params)
+        except FileNotFound:
+            if not missing_ok:
+                raise

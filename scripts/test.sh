@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The full test suite: Rust unit + integration tests against the real daemon, then the
+# Python SDK / LangGraph tests against a real daemon. Installs what it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != "0" ]; then
+    echo "the test suite drives real sandboxes (namespaces, cgroups, overlayfs): run it as root" >&2
+    exit 1
+fi
+
+echo "== build"
+cargo build --workspace --bins
+
+echo "== rust tests"
+cargo test --workspace -- --test-threads=2
+
+if [ -f python/requirements-test.txt ]; then
+    echo "== python tests"
+    if [ ! -x .venv/bin/python ]; then
+        python3 -m venv .venv
+    fi
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -r python/requirements-test.txt
+    THREADBOX_BIN="$PWD/target/debug/threadbox" .venv/bin/pytest -q python/tests
+fi
+echo "== all tests passed"
