@@ -86,7 +86,10 @@ fn ms(d: Duration) -> f64 {
 /// A bare fork+exec of `argv`, waiting for its output: the baseline.
 fn bare(argv: &[&str]) -> Result<f64> {
     let t = Instant::now();
-    let out = Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::null()).output()?;
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .output()?;
     let el = t.elapsed();
     if !out.status.success() {
         bail!("baseline {argv:?} failed");
@@ -95,7 +98,10 @@ fn bare(argv: &[&str]) -> Result<f64> {
 }
 
 fn exec_req(argv: &[&str]) -> ExecRequest {
-    ExecRequest { command: Some(argv.iter().map(|s| s.to_string()).collect()), ..Default::default() }
+    ExecRequest {
+        command: Some(argv.iter().map(|s| s.to_string()).collect()),
+        ..Default::default()
+    }
 }
 
 struct OwnDaemon {
@@ -118,7 +124,9 @@ async fn start_daemon() -> Result<(OwnDaemon, String)> {
         bail!("{} not found: build the workspace first", bin.display());
     }
     let root = tempfile::Builder::new().prefix("tb-bench-").tempdir()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let child = Command::new(&bin)
         .args(["serve", "--root"])
         .arg(root.path())
@@ -152,7 +160,10 @@ async fn figures(iterations: usize, url: Option<String>, json: bool) -> Result<(
     let client = Client::new(&url)?;
     let mut results = Vec::new();
 
-    for (label, argv) in [("echo ok", vec!["echo", "ok"]), ("python3 -c 'print(1)'", vec!["python3", "-c", "print(1)"])] {
+    for (label, argv) in [
+        ("echo ok", vec!["echo", "ok"]),
+        ("python3 -c 'print(1)'", vec!["/usr/bin/python3", "-c", "print(1)"]),
+    ] {
         // Time to interactive: create → first result, interleaved with the baseline.
         let (mut base, mut tb) = (Vec::new(), Vec::new());
         for _ in 0..iterations {
@@ -166,13 +177,20 @@ async fn figures(iterations: usize, url: Option<String>, json: bool) -> Result<(
             }
             client.delete(&sb.id, true).await?;
         }
-        let b = stat(&format!("create→first result ({label})"), "bare fork+exec", base);
+        let b = stat(
+            &format!("create→first result ({label})"),
+            "bare fork+exec",
+            base,
+        );
         results.push(with_ratio(stat(&b.figure, "threadbox jail", tb), &b));
         results.push(b);
     }
 
     let (sb, _) = client.create(&CreateSandboxRequest::default()).await?;
-    for (label, argv) in [("true", vec!["true"]), ("python3 -c pass", vec!["python3", "-c", "pass"])] {
+    for (label, argv) in [
+        ("true", vec!["true"]),
+        ("python3 -c pass", vec!["/usr/bin/python3", "-c", "pass"]),
+    ] {
         let (mut base, mut tb) = (Vec::new(), Vec::new());
         client.exec(&sb.id, &exec_req(&argv)).await?; // warm the page cache
         for _ in 0..iterations {
@@ -181,7 +199,11 @@ async fn figures(iterations: usize, url: Option<String>, json: bool) -> Result<(
             client.exec(&sb.id, &exec_req(&argv)).await?;
             tb.push(ms(t.elapsed()));
         }
-        let b = stat(&format!("exec round trip ({label})"), "bare fork+exec", base);
+        let b = stat(
+            &format!("exec round trip ({label})"),
+            "bare fork+exec",
+            base,
+        );
         results.push(with_ratio(stat(&b.figure, "threadbox API", tb), &b));
         results.push(b);
     }
@@ -203,9 +225,17 @@ async fn figures(iterations: usize, url: Option<String>, json: bool) -> Result<(
     client.delete(&sb.id, true).await?;
 
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "iterations": iterations, "results": results }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "iterations": iterations, "results": results })
+            )?
+        );
     } else {
-        println!("{:<44} {:<24} {:>9} {:>9} {:>9} {:>8}", "figure", "contender", "p50 ms", "p90 ms", "p99 ms", "ratio");
+        println!(
+            "{:<44} {:<24} {:>9} {:>9} {:>9} {:>8}",
+            "figure", "contender", "p50 ms", "p90 ms", "p99 ms", "ratio"
+        );
         for r in &results {
             println!(
                 "{:<44} {:<24} {:>9.2} {:>9.2} {:>9.2} {:>8}",
@@ -214,7 +244,9 @@ async fn figures(iterations: usize, url: Option<String>, json: bool) -> Result<(
                 r.median_ms,
                 r.p90_ms,
                 r.p99_ms,
-                r.ratio_to_baseline.map(|x| format!("{x:.2}x")).unwrap_or_else(|| "base".into())
+                r.ratio_to_baseline
+                    .map(|x| format!("{x:.2}x"))
+                    .unwrap_or_else(|| "base".into())
             );
         }
     }
@@ -225,6 +257,10 @@ async fn figures(iterations: usize, url: Option<String>, json: bool) -> Result<(
 async fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Figures { iterations, url, json } => figures(iterations.max(1), url, json).await,
+        Cmd::Figures {
+            iterations,
+            url,
+            json,
+        } => figures(iterations.max(1), url, json).await,
     }
 }

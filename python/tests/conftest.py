@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -201,10 +201,10 @@ def tb(daemon: Daemon) -> Iterator[Threadbox]:
 
 
 @pytest.fixture
-async def atb(daemon: Daemon) -> AsyncThreadbox:
+async def atb(daemon: Daemon) -> AsyncIterator[AsyncThreadbox]:
     client = AsyncThreadbox(daemon.url)
     try:
-        yield client  # type: ignore[misc]
+        yield client
     finally:
         await client.aclose()
 

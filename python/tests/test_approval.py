@@ -70,7 +70,7 @@ def test_edit(tb: Threadbox, names: Names) -> None:
     assert payload["command"] == "id -u; pwd"
     out = graph.invoke(Command(resume={"type": "edit", "args": {"command": "echo edited"}}), cfg(tid))
     msg = _last_tool(out)
-    assert msg.content.startswith("edited\n") and msg.artifact["edited_args"] == {"command": "echo edited"}
+    assert str(msg.content).startswith("edited\n") and msg.artifact["edited_args"] == {"command": "echo edited"}
 
 
 def test_resume_in_new_process(daemon: Daemon, names: Names, tmp_path: Path) -> None:

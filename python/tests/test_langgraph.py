@@ -182,7 +182,7 @@ def test_create_agent(tb: Threadbox, names: Names) -> None:
 
     toolkit = ThreadboxToolkit(client=tb)
     model = ScriptedChatModel(rules=[ScriptRule("go", [[call("run_python", code="print(6*7)")]], final="ok {last}")])
-    agent = create_agent(model, toolkit.get_tools(), checkpointer=InMemorySaver())
+    agent: Any = create_agent(model, toolkit.get_tools(), checkpointer=InMemorySaver())
     tid = names.thread("agent")
     out = agent.invoke({"messages": [HumanMessage("go")]}, cfg(tid))
     assert out["messages"][-1].content.startswith("ok 42")

@@ -38,8 +38,18 @@ pub struct Identity {
 
 pub fn identity(user: RunAs) -> Identity {
     match user {
-        RunAs::User => Identity { uid: 1000, gid: 1000, name: "user", home: "/home/user" },
-        RunAs::Root => Identity { uid: 0, gid: 0, name: "root", home: "/root" },
+        RunAs::User => Identity {
+            uid: 1000,
+            gid: 1000,
+            name: "user",
+            home: "/home/user",
+        },
+        RunAs::Root => Identity {
+            uid: 0,
+            gid: 0,
+            name: "root",
+            home: "/root",
+        },
     }
 }
 
@@ -60,7 +70,11 @@ impl PolicyParts {
             Ok(None) => (None, Some("the kernel has no Landlock".to_string())),
             Err(e) => (None, Some(format!("building the ruleset failed: {e}"))),
         };
-        Ok(PolicyParts { seccomp, landlock, landlock_missing })
+        Ok(PolicyParts {
+            seccomp,
+            landlock,
+            landlock_missing,
+        })
     }
 }
 
@@ -124,7 +138,9 @@ impl Agent {
 
     /// Creates `<prefix>-<n>` under the sandbox's cgroup (None without one).
     pub fn new_cgroup(&self, prefix: &str) -> Result<Option<CallCgroup>> {
-        let Some(dir) = &self.cgroup else { return Ok(None) };
+        let Some(dir) = &self.cgroup else {
+            return Ok(None);
+        };
         loop {
             let n = self.next_cgroup.get();
             self.next_cgroup.set(n + 1);
@@ -133,14 +149,21 @@ impl Agent {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
                 Err(e) => {
-                    return Err(AgentError::internal(format!("could not create a cgroup for the call: {e}")))
+                    return Err(AgentError::internal(format!(
+                        "could not create a cgroup for the call: {e}"
+                    )))
                 }
             }
             return match dir.open_write(&format!("{name}/cgroup.procs")) {
-                Ok(fd) => Ok(Some(CallCgroup { name, procs: Some(fd) })),
+                Ok(fd) => Ok(Some(CallCgroup {
+                    name,
+                    procs: Some(fd),
+                })),
                 Err(e) => {
                     let _ = dir.rmdir(&name);
-                    Err(AgentError::internal(format!("could not open the call's cgroup: {e}")))
+                    Err(AgentError::internal(format!(
+                        "could not open the call's cgroup: {e}"
+                    )))
                 }
             };
         }
@@ -161,7 +184,9 @@ impl Agent {
                 {
                     return
                 }
-                Err(e) => log(&format!("cgroup.kill of {name} failed ({e}); killing the process group")),
+                Err(e) => log(&format!(
+                    "cgroup.kill of {name} failed ({e}); killing the process group"
+                )),
             }
         }
         let _ = syschild::kill_group(pid, libc::SIGKILL);
@@ -181,14 +206,21 @@ impl Agent {
 
     fn sweep_cgroups(&self) {
         let Some(dir) = &self.cgroup else { return };
-        self.leftover_cgroups.borrow_mut().retain(|name| match dir.rmdir(name) {
-            Ok(()) => false,
-            Err(e) => e.raw_os_error() != Some(libc::ENOENT),
-        });
+        self.leftover_cgroups
+            .borrow_mut()
+            .retain(|name| match dir.rmdir(name) {
+                Ok(()) => false,
+                Err(e) => e.raw_os_error() != Some(libc::ENOENT),
+            });
     }
 
     /// The policy a child of `who` enters, changing into `cwd`.
-    pub fn child_policy(&self, who: &Identity, cwd: &Path, cgroup_procs: Option<OwnedFd>) -> Result<ChildPolicy> {
+    pub fn child_policy(
+        &self,
+        who: &Identity,
+        cwd: &Path,
+        cgroup_procs: Option<OwnedFd>,
+    ) -> Result<ChildPolicy> {
         let cwd = CString::new(cwd.as_os_str().as_bytes())
             .map_err(|_| AgentError::invalid("working directory contains a NUL byte"))?;
         Ok(ChildPolicy {
@@ -253,7 +285,9 @@ pub fn prepare(
     let who = identity(user);
     let (program, args): (&str, Vec<&str>) = match command {
         ProtoCommand::Argv(v) => match v.split_first() {
-            Some((p, rest)) if !p.is_empty() => (p.as_str(), rest.iter().map(|s| s.as_str()).collect()),
+            Some((p, rest)) if !p.is_empty() => {
+                (p.as_str(), rest.iter().map(|s| s.as_str()).collect())
+            }
             _ => return Err(AgentError::invalid("the command is empty")),
         },
         ProtoCommand::Shell(s) => ("/bin/sh", vec!["-c", s.as_str()]),
@@ -264,7 +298,9 @@ pub fn prepare(
     }
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(AgentError::invalid(format!("invalid environment variable name {k:?}")));
+            return Err(AgentError::invalid(format!(
+                "invalid environment variable name {k:?}"
+            )));
         }
         no_nul(v, "an environment value")?;
     }
@@ -300,18 +336,24 @@ pub fn prepare(
 
 /// `dir/.` resolves only if `dir` exists, is a directory and the user may search it.
 fn check_cwd(dir: &Path, who: &Identity, shown: &str) -> Result<()> {
-    let _as_user = syschild::assume_fs_identity(who.uid, who.gid)
-        .map_err(|e| AgentError::internal(format!("could not switch the file system identity: {e}")))?;
+    let _as_user = syschild::assume_fs_identity(who.uid, who.gid).map_err(|e| {
+        AgentError::internal(format!("could not switch the file system identity: {e}"))
+    })?;
     match std::fs::metadata(dir.join(".")) {
         Ok(_) => Ok(()),
         Err(e) => {
             let (kind, what) = match e.raw_os_error() {
                 Some(libc::ENOENT) => (ErrorKind::NotFound, "does not exist"),
                 Some(libc::ENOTDIR) => (ErrorKind::NotADirectory, "is not a directory"),
-                Some(libc::EACCES) | Some(libc::EPERM) => (ErrorKind::PermissionDenied, "is not accessible"),
+                Some(libc::EACCES) | Some(libc::EPERM) => {
+                    (ErrorKind::PermissionDenied, "is not accessible")
+                }
                 _ => return Err(AgentError::io(&e, shown)),
             };
-            Err(AgentError::new(kind, format!("working directory {shown} {what}")))
+            Err(AgentError::new(
+                kind,
+                format!("working directory {shown} {what}"),
+            ))
         }
     }
 }

@@ -25,7 +25,9 @@ pub async fn serve(agent: Rc<Agent>, stream: UnixStream) {
     let (tx, rx) = mpsc::channel::<Frame>(OUTBOX);
     let writer = tokio::task::spawn_local(write_frames(wr, rx));
     let software = format!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
-    let _ = tx.send(Frame::Hello(Hello::ours(&software, CAPABILITIES))).await;
+    let _ = tx
+        .send(Frame::Hello(Hello::ours(&software, CAPABILITIES)))
+        .await;
 
     let cancels: Cancels = Rc::new(RefCell::new(HashMap::new()));
     let mut decoder = FrameDecoder::new();
@@ -88,7 +90,8 @@ async fn write_frames(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::Re
                     log(&format!("dropping a frame that cannot be encoded: {e}"));
                     continue;
                 };
-                let resp = AgentError::internal(format!("the response could not be sent: {e}")).into_response();
+                let resp = AgentError::internal(format!("the response could not be sent: {e}"))
+                    .into_response();
                 match encode_frame(&Frame::Response { id, resp }) {
                     Ok(b) => b,
                     Err(_) => continue,
@@ -109,7 +112,8 @@ fn dispatch(agent: &Rc<Agent>, tx: &mpsc::Sender<Frame>, cancels: &Cancels, id: 
         let mut c = cancels.borrow_mut();
         if c.contains_key(&id) {
             let tx = tx.clone();
-            let resp = AgentError::invalid(format!("request id {id} is already in use")).into_response();
+            let resp =
+                AgentError::invalid(format!("request id {id} is already in use")).into_response();
             tokio::task::spawn_local(async move {
                 let _ = tx.send(Frame::Response { id, resp }).await;
             });
@@ -141,19 +145,45 @@ async fn handle(
         Request::BackgroundStart(spec) => done(exec::start_background(&agent, spec)),
         Request::BackgroundList => exec::list_background(&agent),
         Request::BackgroundLogs { bg_id } => done(exec::background_logs(&agent, bg_id)),
-        Request::BackgroundKill { bg_id, signal } => done(exec::kill_background(&agent, bg_id, signal)),
-        Request::FileRead { path, user, offset, limit } => done(files::read(&path, user, offset, limit)),
-        Request::FileWrite { path, user, data, append, mode, make_parents } => {
-            done(files::write(&path, user, &data, append, mode, make_parents))
+        Request::BackgroundKill { bg_id, signal } => {
+            done(exec::kill_background(&agent, bg_id, signal))
         }
+        Request::FileRead {
+            path,
+            user,
+            offset,
+            limit,
+        } => done(files::read(&path, user, offset, limit)),
+        Request::FileWrite {
+            path,
+            user,
+            data,
+            append,
+            mode,
+            make_parents,
+        } => done(files::write(&path, user, &data, append, mode, make_parents)),
         Request::FileList { path, user } => done(files::list(&path, user)),
         Request::FileStat { path, user } => done(files::stat(&path, user)),
-        Request::Mkdir { path, user, parents } => done(files::mkdir(&path, user, parents)),
-        Request::Remove { path, user, recursive } => done(files::remove(&path, user, recursive)),
+        Request::Mkdir {
+            path,
+            user,
+            parents,
+        } => done(files::mkdir(&path, user, parents)),
+        Request::Remove {
+            path,
+            user,
+            recursive,
+        } => done(files::remove(&path, user, recursive)),
         Request::Rename { from, to, user } => done(files::rename(&from, &to, user)),
         Request::Selftest => selftest::selftest(agent).await,
-        Request::Stats => Response::Stats { processes: selftest::count_processes() },
+        Request::Stats => Response::Stats {
+            processes: selftest::count_processes(),
+        },
         #[allow(unreachable_patterns)]
-        _ => AgentError::new(ErrorKind::InvalidArgument, "this agent does not know the request").into_response(),
+        _ => AgentError::new(
+            ErrorKind::InvalidArgument,
+            "this agent does not know the request",
+        )
+        .into_response(),
     }
 }

@@ -14,7 +14,10 @@ pub type Result<T, E = AgentError> = std::result::Result<T, E>;
 
 impl AgentError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        AgentError { kind, message: message.into() }
+        AgentError {
+            kind,
+            message: message.into(),
+        }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -38,7 +41,10 @@ impl AgentError {
             Some(libc::ENOSPC) => (NoSpace, "no space left on device"),
             Some(libc::EDQUOT) => (NoSpace, "disk quota exceeded"),
             Some(libc::ENOTEMPTY) => (InvalidArgument, "directory not empty"),
-            Some(libc::ELOOP) => (InvalidArgument, "too many symbolic links, or a /proc magic link"),
+            Some(libc::ELOOP) => (
+                InvalidArgument,
+                "too many symbolic links, or a /proc magic link",
+            ),
             Some(libc::ENAMETOOLONG) => (InvalidArgument, "name too long"),
             Some(libc::EXDEV) => (InvalidArgument, "cannot move across file systems"),
             Some(libc::ETXTBSY) => (PermissionDenied, "text file busy"),
@@ -49,7 +55,10 @@ impl AgentError {
     }
 
     pub fn into_response(self) -> Response {
-        Response::Error { kind: self.kind, message: self.message }
+        Response::Error {
+            kind: self.kind,
+            message: self.message,
+        }
     }
 }
 
@@ -69,7 +78,9 @@ mod tests {
         assert_eq!(e(libc::ENOSPC), ErrorKind::NoSpace);
         assert_eq!(e(libc::EDQUOT), ErrorKind::NoSpace);
         assert_eq!(e(libc::EIO), ErrorKind::Internal);
-        assert_eq!(AgentError::io(&io::Error::from_raw_os_error(libc::ENOENT), "/x").message,
-            "/x: no such file or directory");
+        assert_eq!(
+            AgentError::io(&io::Error::from_raw_os_error(libc::ENOENT), "/x").message,
+            "/x: no such file or directory"
+        );
     }
 }

@@ -43,7 +43,14 @@ struct Capture {
 
 impl Capture {
     fn new(stream: Stream, limit: usize) -> Self {
-        Capture { stream, limit, accepted: 0, kept: Vec::new(), truncated: false, eof: false }
+        Capture {
+            stream,
+            limit,
+            accepted: 0,
+            kept: Vec::new(),
+            truncated: false,
+            eof: false,
+        }
     }
 
     /// The part of `chunk` within the bound; the rest is dropped and marks truncation.
@@ -75,10 +82,13 @@ fn exit_fields(status: Option<WaitStatus>) -> (Option<i32>, Option<i32>) {
 
 fn spawn_error(e: &io::Error, program: &str) -> AgentError {
     match e.raw_os_error() {
-        Some(libc::ENOENT) => AgentError::new(ErrorKind::NotFound, format!("command not found: {program}")),
-        Some(libc::EACCES) | Some(libc::EPERM) => {
-            AgentError::new(ErrorKind::PermissionDenied, format!("permission denied: {program}"))
+        Some(libc::ENOENT) => {
+            AgentError::new(ErrorKind::NotFound, format!("command not found: {program}"))
         }
+        Some(libc::EACCES) | Some(libc::EPERM) => AgentError::new(
+            ErrorKind::PermissionDenied,
+            format!("permission denied: {program}"),
+        ),
         Some(libc::E2BIG) => AgentError::invalid("the argument list and environment are too long"),
         Some(libc::ENOEXEC) => AgentError::invalid(format!("{program}: exec format error")),
         _ => AgentError::internal(format!("could not start {program}: {e}")),
@@ -123,7 +133,11 @@ fn spawn(
     };
     prepared
         .cmd
-        .stdin(if with_stdin { Stdio::piped() } else { Stdio::null() })
+        .stdin(if with_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let spawned = syschild::spawn(&mut prepared.cmd, policy);
@@ -142,19 +156,42 @@ fn spawn(
     // No `.await` since the fork: the reaper cannot have taken the status yet.
     let exit = agent.wait_for(pid);
     let pipes = (|| -> io::Result<_> {
-        let stdin = child.stdin.take().map(|s| pipe::Sender::from_owned_fd(s.into())).transpose()?;
-        let stdout = receiver(child.stdout.take().ok_or_else(|| io::Error::other("no stdout pipe"))?)?;
-        let stderr = receiver(child.stderr.take().ok_or_else(|| io::Error::other("no stderr pipe"))?)?;
+        let stdin = child
+            .stdin
+            .take()
+            .map(|s| pipe::Sender::from_owned_fd(s.into()))
+            .transpose()?;
+        let stdout = receiver(
+            child
+                .stdout
+                .take()
+                .ok_or_else(|| io::Error::other("no stdout pipe"))?,
+        )?;
+        let stderr = receiver(
+            child
+                .stderr
+                .take()
+                .ok_or_else(|| io::Error::other("no stderr pipe"))?,
+        )?;
         Ok((stdin, stdout, stderr))
     })();
     match pipes {
-        Ok((stdin, stdout, stderr)) => Ok(Spawned { pid, exit, stdin, stdout, stderr, cgroup }),
+        Ok((stdin, stdout, stderr)) => Ok(Spawned {
+            pid,
+            exit,
+            stdin,
+            stdout,
+            stderr,
+            cgroup,
+        }),
         Err(e) => {
             agent.kill_tree(cgroup.as_deref(), pid);
             if let Some(name) = cgroup {
                 agent.release_cgroup(name);
             }
-            Err(AgentError::internal(format!("could not set up the process's pipes: {e}")))
+            Err(AgentError::internal(format!(
+                "could not set up the process's pipes: {e}"
+            )))
         }
     }
 }
@@ -198,7 +235,12 @@ pub async fn exec(
         })),
         _ => None,
     };
-    let _ = tx.send(Frame::Response { id, resp: Response::Started { pid } }).await;
+    let _ = tx
+        .send(Frame::Response {
+            id,
+            resp: Response::Started { pid },
+        })
+        .await;
 
     let limit = spec.max_output.min(MAX_OUTPUT_LIMIT) as usize;
     let mut out = Capture::new(Stream::Stdout, limit);
@@ -206,7 +248,9 @@ pub async fn exec(
     let mut obuf = vec![0u8; CHUNK];
     let mut ebuf = vec![0u8; CHUNK];
     let mut pending: VecDeque<Frame> = VecDeque::new();
-    let timeout_at = spec.timeout_ms.map(|ms| tokio::time::Instant::from_std(started) + Duration::from_millis(ms));
+    let timeout_at = spec
+        .timeout_ms
+        .map(|ms| tokio::time::Instant::from_std(started) + Duration::from_millis(ms));
     let mut status: Option<WaitStatus> = None;
     let mut exited = false;
     let mut ending: Option<Ending> = None;
@@ -272,10 +316,16 @@ pub async fn exec(
     }
     let duration_ms = started.elapsed().as_millis() as u64;
     match ending {
-        Some(Ending::Cancelled) => AgentError::new(ErrorKind::Cancelled, "the call was cancelled").into_response(),
+        Some(Ending::Cancelled) => {
+            AgentError::new(ErrorKind::Cancelled, "the call was cancelled").into_response()
+        }
         other => {
             let timed_out = matches!(other, Some(Ending::TimedOut));
-            let (exit_code, signal) = if timed_out { (None, None) } else { exit_fields(status) };
+            let (exit_code, signal) = if timed_out {
+                (None, None)
+            } else {
+                exit_fields(status)
+            };
             Response::Exited(ExecResult {
                 exit_code,
                 signal,
@@ -308,7 +358,10 @@ fn handle_read(
             if spec.stream {
                 pending.push_back(Frame::Response {
                     id,
-                    resp: Response::Output { stream: cap.stream, data: kept.to_vec() },
+                    resp: Response::Output {
+                        stream: cap.stream,
+                        data: kept.to_vec(),
+                    },
                 });
             } else {
                 cap.kept.extend_from_slice(kept);
@@ -327,7 +380,11 @@ pub struct Ring {
 
 impl Ring {
     fn new(cap: usize) -> Self {
-        Ring { buf: VecDeque::new(), cap, dropped: 0 }
+        Ring {
+            buf: VecDeque::new(),
+            cap,
+            dropped: 0,
+        }
     }
 
     fn push(&mut self, data: &[u8]) {
@@ -357,14 +414,20 @@ pub struct Background {
 }
 
 fn now_secs() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 pub fn start_background(agent: &Rc<Agent>, spec: BackgroundSpec) -> Result<Response> {
     {
         let mut bg = agent.background.borrow_mut();
         while bg.len() >= MAX_BACKGROUND {
-            let oldest_done = bg.iter().find(|(_, b)| !b.borrow().info.running).map(|(k, _)| *k);
+            let oldest_done = bg
+                .iter()
+                .find(|(_, b)| !b.borrow().info.running)
+                .map(|(k, _)| *k);
             match oldest_done {
                 Some(k) => {
                     bg.remove(&k);
@@ -434,7 +497,12 @@ async fn follow_background(agent: Rc<Agent>, entry: Rc<RefCell<Background>>, mut
 }
 
 pub fn list_background(agent: &Agent) -> Response {
-    let processes = agent.background.borrow().values().map(|b| b.borrow().info.clone()).collect();
+    let processes = agent
+        .background
+        .borrow()
+        .values()
+        .map(|b| b.borrow().info.clone())
+        .collect();
     Response::BackgroundList { processes }
 }
 
@@ -444,7 +512,12 @@ fn find(agent: &Agent, bg_id: u64) -> Result<Rc<RefCell<Background>>> {
         .borrow()
         .get(&bg_id)
         .cloned()
-        .ok_or_else(|| AgentError::new(ErrorKind::NotFound, format!("no background process {bg_id}")))
+        .ok_or_else(|| {
+            AgentError::new(
+                ErrorKind::NotFound,
+                format!("no background process {bg_id}"),
+            )
+        })
 }
 
 pub fn background_logs(agent: &Agent, bg_id: u64) -> Result<Response> {
@@ -479,9 +552,12 @@ pub fn kill_background(agent: &Agent, bg_id: u64, signal: Option<i32>) -> Result
         return Ok(Response::Done);
     }
     if !running {
-        return Err(AgentError::invalid(format!("background process {bg_id} has already exited")));
+        return Err(AgentError::invalid(format!(
+            "background process {bg_id} has already exited"
+        )));
     }
-    syschild::kill(pid, sig).map_err(|e| AgentError::io(&e, &format!("signal to process {pid}")))?;
+    syschild::kill(pid, sig)
+        .map_err(|e| AgentError::io(&e, &format!("signal to process {pid}")))?;
     Ok(Response::Done)
 }
 

@@ -34,9 +34,15 @@ pub fn normalize(path: &str, home: &str) -> Result<PathBuf> {
         return Err(AgentError::invalid("the path contains a NUL byte"));
     }
     if path.len() > MAX_PATH {
-        return Err(AgentError::invalid(format!("the path is longer than {MAX_PATH} bytes")));
+        return Err(AgentError::invalid(format!(
+            "the path is longer than {MAX_PATH} bytes"
+        )));
     }
-    let joined = if path.starts_with('/') { path.to_string() } else { format!("{home}/{path}") };
+    let joined = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{home}/{path}")
+    };
     let mut parts: Vec<&str> = Vec::new();
     for c in joined.split('/') {
         match c {
@@ -57,7 +63,10 @@ pub fn checked_path(path: &str, home: &str) -> Result<PathBuf> {
         if p.starts_with(root) {
             return Err(AgentError::new(
                 ErrorKind::PermissionDenied,
-                format!("{}: {root} is not accessible through the file API", p.display()),
+                format!(
+                    "{}: {root} is not accessible through the file API",
+                    p.display()
+                ),
             ));
         }
     }
@@ -70,8 +79,9 @@ fn shown(p: &Path) -> String {
 
 /// Runs `f` with the filesystem identity of `who`; restored when `f` returns.
 fn as_user<T>(who: &Identity, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let _guard = syschild::assume_fs_identity(who.uid, who.gid)
-        .map_err(|e| AgentError::internal(format!("could not switch the file system identity: {e}")))?;
+    let _guard = syschild::assume_fs_identity(who.uid, who.gid).map_err(|e| {
+        AgentError::internal(format!("could not switch the file system identity: {e}"))
+    })?;
     f()
 }
 
@@ -87,16 +97,28 @@ fn regular_file(fd: OwnedFd, p: &Path) -> Result<File> {
     let file = File::from(fd);
     let meta = file.metadata().map_err(|e| AgentError::io(&e, &shown(p)))?;
     if meta.is_dir() {
-        return Err(AgentError::new(ErrorKind::IsADirectory, format!("{}: is a directory", shown(p))));
+        return Err(AgentError::new(
+            ErrorKind::IsADirectory,
+            format!("{}: is a directory", shown(p)),
+        ));
     }
     if !meta.is_file() {
-        return Err(AgentError::invalid(format!("{}: not a regular file", shown(p))));
+        return Err(AgentError::invalid(format!(
+            "{}: not a regular file",
+            shown(p)
+        )));
     }
     Ok(file)
 }
 
 fn open(p: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
-    openat2(None, p, flags | libc::O_NONBLOCK | libc::O_NOCTTY, mode, RESOLVE_NO_MAGICLINKS)
+    openat2(
+        None,
+        p,
+        flags | libc::O_NONBLOCK | libc::O_NOCTTY,
+        mode,
+        RESOLVE_NO_MAGICLINKS,
+    )
 }
 
 pub fn read(path: &str, user: RunAs, offset: u64, limit: Option<u64>) -> Result<Response> {
@@ -105,8 +127,14 @@ pub fn read(path: &str, user: RunAs, offset: u64, limit: Option<u64>) -> Result<
     as_user(&who, || {
         let fd = open(&p, libc::O_RDONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?;
         let file = regular_file(fd, &p)?;
-        let size = file.metadata().map_err(|e| AgentError::io(&e, &shown(&p)))?.len();
-        let want = limit.unwrap_or(MAX_READ).min(MAX_READ).min(size.saturating_sub(offset)) as usize;
+        let size = file
+            .metadata()
+            .map_err(|e| AgentError::io(&e, &shown(&p)))?
+            .len();
+        let want = limit
+            .unwrap_or(MAX_READ)
+            .min(MAX_READ)
+            .min(size.saturating_sub(offset)) as usize;
         let mut data = vec![0u8; want];
         let mut got = 0;
         while got < want {
@@ -134,7 +162,10 @@ pub fn write(
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     if p == Path::new("/") {
-        return Err(AgentError::new(ErrorKind::IsADirectory, "/: is a directory"));
+        return Err(AgentError::new(
+            ErrorKind::IsADirectory,
+            "/: is a directory",
+        ));
     }
     // Only permission bits: no setuid/setgid/sticky through the API.
     let perm = mode.unwrap_or(0o644) & 0o777;
@@ -146,16 +177,18 @@ pub fn write(
         }
         let (fd, created) = match open(&p, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, perm) {
             Ok(fd) => (fd, true),
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                (open(&p, libc::O_WRONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?, false)
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (
+                open(&p, libc::O_WRONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?,
+                false,
+            ),
             Err(e) => return Err(AgentError::io(&e, &shown(&p))),
         };
         let mut file = regular_file(fd, &p)?;
         let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
         if created || mode.is_some() {
             // The umask must not change what the caller asked for.
-            file.set_permissions(std::fs::Permissions::from_mode(perm)).map_err(err)?;
+            file.set_permissions(std::fs::Permissions::from_mode(perm))
+                .map_err(err)?;
         }
         if append {
             let end = file.metadata().map_err(err)?.len();
@@ -185,12 +218,17 @@ fn kind_of(meta: &Metadata) -> FileKind {
 fn info(p: &Path, meta: &Metadata) -> FileInfo {
     let kind = kind_of(meta);
     let symlink_target = if kind == FileKind::Symlink {
-        std::fs::read_link(p).ok().map(|t| t.to_string_lossy().into_owned())
+        std::fs::read_link(p)
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned())
     } else {
         None
     };
     FileInfo {
-        name: p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
+        name: p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".into()),
         path: shown(p),
         kind,
         size: meta.len(),
@@ -240,7 +278,11 @@ pub fn mkdir(path: &str, user: RunAs, parents: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
-        let r = if parents { std::fs::create_dir_all(&p) } else { std::fs::create_dir(&p) };
+        let r = if parents {
+            std::fs::create_dir_all(&p)
+        } else {
+            std::fs::create_dir(&p)
+        };
         r.map_err(|e| AgentError::io(&e, &shown(&p)))?;
         Ok(Response::Done)
     })

@@ -81,7 +81,8 @@ fn listener(args: &Args) -> Result<std::os::unix::net::UnixListener, String> {
             std::fs::remove_file(path).map_err(|e| format!("remove stale socket {path}: {e}"))?;
         }
     }
-    let l = std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
+    let l =
+        std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("chmod {path}: {e}"))?;
@@ -120,7 +121,9 @@ fn run(args: Args) -> Result<(), String> {
     }
 
     let listener = listener(&args)?;
-    listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("listener: {e}"))?;
     let cgroup = match args.cgroup_fd {
         Some(fd) => {
             let owned =
@@ -131,7 +134,9 @@ fn run(args: Args) -> Result<(), String> {
     };
     let policy = agent::PolicyParts::load()?;
     if let Some(reason) = &policy.landlock_missing {
-        log(&format!("Landlock is not enforced on sandbox processes: {reason}"));
+        log(&format!(
+            "Landlock is not enforced on sandbox processes: {reason}"
+        ));
     }
 
     let rt = tokio::runtime::Builder::new_current_thread()

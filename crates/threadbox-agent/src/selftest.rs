@@ -20,11 +20,17 @@ const DEADLINE: Duration = Duration::from_secs(15);
 const MAX_REPORT: usize = 1024 * 1024;
 
 /// /dev entries a sandbox may have; the symlinks a /dev usually carries are also accepted.
-const DEV_ALLOWED: &[&str] = &["null", "zero", "full", "random", "urandom", "tty", "pts", "shm"];
+const DEV_ALLOWED: &[&str] = &[
+    "null", "zero", "full", "random", "urandom", "tty", "pts", "shm",
+];
 const DEV_ALLOWED_SYMLINKS: &[&str] = &["fd", "stdin", "stdout", "stderr", "ptmx", "core"];
 
 fn check(name: &str, ok: bool, detail: impl Into<String>) -> PostureCheck {
-    PostureCheck { name: name.into(), ok, detail: detail.into() }
+    PostureCheck {
+        name: name.into(),
+        ok,
+        detail: detail.into(),
+    }
 }
 
 pub async fn selftest(agent: Rc<Agent>) -> Response {
@@ -37,8 +43,8 @@ pub async fn selftest(agent: Rc<Agent>) -> Response {
 async fn run(agent: &Rc<Agent>) -> Result<Vec<PostureCheck>> {
     let who = identity(RunAs::User);
     let policy = agent.child_policy(&who, Path::new("/"), None)?;
-    let (reader, writer) = std::io::pipe()
-        .map_err(|e| AgentError::internal(format!("selftest pipe: {e}")))?;
+    let (reader, writer) =
+        std::io::pipe().map_err(|e| AgentError::internal(format!("selftest pipe: {e}")))?;
     let landlock = agent.policy.landlock.as_ref().map(|r| r.abi());
     let pid = syschild::run_forked(&policy, move || {
         let checks = child_checks(landlock);
@@ -81,7 +87,11 @@ async fn run(agent: &Rc<Agent>) -> Result<Vec<PostureCheck>> {
         }
     };
     let me = std::process::id();
-    checks.push(check("agent_is_pid1", me == 1, format!("the agent runs as pid {me}")));
+    checks.push(check(
+        "agent_is_pid1",
+        me == 1,
+        format!("the agent runs as pid {me}"),
+    ));
     Ok(checks)
 }
 
@@ -92,13 +102,17 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':')))
-            .map(|v| v.trim().to_string())
+            .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
             .unwrap_or_else(|| "missing".into())
     };
     let mut out = Vec::new();
 
     let s = field("Seccomp");
-    out.push(check("seccomp", s == "2", format!("Seccomp: {s} (2 = filter)")));
+    out.push(check(
+        "seccomp",
+        s == "2",
+        format!("Seccomp: {s} (2 = filter)"),
+    ));
     let n = field("NoNewPrivs");
     out.push(check("no_new_privs", n == "1", format!("NoNewPrivs: {n}")));
 
@@ -113,12 +127,17 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
     out.push(check(
         "capabilities",
         nonzero.is_empty(),
-        if nonzero.is_empty() { "every capability set is empty".into() } else { nonzero.join(" ") },
+        if nonzero.is_empty() {
+            "every capability set is empty".into()
+        } else {
+            nonzero.join(" ")
+        },
     ));
 
     let uid = field("Uid");
     let gid = field("Gid");
-    let ids_ok = uid.split_whitespace().all(|u| u == "1000") && gid.split_whitespace().all(|g| g == "1000");
+    let ids_ok =
+        uid.split_whitespace().all(|u| u == "1000") && gid.split_whitespace().all(|g| g == "1000");
     out.push(check("user", ids_ok, format!("Uid: {uid}; Gid: {gid}")));
 
     out.push(uid_map_check());
@@ -126,14 +145,24 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
     out.push(routes_check());
 
     let target: SocketAddr = ([1, 1, 1, 1], 53).into();
-    out.push(match TcpStream::connect_timeout(&target, Duration::from_secs(2)) {
-        Ok(_) => check("egress_blocked", false, "connected to 1.1.1.1:53"),
-        Err(e) => check("egress_blocked", true, format!("connect to 1.1.1.1:53 failed: {e}")),
-    });
+    out.push(
+        match TcpStream::connect_timeout(&target, Duration::from_secs(2)) {
+            Ok(_) => check("egress_blocked", false, "connected to 1.1.1.1:53"),
+            Err(e) => check(
+                "egress_blocked",
+                true,
+                format!("connect to 1.1.1.1:53 failed: {e}"),
+            ),
+        },
+    );
 
     out.push(match syschild::probe_unshare(libc::CLONE_NEWUSER) {
         Ok(()) => check("unshare_refused", false, "unshare(CLONE_NEWUSER) succeeded"),
-        Err(e) => check("unshare_refused", true, format!("unshare(CLONE_NEWUSER): {e}")),
+        Err(e) => check(
+            "unshare_refused",
+            true,
+            format!("unshare(CLONE_NEWUSER): {e}"),
+        ),
     });
 
     let old = syschild::probe_mount_tmpfs(Path::new("/tmp"));
@@ -141,11 +170,19 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
     out.push(check(
         "mount_refused",
         old.is_err() && new.is_err(),
-        format!("mount(tmpfs): {}; fsopen(tmpfs): {}", outcome(&old), outcome(&new)),
+        format!(
+            "mount(tmpfs): {}; fsopen(tmpfs): {}",
+            outcome(&old),
+            outcome(&new)
+        ),
     ));
 
     let mut writable = Vec::new();
-    for f in ["/proc/sys/kernel/core_pattern", "/proc/sysrq-trigger", "/sys/kernel/uevent_helper"] {
+    for f in [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sysrq-trigger",
+        "/sys/kernel/uevent_helper",
+    ] {
         if std::fs::OpenOptions::new().write(true).open(f).is_ok() {
             writable.push(f);
         }
@@ -164,7 +201,11 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
 
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let host = host.trim();
-    out.push(check("hostname", !host.is_empty(), format!("hostname {host:?}")));
+    out.push(check(
+        "hostname",
+        !host.is_empty(),
+        format!("hostname {host:?}"),
+    ));
 
     let ppid = std::os::unix::process::parent_id();
     let pids = count_processes();
@@ -187,8 +228,16 @@ fn outcome(r: &std::io::Result<()>) -> String {
 
 fn uid_map_check() -> PostureCheck {
     let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
-    let first = map.lines().next().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" ");
-    let to_host_root = map.lines().any(|l| l.split_whitespace().nth(1) == Some("0"));
+    let first = map
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let to_host_root = map
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("0"));
     let ok = !map.trim().is_empty() && !to_host_root;
     let detail = if to_host_root {
         format!("uid_map {first:?} maps onto host uid 0")
@@ -200,15 +249,27 @@ fn uid_map_check() -> PostureCheck {
 
 fn interfaces_check() -> PostureCheck {
     let dev = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
-    let names: Vec<&str> = dev.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect();
-    check("network_interfaces", names == ["lo"], format!("interfaces: {}", names.join(", ")))
+    let names: Vec<&str> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    check(
+        "network_interfaces",
+        names == ["lo"],
+        format!("interfaces: {}", names.join(", ")),
+    )
 }
 
 fn routes_check() -> PostureCheck {
     let v4 = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
     let v4_routes = v4.lines().skip(1).filter(|l| !l.trim().is_empty()).count();
     let v6 = std::fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default();
-    let v6_routes = v6.lines().filter(|l| l.split_whitespace().last().is_some_and(|d| d != "lo")).count();
+    let v6_routes = v6
+        .lines()
+        .filter(|l| l.split_whitespace().last().is_some_and(|d| d != "lo"))
+        .count();
     check(
         "no_routes",
         v4_routes == 0 && v6_routes == 0,
@@ -224,7 +285,9 @@ fn dev_check() -> PostureCheck {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let is_link = e.file_type().map(|t| t.is_symlink()).unwrap_or(false);
-                if DEV_ALLOWED.contains(&name.as_str()) || (is_link && DEV_ALLOWED_SYMLINKS.contains(&name.as_str())) {
+                if DEV_ALLOWED.contains(&name.as_str())
+                    || (is_link && DEV_ALLOWED_SYMLINKS.contains(&name.as_str()))
+                {
                     seen.push(name);
                 } else {
                     extra.push(name);
@@ -238,7 +301,12 @@ fn dev_check() -> PostureCheck {
         format!("{} allowed entries", seen.len())
     } else {
         let shown: Vec<_> = extra.iter().take(10).cloned().collect();
-        format!("{} unexpected entries: {}{}", extra.len(), shown.join(" "), if extra.len() > 10 { " ..." } else { "" })
+        format!(
+            "{} unexpected entries: {}{}",
+            extra.len(),
+            shown.join(" "),
+            if extra.len() > 10 { " ..." } else { "" }
+        )
     };
     check("dev_entries", extra.is_empty(), detail)
 }
@@ -247,17 +315,32 @@ fn dev_check() -> PostureCheck {
 /// read-only access under /) refuses it.
 fn landlock_check(abi: Option<u32>) -> PostureCheck {
     let Some(abi) = abi else {
-        return check("landlock", false, "not enforced: the kernel has no Landlock");
+        return check(
+            "landlock",
+            false,
+            "not enforced: the kernel has no Landlock",
+        );
     };
     if let Err(e) = syschild::set_dumpable(true) {
         return check("landlock", false, format!("probe failed: {e}"));
     }
-    match std::fs::OpenOptions::new().write(true).open("/proc/self/comm") {
-        Ok(_) => check("landlock", false, format!("ABI {abi}: writing /proc/self/comm was allowed")),
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/comm")
+    {
+        Ok(_) => check(
+            "landlock",
+            false,
+            format!("ABI {abi}: writing /proc/self/comm was allowed"),
+        ),
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => {
             check("landlock", true, format!("enforced (ABI {abi})"))
         }
-        Err(e) => check("landlock", false, format!("ABI {abi}: unexpected probe result: {e}")),
+        Err(e) => check(
+            "landlock",
+            false,
+            format!("ABI {abi}: unexpected probe result: {e}"),
+        ),
     }
 }
 
@@ -266,7 +349,11 @@ pub fn count_processes() -> u32 {
     std::fs::read_dir("/proc")
         .map(|rd| {
             rd.flatten()
-                .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                })
                 .count() as u32
         })
         .unwrap_or(0)

@@ -9,7 +9,12 @@ use threadbox_proto::*;
 
 fn session_of(pid: i32) -> Option<i32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?.1.split_whitespace().nth(3)?.parse().ok()
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
 }
 
 fn cgroup_of(pid: i32) -> String {
@@ -31,14 +36,19 @@ fn without_cgroup_the_fallback_misses_setsid_grandchildren() {
     let mut c = agent.connect();
     let dir = Scratch::new();
     let pidfile = dir.path("gc.pid");
-    let mut spec = shell(&format!("setsid sh -c 'echo $$ > {pidfile}; exec sleep 1000' & sleep 1000"));
+    let mut spec = shell(&format!(
+        "setsid sh -c 'echo $$ > {pidfile}; exec sleep 1000' & sleep 1000"
+    ));
     spec.timeout_ms = Some(500);
     let r = c.exec(spec);
     assert!(r.timed_out);
     let gc = read_pid(&pidfile);
     let survived = alive(gc);
     kill9(gc);
-    assert!(survived, "expected the setsid grandchild to escape the process-group kill");
+    assert!(
+        survived,
+        "expected the setsid grandchild to escape the process-group kill"
+    );
 }
 
 #[test]
@@ -59,28 +69,52 @@ fn timeout_kills_setsid_grandchildren_through_the_cgroup() {
     ));
     spec.timeout_ms = Some(1000);
     let id = c.send(Request::Exec(spec));
-    let Frame::Response { resp: Response::Started { pid }, .. } = c.recv() else { panic!() };
+    let Frame::Response {
+        resp: Response::Started { pid },
+        ..
+    } = c.recv()
+    else {
+        panic!()
+    };
     let gc = read_pid(&pidfile);
     // The grandchild really left the call's session and process group...
     assert_ne!(session_of(gc), session_of(pid));
     // ...but not the call's cgroup.
     let call_cg = cgroup_of(pid);
-    assert!(call_cg.ends_with(&format!("{}/exec-1", cg.0.file_name().unwrap().to_string_lossy())), "{call_cg}");
+    assert!(
+        call_cg.ends_with(&format!(
+            "{}/exec-1",
+            cg.0.file_name().unwrap().to_string_lossy()
+        )),
+        "{call_cg}"
+    );
     assert_eq!(cgroup_of(gc), call_cg);
     let t = Instant::now();
     let r = match c.recv() {
-        Frame::Response { id: got, resp: Response::Exited(r) } if got == id => r,
+        Frame::Response {
+            id: got,
+            resp: Response::Exited(r),
+        } if got == id => r,
         other => panic!("{other:?}"),
     };
     assert!(t.elapsed() < Duration::from_secs(3));
     assert!(r.timed_out);
     assert_eq!(r.exit_code, None);
     assert_eq!(r.stdout, b"before\n");
-    assert!(wait_until(Duration::from_secs(5), || !alive(gc)), "grandchild {gc} survived");
+    assert!(
+        wait_until(Duration::from_secs(5), || !alive(gc)),
+        "grandchild {gc} survived"
+    );
     assert!(!alive(pid));
     // The emptied exec cgroup is removed (at once or by the periodic sweep).
-    assert!(wait_until(Duration::from_secs(6), || !cg.children().iter().any(|n| n.starts_with("exec-"))),
-        "left: {:?}", cg.children());
+    assert!(
+        wait_until(Duration::from_secs(6), || !cg
+            .children()
+            .iter()
+            .any(|n| n.starts_with("exec-"))),
+        "left: {:?}",
+        cg.children()
+    );
 }
 
 #[test]
@@ -98,7 +132,11 @@ fn each_call_gets_its_own_cgroup_and_it_is_cleaned_up() {
     let b = text(&c.sh("cat /proc/self/cgroup").stdout);
     assert!(a.trim_end().ends_with("/exec-1"), "{a}");
     assert!(b.trim_end().ends_with("/exec-2"), "{b}");
-    assert!(wait_until(Duration::from_secs(5), || cg.children().is_empty()), "{:?}", cg.children());
+    assert!(
+        wait_until(Duration::from_secs(5), || cg.children().is_empty()),
+        "{:?}",
+        cg.children()
+    );
 
     // A call that leaves `server &` behind: its cgroup stays while the server lives, and is
     // swept once it is gone.
@@ -109,7 +147,11 @@ fn each_call_gets_its_own_cgroup_and_it_is_cleaned_up() {
     assert!(alive(srv));
     assert_eq!(cg.children(), vec!["exec-3".to_string()]);
     kill9(srv);
-    assert!(wait_until(Duration::from_secs(6), || cg.children().is_empty()), "{:?}", cg.children());
+    assert!(
+        wait_until(Duration::from_secs(6), || cg.children().is_empty()),
+        "{:?}",
+        cg.children()
+    );
 }
 
 #[test]
@@ -142,14 +184,22 @@ fn background_processes() {
     let info = list(&mut c).into_iter().find(|p| p.bg_id == bg_id).unwrap();
     assert!(info.running);
     assert_eq!(info.pid, pid);
-    assert!(wait_until(Duration::from_secs(5), || match c.call(Request::BackgroundLogs { bg_id }) {
-        Response::BackgroundLogs(l) => l.stdout == b"out\n" && l.stderr == b"err\n",
-        other => panic!("{other:?}"),
+    assert!(wait_until(Duration::from_secs(5), || {
+        match c.call(Request::BackgroundLogs { bg_id }) {
+            Response::BackgroundLogs(l) => l.stdout == b"out\n" && l.stderr == b"err\n",
+            other => panic!("{other:?}"),
+        }
     }));
     let child = read_pid(&pidfile);
 
     // A non-kill signal goes to the process only.
-    assert_eq!(c.call(Request::BackgroundKill { bg_id, signal: Some(libc::SIGTERM) }), Response::Done);
+    assert_eq!(
+        c.call(Request::BackgroundKill {
+            bg_id,
+            signal: Some(libc::SIGTERM)
+        }),
+        Response::Done
+    );
     assert!(wait_until(Duration::from_secs(5), || {
         let p = list(&mut c).into_iter().find(|p| p.bg_id == bg_id).unwrap();
         !p.running && p.signal == Some(libc::SIGTERM) && p.exit_code == Some(128 + libc::SIGTERM)
@@ -157,18 +207,40 @@ fn background_processes() {
     if cg.is_some() {
         // Its child lives on in the bg cgroup until a SIGKILL of the whole cgroup.
         assert!(alive(child));
-        assert_eq!(c.call(Request::BackgroundKill { bg_id, signal: None }), Response::Done);
-        assert!(wait_until(Duration::from_secs(5), || !alive(child)), "bg grandchild survived");
+        assert_eq!(
+            c.call(Request::BackgroundKill {
+                bg_id,
+                signal: None
+            }),
+            Response::Done
+        );
+        assert!(
+            wait_until(Duration::from_secs(5), || !alive(child)),
+            "bg grandchild survived"
+        );
     } else {
         kill9(child);
     }
 
     // SIGKILL (the default) of a running one.
-    let spec2 = BackgroundSpec { command: threadbox_proto::Command::Shell("sleep 1000".into()), ..spec };
-    let Response::BackgroundStarted { bg_id: id2, pid: pid2 } = c.call(Request::BackgroundStart(spec2)) else {
+    let spec2 = BackgroundSpec {
+        command: threadbox_proto::Command::Shell("sleep 1000".into()),
+        ..spec
+    };
+    let Response::BackgroundStarted {
+        bg_id: id2,
+        pid: pid2,
+    } = c.call(Request::BackgroundStart(spec2))
+    else {
         panic!()
     };
-    assert_eq!(c.call(Request::BackgroundKill { bg_id: id2, signal: None }), Response::Done);
+    assert_eq!(
+        c.call(Request::BackgroundKill {
+            bg_id: id2,
+            signal: None
+        }),
+        Response::Done
+    );
     assert!(wait_until(Duration::from_secs(5), || !alive(pid2)));
     assert!(wait_until(Duration::from_secs(5), || {
         let p = list(&mut c).into_iter().find(|p| p.bg_id == id2).unwrap();
@@ -176,12 +248,29 @@ fn background_processes() {
     }));
 
     // Unknown ids and signals to exited processes are clear errors.
-    assert!(matches!(c.call(Request::BackgroundLogs { bg_id: 999 }),
-        Response::Error { kind: ErrorKind::NotFound, .. }));
-    assert!(matches!(c.call(Request::BackgroundKill { bg_id: id2, signal: Some(15) }),
-        Response::Error { kind: ErrorKind::InvalidArgument, .. }));
+    assert!(matches!(
+        c.call(Request::BackgroundLogs { bg_id: 999 }),
+        Response::Error {
+            kind: ErrorKind::NotFound,
+            ..
+        }
+    ));
+    assert!(matches!(
+        c.call(Request::BackgroundKill {
+            bg_id: id2,
+            signal: Some(15)
+        }),
+        Response::Error {
+            kind: ErrorKind::InvalidArgument,
+            ..
+        }
+    ));
     if let Some(cg) = &cg {
-        assert!(wait_until(Duration::from_secs(6), || cg.children().is_empty()), "{:?}", cg.children());
+        assert!(
+            wait_until(Duration::from_secs(6), || cg.children().is_empty()),
+            "{:?}",
+            cg.children()
+        );
     }
 }
 
@@ -199,7 +288,9 @@ fn background_logs_are_bounded_rings() {
         user: RunAs::User,
         max_log: 100,
     };
-    let Response::BackgroundStarted { bg_id, .. } = c.call(Request::BackgroundStart(spec)) else { panic!() };
+    let Response::BackgroundStarted { bg_id, .. } = c.call(Request::BackgroundStart(spec)) else {
+        panic!()
+    };
     let total = {
         let mut n = 0usize;
         for i in 1..=20000 {
@@ -207,11 +298,15 @@ fn background_logs_are_bounded_rings() {
         }
         n + "last\n".len()
     };
-    assert!(wait_until(Duration::from_secs(10), || match c.call(Request::BackgroundLogs { bg_id }) {
-        Response::BackgroundLogs(l) => l.stdout_dropped as usize + l.stdout.len() == total,
-        other => panic!("{other:?}"),
+    assert!(wait_until(Duration::from_secs(10), || {
+        match c.call(Request::BackgroundLogs { bg_id }) {
+            Response::BackgroundLogs(l) => l.stdout_dropped as usize + l.stdout.len() == total,
+            other => panic!("{other:?}"),
+        }
     }));
-    let Response::BackgroundLogs(l) = c.call(Request::BackgroundLogs { bg_id }) else { panic!() };
+    let Response::BackgroundLogs(l) = c.call(Request::BackgroundLogs { bg_id }) else {
+        panic!()
+    };
     assert_eq!(l.stdout.len(), 100);
     assert!(l.stdout.ends_with(b"19999\n20000\nlast\n"));
 }

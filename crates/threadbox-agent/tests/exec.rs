@@ -35,14 +35,26 @@ fn wrong_protocol_version_is_refused() {
     use std::io::{Read, Write};
     let mut s = stream;
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&encode_frame(&Frame::Hello(bad)).unwrap()).unwrap();
-    s.write_all(&encode_frame(&Frame::Request { id: 1, req: Request::Ping }).unwrap()).unwrap();
+    s.write_all(&encode_frame(&Frame::Hello(bad)).unwrap())
+        .unwrap();
+    s.write_all(
+        &encode_frame(&Frame::Request {
+            id: 1,
+            req: Request::Ping,
+        })
+        .unwrap(),
+    )
+    .unwrap();
     let mut all = Vec::new();
     s.read_to_end(&mut all).unwrap(); // EOF: the agent closed the connection
     let mut d = FrameDecoder::new();
     d.feed(&all);
     assert!(matches!(d.next_frame().unwrap(), Some(Frame::Hello(_))));
-    assert_eq!(d.next_frame().unwrap(), None, "no answer to a request after a bad hello");
+    assert_eq!(
+        d.next_frame().unwrap(),
+        None,
+        "no answer to a request after a bad hello"
+    );
     // The first connection is unaffected.
     assert_eq!(c.call(Request::Ping), Response::Pong);
 }
@@ -56,7 +68,9 @@ fn argv_and_shell() {
     let mut c = agent.connect();
     let frames = c.call_all(Request::Exec(argv(&["echo", "hello", "world"])));
     assert!(matches!(frames[0], Response::Started { pid } if pid > 0));
-    let Response::Exited(r) = frames.last().unwrap() else { panic!("{frames:?}") };
+    let Response::Exited(r) = frames.last().unwrap() else {
+        panic!("{frames:?}")
+    };
     assert_eq!(text(&r.stdout), "hello world\n");
     assert_eq!(r.exit_code, Some(0));
     assert!(!r.timed_out);
@@ -76,7 +90,8 @@ fn env_cwd_stdin_and_user() {
     let agent = Agent::start();
     let mut c = agent.connect();
     let dir = Scratch::new();
-    let mut spec = shell(r#"cat; echo "[$FOO] $HOME $USER $LOGNAME $LANG"; echo "$PATH"; pwd; id -u; id -G"#);
+    let mut spec =
+        shell(r#"cat; echo "[$FOO] $HOME $USER $LOGNAME $LANG"; echo "$PATH"; pwd; id -u; id -G"#);
     spec.env = BTreeMap::from([("FOO".to_string(), "bar baz".to_string())]);
     spec.cwd = Some(dir.0.to_string_lossy().into());
     spec.stdin = Some(b"from stdin\n".to_vec());
@@ -85,7 +100,10 @@ fn env_cwd_stdin_and_user() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "from stdin");
     assert_eq!(lines[1], "[bar baz] /home/user user user C.UTF-8");
-    assert_eq!(lines[2], "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    assert_eq!(
+        lines[2],
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    );
     assert_eq!(lines[3], dir.0.to_str().unwrap());
     assert_eq!(lines[4], "1000");
     assert_eq!(lines[5], "1000");
@@ -114,21 +132,36 @@ fn bad_requests_are_clear_errors() {
     let mut spec = shell("true");
     spec.cwd = Some("/nonexistent/dir".into());
     match c.call(Request::Exec(spec)) {
-        Response::Error { kind: ErrorKind::NotFound, message } => {
-            assert!(message.contains("working directory /nonexistent/dir"), "{message}")
+        Response::Error {
+            kind: ErrorKind::NotFound,
+            message,
+        } => {
+            assert!(
+                message.contains("working directory /nonexistent/dir"),
+                "{message}"
+            )
         }
         other => panic!("{other:?}"),
     }
     match c.call(Request::Exec(argv(&["definitely-not-a-command-xyz"]))) {
-        Response::Error { kind: ErrorKind::NotFound, message } => assert!(message.contains("command not found")),
+        Response::Error {
+            kind: ErrorKind::NotFound,
+            message,
+        } => assert!(message.contains("command not found")),
         other => panic!("{other:?}"),
     }
     match c.call(Request::Exec(argv(&[]))) {
-        Response::Error { kind: ErrorKind::InvalidArgument, .. } => {}
+        Response::Error {
+            kind: ErrorKind::InvalidArgument,
+            ..
+        } => {}
         other => panic!("{other:?}"),
     }
     match c.call(Request::Exec(argv(&["echo", "a\0b"]))) {
-        Response::Error { kind: ErrorKind::InvalidArgument, .. } => {}
+        Response::Error {
+            kind: ErrorKind::InvalidArgument,
+            ..
+        } => {}
         other => panic!("{other:?}"),
     }
     // A working directory the user may not enter.
@@ -140,7 +173,10 @@ fn bad_requests_are_clear_errors() {
     let mut spec = shell("true");
     spec.cwd = Some(locked.to_string_lossy().into());
     match c.call(Request::Exec(spec)) {
-        Response::Error { kind: ErrorKind::PermissionDenied, .. } => {}
+        Response::Error {
+            kind: ErrorKind::PermissionDenied,
+            ..
+        } => {}
         other => panic!("{other:?}"),
     }
     // The agent is still fine.
@@ -185,13 +221,22 @@ fn huge_output_is_bounded_and_never_blocks_the_writer() {
     let mut spec = shell("head -c 50000000 /dev/zero; echo done >&2");
     spec.max_output = 1 << 20;
     let r = c.exec(spec);
-    assert_eq!(r.exit_code, Some(0), "the writer finished: the pipe kept being drained");
+    assert_eq!(
+        r.exit_code,
+        Some(0),
+        "the writer finished: the pipe kept being drained"
+    );
     assert_eq!(r.stdout.len(), 1 << 20);
     assert!(r.stdout_truncated);
     assert_eq!(r.stderr, b"done\n");
     assert!(!r.stderr_truncated);
     // Peak resident memory of the agent stays far below the 50 MB written.
-    let hwm_kb: u64 = agent.status_field("VmHWM").trim_end_matches(" kB").trim().parse().unwrap();
+    let hwm_kb: u64 = agent
+        .status_field("VmHWM")
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()
+        .unwrap();
     assert!(hwm_kb < 40 * 1024, "agent peak RSS {hwm_kb} kB");
 }
 
@@ -209,16 +254,27 @@ fn stream_mode_sends_output_frames() {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     for f in &frames[1..frames.len() - 1] {
         match f {
-            Response::Output { stream: Stream::Stdout, data } => out.extend_from_slice(data),
-            Response::Output { stream: Stream::Stderr, data } => err.extend_from_slice(data),
+            Response::Output {
+                stream: Stream::Stdout,
+                data,
+            } => out.extend_from_slice(data),
+            Response::Output {
+                stream: Stream::Stderr,
+                data,
+            } => err.extend_from_slice(data),
             other => panic!("{other:?}"),
         }
     }
     assert_eq!(out, b"one\nthree\n");
     assert_eq!(err, b"two\n");
-    let Response::Exited(r) = frames.last().unwrap() else { panic!() };
+    let Response::Exited(r) = frames.last().unwrap() else {
+        panic!()
+    };
     assert_eq!(r.exit_code, Some(0));
-    assert!(r.stdout.is_empty() && r.stderr.is_empty(), "stream mode leaves the final result empty");
+    assert!(
+        r.stdout.is_empty() && r.stderr.is_empty(),
+        "stream mode leaves the final result empty"
+    );
 }
 
 #[test]
@@ -232,7 +288,11 @@ fn background_child_holding_the_pipe_does_not_hang_the_call() {
     let pidfile = dir.path("bg.pid");
     let t = Instant::now();
     let r = c.sh(&format!("sleep 100 & echo $! > {pidfile}; echo started"));
-    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
     assert_eq!(r.exit_code, Some(0));
     assert_eq!(text(&r.stdout), "started\n");
     // The background process survives the call (that is how dev servers stay up).
@@ -250,16 +310,25 @@ fn timeout_kills_the_process_group_and_keeps_earlier_output() {
     let mut c = agent.connect();
     let dir = Scratch::new();
     let pidfile = dir.path("child.pid");
-    let mut spec = shell(&format!("echo before; sleep 1000 & echo $! > {pidfile}; wait"));
+    let mut spec = shell(&format!(
+        "echo before; sleep 1000 & echo $! > {pidfile}; wait"
+    ));
     spec.timeout_ms = Some(500);
     let t = Instant::now();
     let r = c.exec(spec);
-    assert!(t.elapsed() < Duration::from_secs(3), "reply took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "reply took {:?}",
+        t.elapsed()
+    );
     assert!(r.timed_out);
     assert_eq!(r.exit_code, None);
     assert_eq!(text(&r.stdout), "before\n");
     let pid = read_pid(&pidfile);
-    assert!(wait_until(Duration::from_secs(5), || !alive(pid)), "child {pid} survived the timeout");
+    assert!(
+        wait_until(Duration::from_secs(5), || !alive(pid)),
+        "child {pid} survived the timeout"
+    );
 }
 
 #[test]
@@ -270,10 +339,23 @@ fn cancel_kills_the_call() {
     let agent = Agent::start();
     let mut c = agent.connect();
     let id = c.send(Request::Exec(shell("sleep 1000")));
-    let Frame::Response { resp: Response::Started { pid }, .. } = c.recv() else { panic!() };
+    let Frame::Response {
+        resp: Response::Started { pid },
+        ..
+    } = c.recv()
+    else {
+        panic!()
+    };
     c.send_frame(&Frame::Cancel { id });
     match c.recv() {
-        Frame::Response { id: got, resp: Response::Error { kind: ErrorKind::Cancelled, .. } } => assert_eq!(got, id),
+        Frame::Response {
+            id: got,
+            resp:
+                Response::Error {
+                    kind: ErrorKind::Cancelled,
+                    ..
+                },
+        } => assert_eq!(got, id),
         other => panic!("{other:?}"),
     }
     assert!(wait_until(Duration::from_secs(5), || !alive(pid)));
@@ -287,16 +369,28 @@ fn requests_run_concurrently() {
     let agent = Agent::start();
     let mut c = agent.connect();
     let slow = c.send(Request::Exec(shell("sleep 2; echo slow")));
-    let fast = c.send(Request::FileStat { path: "/tmp".into(), user: RunAs::User });
+    let fast = c.send(Request::FileStat {
+        path: "/tmp".into(),
+        user: RunAs::User,
+    });
     let t = Instant::now();
     // The stat answer arrives while the exec is still running.
     let mut got_stat_at = None;
     let mut exited = false;
     while !exited {
         match c.recv() {
-            Frame::Response { id, resp: Response::FileStat(_) } if id == fast => got_stat_at = Some(t.elapsed()),
-            Frame::Response { id, resp: Response::Started { .. } } if id == slow => {}
-            Frame::Response { id, resp: Response::Exited(r) } if id == slow => {
+            Frame::Response {
+                id,
+                resp: Response::FileStat(_),
+            } if id == fast => got_stat_at = Some(t.elapsed()),
+            Frame::Response {
+                id,
+                resp: Response::Started { .. },
+            } if id == slow => {}
+            Frame::Response {
+                id,
+                resp: Response::Exited(r),
+            } if id == slow => {
                 assert_eq!(r.stdout, b"slow\n");
                 exited = true;
             }
@@ -331,21 +425,34 @@ fn orphans_are_reaped() {
     let dir = Scratch::new();
     let pids = dir.path("orphans");
     // Ten orphans that outlive their parent briefly; they are re-parented to the agent.
-    c.sh(&format!("for i in 1 2 3 4 5 6 7 8 9 10; do (sleep 0.3 & echo $! >> {pids}); done"));
-    let pids: Vec<i32> = std::fs::read_to_string(&pids).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    c.sh(&format!(
+        "for i in 1 2 3 4 5 6 7 8 9 10; do (sleep 0.3 & echo $! >> {pids}); done"
+    ));
+    let pids: Vec<i32> = std::fs::read_to_string(&pids)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
     assert_eq!(pids.len(), 10);
     let agent_pid = agent.pid().to_string();
     let parent_of = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1).map(str::to_string)))
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().nth(1).map(str::to_string))
+            })
     };
     // Positive control: while alive they are the agent's children, so only the agent can
     // reap them.
-    assert!(pids.iter().any(|&p| parent_of(p).as_deref() == Some(agent_pid.as_str())));
+    assert!(pids
+        .iter()
+        .any(|&p| parent_of(p).as_deref() == Some(agent_pid.as_str())));
     // Reaped = gone from /proc entirely (a zombie would stay).
     assert!(
-        wait_until(Duration::from_secs(5), || pids.iter().all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())),
+        wait_until(Duration::from_secs(5), || pids
+            .iter()
+            .all(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())),
         "orphans left as zombies"
     );
 }
@@ -384,10 +491,22 @@ fn child_posture_under_the_policy() {
         assert_eq!(field("Seccomp"), "2");
         assert_eq!(field("NoNewPrivs"), "1");
         for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
-            assert_eq!(u64::from_str_radix(&field(set), 16), Ok(0), "{set} for {user:?}");
+            assert_eq!(
+                u64::from_str_radix(&field(set), 16),
+                Ok(0),
+                "{set} for {user:?}"
+            );
         }
-        assert!(field("Uid").split_whitespace().all(|u| u == uid), "{}", field("Uid"));
-        assert!(field("Groups").split_whitespace().all(|g| g == uid), "{}", field("Groups"));
+        assert!(
+            field("Uid").split_whitespace().all(|u| u == uid),
+            "{}",
+            field("Uid")
+        );
+        assert!(
+            field("Groups").split_whitespace().all(|g| g == uid),
+            "{}",
+            field("Groups")
+        );
     }
     // The layers act: namespaces, netlink, mounts refused; Landlock keeps /usr and / read-only.
     let r = c.sh("unshare -U true 2>&1; echo rc=$?");

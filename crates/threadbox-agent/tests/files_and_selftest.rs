@@ -8,11 +8,23 @@ use std::time::Duration;
 use threadbox_proto::*;
 
 fn write(c: &mut Client, path: &str, data: &[u8], append: bool, user: RunAs) -> Response {
-    c.call(Request::FileWrite { path: path.into(), user, data: data.to_vec(), append, mode: None, make_parents: true })
+    c.call(Request::FileWrite {
+        path: path.into(),
+        user,
+        data: data.to_vec(),
+        append,
+        mode: None,
+        make_parents: true,
+    })
 }
 
 fn read(c: &mut Client, path: &str, offset: u64, limit: Option<u64>) -> Response {
-    c.call(Request::FileRead { path: path.into(), user: RunAs::User, offset, limit })
+    c.call(Request::FileRead {
+        path: path.into(),
+        user: RunAs::User,
+        offset,
+        limit,
+    })
 }
 
 fn kind(r: Response) -> ErrorKind {
@@ -32,11 +44,20 @@ fn write_read_stat_list_mkdir_rename_remove() {
     let dir = Scratch::new();
     let f = dir.path("sub/deeper/data.bin");
     let payload: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
-    assert_eq!(write(&mut c, &f, &payload[..100_000], false, RunAs::User), Response::Done);
-    assert_eq!(write(&mut c, &f, &payload[100_000..], true, RunAs::User), Response::Done);
+    assert_eq!(
+        write(&mut c, &f, &payload[..100_000], false, RunAs::User),
+        Response::Done
+    );
+    assert_eq!(
+        write(&mut c, &f, &payload[100_000..], true, RunAs::User),
+        Response::Done
+    );
     // Owned by the user, with the default mode, in directories the user created.
     let meta = std::fs::metadata(&f).unwrap();
-    assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (1000, 1000, 0o644));
+    assert_eq!(
+        (meta.uid(), meta.gid(), meta.mode() & 0o7777),
+        (1000, 1000, 0o644)
+    );
     assert_eq!(std::fs::metadata(dir.path("sub")).unwrap().uid(), 1000);
     assert_eq!(std::fs::read(&f).unwrap(), payload);
 
@@ -56,54 +77,136 @@ fn write_read_stat_list_mkdir_rename_remove() {
         other => panic!("{other:?}"),
     }
     // Overwrite truncates.
-    assert_eq!(write(&mut c, &f, b"short", false, RunAs::User), Response::Done);
+    assert_eq!(
+        write(&mut c, &f, b"short", false, RunAs::User),
+        Response::Done
+    );
     assert_eq!(std::fs::read(&f).unwrap(), b"short");
     // An explicit mode is applied exactly (umask does not interfere), setuid bits dropped.
     let exe = dir.path("run.sh");
     assert_eq!(
-        c.call(Request::FileWrite { path: exe.clone(), user: RunAs::User, data: b"#!/bin/sh\n".to_vec(),
-            append: false, mode: Some(0o4777), make_parents: false }),
+        c.call(Request::FileWrite {
+            path: exe.clone(),
+            user: RunAs::User,
+            data: b"#!/bin/sh\n".to_vec(),
+            append: false,
+            mode: Some(0o4777),
+            make_parents: false
+        }),
         Response::Done
     );
     assert_eq!(std::fs::metadata(&exe).unwrap().mode() & 0o7777, 0o777);
 
     std::os::unix::fs::symlink("sub", dir.0.join("link")).unwrap();
-    match c.call(Request::FileStat { path: dir.path("link"), user: RunAs::User }) {
+    // The scratch dir is sticky (1777): the user may remove only what the user owns.
+    std::os::unix::fs::lchown(dir.0.join("link"), Some(1000), Some(1000)).unwrap();
+    match c.call(Request::FileStat {
+        path: dir.path("link"),
+        user: RunAs::User,
+    }) {
         Response::FileStat(i) => {
             assert_eq!(i.kind, FileKind::Symlink);
             assert_eq!(i.symlink_target.as_deref(), Some("sub"));
         }
         other => panic!("{other:?}"),
     }
-    match c.call(Request::FileList { path: dir.0.to_string_lossy().into(), user: RunAs::User }) {
+    match c.call(Request::FileList {
+        path: dir.0.to_string_lossy().into(),
+        user: RunAs::User,
+    }) {
         Response::FileList { entries } => {
-            let names: Vec<(&str, &FileKind)> = entries.iter().map(|e| (e.name.as_str(), &e.kind)).collect();
-            assert_eq!(names, vec![("link", &FileKind::Symlink), ("run.sh", &FileKind::File), ("sub", &FileKind::Dir)]);
+            let names: Vec<(&str, &FileKind)> =
+                entries.iter().map(|e| (e.name.as_str(), &e.kind)).collect();
+            assert_eq!(
+                names,
+                vec![
+                    ("link", &FileKind::Symlink),
+                    ("run.sh", &FileKind::File),
+                    ("sub", &FileKind::Dir)
+                ]
+            );
             assert_eq!(entries[2].path, dir.path("sub"));
         }
         other => panic!("{other:?}"),
     }
 
-    assert_eq!(c.call(Request::Mkdir { path: dir.path("a/b/c"), user: RunAs::User, parents: true }), Response::Done);
-    assert_eq!(kind(c.call(Request::Mkdir { path: dir.path("a"), user: RunAs::User, parents: false })),
-        ErrorKind::AlreadyExists);
-    assert_eq!(kind(c.call(Request::Mkdir { path: dir.path("x/y"), user: RunAs::User, parents: false })),
-        ErrorKind::NotFound);
+    assert_eq!(
+        c.call(Request::Mkdir {
+            path: dir.path("a/b/c"),
+            user: RunAs::User,
+            parents: true
+        }),
+        Response::Done
+    );
+    assert_eq!(
+        kind(c.call(Request::Mkdir {
+            path: dir.path("a"),
+            user: RunAs::User,
+            parents: false
+        })),
+        ErrorKind::AlreadyExists
+    );
+    assert_eq!(
+        kind(c.call(Request::Mkdir {
+            path: dir.path("x/y"),
+            user: RunAs::User,
+            parents: false
+        })),
+        ErrorKind::NotFound
+    );
 
-    assert_eq!(c.call(Request::Rename { from: exe.clone(), to: dir.path("a/moved.sh"), user: RunAs::User }),
-        Response::Done);
+    assert_eq!(
+        c.call(Request::Rename {
+            from: exe.clone(),
+            to: dir.path("a/moved.sh"),
+            user: RunAs::User
+        }),
+        Response::Done
+    );
     assert!(std::path::Path::new(&dir.path("a/moved.sh")).exists());
 
-    assert_eq!(kind(c.call(Request::Remove { path: dir.path("a"), user: RunAs::User, recursive: false })),
-        ErrorKind::InvalidArgument);
+    assert_eq!(
+        kind(c.call(Request::Remove {
+            path: dir.path("a"),
+            user: RunAs::User,
+            recursive: false
+        })),
+        ErrorKind::InvalidArgument
+    );
     // Removing the symlink removes the link, not its target.
-    assert_eq!(c.call(Request::Remove { path: dir.path("link"), user: RunAs::User, recursive: false }), Response::Done);
+    assert_eq!(
+        c.call(Request::Remove {
+            path: dir.path("link"),
+            user: RunAs::User,
+            recursive: false
+        }),
+        Response::Done
+    );
     assert!(std::path::Path::new(&dir.path("sub/deeper/data.bin")).exists());
-    assert_eq!(c.call(Request::Remove { path: dir.path("a"), user: RunAs::User, recursive: true }), Response::Done);
+    assert_eq!(
+        c.call(Request::Remove {
+            path: dir.path("a"),
+            user: RunAs::User,
+            recursive: true
+        }),
+        Response::Done
+    );
     assert!(!std::path::Path::new(&dir.path("a")).exists());
-    assert_eq!(kind(read(&mut c, &dir.path("a/moved.sh"), 0, None)), ErrorKind::NotFound);
-    assert_eq!(kind(read(&mut c, &dir.path("sub"), 0, None)), ErrorKind::IsADirectory);
-    assert_eq!(kind(c.call(Request::FileList { path: f.clone(), user: RunAs::User })), ErrorKind::NotADirectory);
+    assert_eq!(
+        kind(read(&mut c, &dir.path("a/moved.sh"), 0, None)),
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        kind(read(&mut c, &dir.path("sub"), 0, None)),
+        ErrorKind::IsADirectory
+    );
+    assert_eq!(
+        kind(c.call(Request::FileList {
+            path: f.clone(),
+            user: RunAs::User
+        })),
+        ErrorKind::NotADirectory
+    );
 }
 
 #[test]
@@ -144,12 +247,29 @@ fn permissions_are_those_of_the_user() {
     let secret = dir.path("root-only");
     std::fs::write(&secret, b"secret").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
-    assert_eq!(kind(read(&mut c, &secret, 0, None)), ErrorKind::PermissionDenied);
-    assert_eq!(kind(write(&mut c, &secret, b"x", false, RunAs::User)), ErrorKind::PermissionDenied);
-    assert_eq!(kind(c.call(Request::Remove { path: "/etc/hostname".into(), user: RunAs::User, recursive: false })),
-        ErrorKind::PermissionDenied);
+    assert_eq!(
+        kind(read(&mut c, &secret, 0, None)),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(
+        kind(write(&mut c, &secret, b"x", false, RunAs::User)),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(
+        kind(c.call(Request::Remove {
+            path: "/etc/hostname".into(),
+            user: RunAs::User,
+            recursive: false
+        })),
+        ErrorKind::PermissionDenied
+    );
     // As root the same file is readable, and a file root writes belongs to root.
-    match c.call(Request::FileRead { path: secret.clone(), user: RunAs::Root, offset: 0, limit: None }) {
+    match c.call(Request::FileRead {
+        path: secret.clone(),
+        user: RunAs::Root,
+        offset: 0,
+        limit: None,
+    }) {
         Response::FileData { data, .. } => assert_eq!(data, b"secret"),
         other => panic!("{other:?}"),
     }
@@ -171,35 +291,103 @@ fn kernel_interfaces_and_bad_paths_are_refused() {
     let agent = Agent::start();
     let mut c = agent.connect();
     let dir = Scratch::new();
-    for p in ["/proc/self/status", "/proc/../proc/1/environ", "/sys/kernel/uevent_helper", "/dev/null"] {
-        assert_eq!(kind(read(&mut c, p, 0, None)), ErrorKind::PermissionDenied, "{p}");
-        assert_eq!(kind(write(&mut c, p, b"x", false, RunAs::Root)), ErrorKind::PermissionDenied, "{p}");
+    for p in [
+        "/proc/self/status",
+        "/proc/../proc/1/environ",
+        "/sys/kernel/uevent_helper",
+        "/dev/null",
+    ] {
+        assert_eq!(
+            kind(read(&mut c, p, 0, None)),
+            ErrorKind::PermissionDenied,
+            "{p}"
+        );
+        assert_eq!(
+            kind(write(&mut c, p, b"x", false, RunAs::Root)),
+            ErrorKind::PermissionDenied,
+            "{p}"
+        );
     }
-    assert_eq!(kind(c.call(Request::FileList { path: "/proc".into(), user: RunAs::Root })), ErrorKind::PermissionDenied);
-    assert_eq!(kind(read(&mut c, "/tmp/a\0b", 0, None)), ErrorKind::InvalidArgument);
-    assert_eq!(kind(read(&mut c, &format!("/{}", "a".repeat(5000)), 0, None)), ErrorKind::InvalidArgument);
-    assert_eq!(kind(c.call(Request::Remove { path: "/".into(), user: RunAs::Root, recursive: true })),
-        ErrorKind::InvalidArgument);
+    assert_eq!(
+        kind(c.call(Request::FileList {
+            path: "/proc".into(),
+            user: RunAs::Root
+        })),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(
+        kind(read(&mut c, "/tmp/a\0b", 0, None)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(read(&mut c, &format!("/{}", "a".repeat(5000)), 0, None)),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        kind(c.call(Request::Remove {
+            path: "/".into(),
+            user: RunAs::Root,
+            recursive: true
+        })),
+        ErrorKind::InvalidArgument
+    );
 
     // A planted symlink towards /proc is caught after opening (procfs), and a magic link
     // (/proc/self/fd/N) is not followed at all.
     let link = dir.0.join("to-proc");
     std::os::unix::fs::symlink("/proc/self/status", &link).unwrap();
-    assert_eq!(kind(read(&mut c, link.to_str().unwrap(), 0, None)), ErrorKind::PermissionDenied);
-    assert_eq!(kind(write(&mut c, link.to_str().unwrap(), b"x", false, RunAs::Root)), ErrorKind::PermissionDenied);
+    assert_eq!(
+        kind(read(&mut c, link.to_str().unwrap(), 0, None)),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(
+        kind(write(
+            &mut c,
+            link.to_str().unwrap(),
+            b"x",
+            false,
+            RunAs::Root
+        )),
+        ErrorKind::PermissionDenied
+    );
     let magic = dir.0.join("magic");
-    std::os::unix::fs::symlink("/proc/1/fd/0", &magic).unwrap();
-    assert_eq!(kind(read(&mut c, magic.to_str().unwrap(), 0, None)), ErrorKind::InvalidArgument);
+    std::os::unix::fs::symlink("/proc/self/fd/0", &magic).unwrap();
+    let r = c.call(Request::FileRead {
+        path: magic.to_string_lossy().into(),
+        user: RunAs::Root,
+        offset: 0,
+        limit: None,
+    });
+    match r {
+        Response::Error {
+            kind: ErrorKind::InvalidArgument,
+            message,
+        } => assert!(message.contains("magic link"), "{message}"),
+        other => panic!("{other:?}"),
+    }
     let dev = dir.0.join("to-dev");
     std::os::unix::fs::symlink("/dev/zero", &dev).unwrap();
-    assert_eq!(kind(read(&mut c, dev.to_str().unwrap(), 0, None)), ErrorKind::InvalidArgument);
+    assert_eq!(
+        kind(read(&mut c, dev.to_str().unwrap(), 0, None)),
+        ErrorKind::InvalidArgument
+    );
 
     // A FIFO is refused instead of blocking the agent.
     let fifo = dir.path("fifo");
-    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     std::fs::set_permissions(&fifo, std::fs::Permissions::from_mode(0o666)).unwrap();
-    assert_eq!(kind(read(&mut c, &fifo, 0, None)), ErrorKind::InvalidArgument);
-    assert!(matches!(kind(write(&mut c, &fifo, b"x", false, RunAs::User)), ErrorKind::InvalidArgument | ErrorKind::Internal));
+    assert_eq!(
+        kind(read(&mut c, &fifo, 0, None)),
+        ErrorKind::InvalidArgument
+    );
+    assert!(matches!(
+        kind(write(&mut c, &fifo, b"x", false, RunAs::User)),
+        ErrorKind::InvalidArgument | ErrorKind::Internal
+    ));
     assert_eq!(c.call(Request::Ping), Response::Pong);
 }
 
@@ -211,11 +399,17 @@ fn relative_paths_are_under_home() {
     let agent = Agent::start();
     let mut c = agent.connect();
     // /root exists on the host: a relative path for root resolves there.
-    match c.call(Request::FileStat { path: ".".into(), user: RunAs::Root }) {
+    match c.call(Request::FileStat {
+        path: ".".into(),
+        user: RunAs::Root,
+    }) {
         Response::FileStat(i) => assert_eq!(i.path, "/root"),
         other => panic!("{other:?}"),
     }
-    match c.call(Request::FileStat { path: "../../..".into(), user: RunAs::Root }) {
+    match c.call(Request::FileStat {
+        path: "../../..".into(),
+        user: RunAs::Root,
+    }) {
         Response::FileStat(i) => assert_eq!(i.path, "/"),
         other => panic!("{other:?}"),
     }
@@ -232,26 +426,49 @@ fn selftest_reports_the_child_posture() {
         Response::Selftest { checks } => checks,
         other => panic!("{other:?}"),
     };
-    let get = |n: &str| checks.iter().find(|c| c.name == n).unwrap_or_else(|| panic!("no check {n}: {checks:#?}"));
+    let get = |n: &str| {
+        checks
+            .iter()
+            .find(|c| c.name == n)
+            .unwrap_or_else(|| panic!("no check {n}: {checks:#?}"))
+    };
     for c in &checks {
         assert!(!c.detail.is_empty() && !c.detail.contains('\n'), "{c:?}");
     }
     // What holds on the host too: the child policy itself.
-    for n in ["seccomp", "no_new_privs", "capabilities", "user", "unshare_refused", "mount_refused",
-        "kernel_files_read_only", "landlock"]
-    {
+    for n in [
+        "seccomp",
+        "no_new_privs",
+        "capabilities",
+        "user",
+        "unshare_refused",
+        "mount_refused",
+        "kernel_files_read_only",
+        "landlock",
+    ] {
         assert!(get(n).ok, "{:?}", get(n));
     }
     // What only the jail provides fails here, which shows those checks can fail:
     // the host's uid map is the identity (0 -> 0), pid 1 is not the agent.
     assert!(!get("uid_map").ok, "{:?}", get("uid_map"));
     assert!(!get("pid_namespace").ok && !get("agent_is_pid1").ok);
-    for n in ["network_interfaces", "no_routes", "egress_blocked", "dev_entries", "hostname"] {
+    for n in [
+        "network_interfaces",
+        "no_routes",
+        "egress_blocked",
+        "dev_entries",
+        "hostname",
+    ] {
         get(n);
     }
     // The selftest child was reaped.
     assert!(wait_until(Duration::from_secs(5), || {
-        let s = std::fs::read_to_string(format!("/proc/{}/task/{}/children", agent.pid(), agent.pid())).unwrap_or_default();
+        let s = std::fs::read_to_string(format!(
+            "/proc/{}/task/{}/children",
+            agent.pid(),
+            agent.pid()
+        ))
+        .unwrap_or_default();
         s.trim().is_empty()
     }));
 }

@@ -203,7 +203,10 @@ pub enum Encoding {
 pub fn encode_bytes(b: &[u8]) -> (String, Encoding) {
     match std::str::from_utf8(b) {
         Ok(s) => (s.to_string(), Encoding::Utf8),
-        Err(_) => (base64::engine::general_purpose::STANDARD.encode(b), Encoding::Base64),
+        Err(_) => (
+            base64::engine::general_purpose::STANDARD.encode(b),
+            Encoding::Base64,
+        ),
     }
 }
 

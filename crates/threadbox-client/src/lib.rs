@@ -82,7 +82,10 @@ type ReqBody = UnsyncBoxBody<Bytes, BoxError>;
 enum Endpoint {
     Unix(PathBuf),
     /// `host:port`, plus a path prefix without a trailing slash.
-    Tcp { authority: String, prefix: String },
+    Tcp {
+        authority: String,
+        prefix: String,
+    },
 }
 
 /// A client of one daemon.
@@ -100,7 +103,10 @@ pub fn resolve_url(explicit: Option<&str>) -> String {
     if let Some(url) = explicit.filter(|u| !u.is_empty()) {
         return url.to_string();
     }
-    if let Some(url) = std::env::var("THREADBOX_URL").ok().filter(|u| !u.is_empty()) {
+    if let Some(url) = std::env::var("THREADBOX_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+    {
         return url;
     }
     let root = std::env::var_os("THREADBOX_ROOT")
@@ -121,7 +127,9 @@ fn parse_url(url: &str) -> Result<Endpoint> {
     };
     if let Some(path) = url.strip_prefix("unix://") {
         if !path.starts_with('/') {
-            return Err(invalid("a unix socket URL needs an absolute path: unix:///path/to.sock"));
+            return Err(invalid(
+                "a unix socket URL needs an absolute path: unix:///path/to.sock",
+            ));
         }
         return Ok(Endpoint::Unix(PathBuf::from(path)));
     }
@@ -147,7 +155,9 @@ fn parse_url(url: &str) -> Result<Endpoint> {
         });
     }
     if url.starts_with("https://") {
-        return Err(invalid("https is not supported yet; use http:// on loopback or unix://"));
+        return Err(invalid(
+            "https is not supported yet; use http:// on loopback or unix://",
+        ));
     }
     Err(invalid("expected unix:///path/to.sock or http://host:port"))
 }
@@ -191,7 +201,9 @@ fn file_query(path: &str, user: User, extra: &[(&str, &str)]) -> String {
 }
 
 fn empty_body() -> ReqBody {
-    Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync()
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 fn full_body(bytes: impl Into<Bytes>) -> ReqBody {
@@ -270,7 +282,10 @@ impl Client {
             .method(method)
             .uri(&uri)
             .header(header::HOST, host)
-            .header(header::USER_AGENT, concat!("threadbox-client/", env!("CARGO_PKG_VERSION")));
+            .header(
+                header::USER_AGENT,
+                concat!("threadbox-client/", env!("CARGO_PKG_VERSION")),
+            );
         if let Some(ct) = content_type {
             builder = builder.header(header::CONTENT_TYPE, ct);
         }
@@ -396,9 +411,18 @@ impl Client {
         self.json(resp).await
     }
 
-    async fn post_json<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T> {
+    async fn post_json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T> {
         let resp = self
-            .send(Method::POST, path, json_body(body)?, Some("application/json"))
+            .send(
+                Method::POST,
+                path,
+                json_body(body)?,
+                Some("application/json"),
+            )
             .await?;
         self.json(resp).await
     }
@@ -476,11 +500,13 @@ impl Client {
     }
 
     pub async fn pause(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(sandbox, "/pause")).await
+        self.post_empty(&Self::sandbox_path(sandbox, "/pause"))
+            .await
     }
 
     pub async fn resume(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(sandbox, "/resume")).await
+        self.post_empty(&Self::sandbox_path(sandbox, "/resume"))
+            .await
     }
 
     pub async fn stop(&self, sandbox: &str) -> Result<Sandbox> {
@@ -488,11 +514,13 @@ impl Client {
     }
 
     pub async fn start(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(sandbox, "/start")).await
+        self.post_empty(&Self::sandbox_path(sandbox, "/start"))
+            .await
     }
 
     pub async fn selftest(&self, sandbox: &str) -> Result<SelftestReport> {
-        self.get_json(&Self::sandbox_path(sandbox, "/selftest")).await
+        self.get_json(&Self::sandbox_path(sandbox, "/selftest"))
+            .await
     }
 
     // ---- exec -------------------------------------------------------------------------
@@ -679,10 +707,17 @@ impl Client {
         user: User,
         recursive: bool,
     ) -> Result<()> {
-        let extra: &[(&str, &str)] = if recursive { &[("recursive", "true")] } else { &[] };
+        let extra: &[(&str, &str)] = if recursive {
+            &[("recursive", "true")]
+        } else {
+            &[]
+        };
         self.no_content(
             Method::DELETE,
-            &Self::sandbox_path(sandbox, &format!("/files?{}", file_query(path, user, extra))),
+            &Self::sandbox_path(
+                sandbox,
+                &format!("/files?{}", file_query(path, user, extra)),
+            ),
         )
         .await
     }
@@ -766,7 +801,9 @@ fn ndjson_events(body: Incoming, url: String) -> BoxStream<'static, Result<ExecE
             if st.buf.len() > MAX_EVENT_LINE_BYTES {
                 st.done = true;
                 return Some((
-                    Err(ClientError::Decode("an exec event line is too long".to_string())),
+                    Err(ClientError::Decode(
+                        "an exec event line is too long".to_string(),
+                    )),
                     st,
                 ));
             }
@@ -840,7 +877,13 @@ mod tests {
                 prefix: String::new()
             }
         );
-        for bad in ["unix://relative", "ftp://x", "https://x", "http://", "127.0.0.1:7420"] {
+        for bad in [
+            "unix://relative",
+            "ftp://x",
+            "https://x",
+            "http://",
+            "127.0.0.1:7420",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
     }

@@ -32,7 +32,9 @@ impl AgentConn {
     pub async fn connect(socket: &Path, timeout: Duration) -> Result<Arc<AgentConn>> {
         tokio::time::timeout(timeout, Self::connect_inner(socket))
             .await
-            .map_err(|_| CoreError::Unavailable("the sandbox agent did not answer in time".into()))?
+            .map_err(|_| {
+                CoreError::Unavailable("the sandbox agent did not answer in time".into())
+            })?
     }
 
     async fn connect_inner(socket: &Path) -> Result<Arc<AgentConn>> {
@@ -112,7 +114,13 @@ impl AgentConn {
             pending_r.lock().unwrap_or_else(|p| p.into_inner()).clear();
         });
 
-        Ok(Arc::new(AgentConn { writer: wtx, pending, next_id: AtomicU64::new(1), closed, peer }))
+        Ok(Arc::new(AgentConn {
+            writer: wtx,
+            pending,
+            next_id: AtomicU64::new(1),
+            closed,
+            peer,
+        }))
     }
 
     pub fn is_closed(&self) -> bool {
@@ -128,9 +136,15 @@ impl AgentConn {
         let bytes = encode_frame(&Frame::Request { id, req })
             .map_err(|e| CoreError::TooLarge(format!("request too large for the agent: {e}")))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, tx);
         if self.writer.send(bytes).is_err() {
-            self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            self.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
             return Err(lost("connection closed"));
         }
         Ok((id, rx))

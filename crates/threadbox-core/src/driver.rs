@@ -87,7 +87,8 @@ impl JailDriver {
 }
 
 fn mkdir(p: &Path) -> Result<()> {
-    std::fs::create_dir_all(p).map_err(|e| CoreError::Internal(format!("mkdir {}: {e}", p.display())))
+    std::fs::create_dir_all(p)
+        .map_err(|e| CoreError::Internal(format!("mkdir {}: {e}", p.display())))
 }
 
 impl Driver for JailDriver {
@@ -146,20 +147,24 @@ impl Driver for JailDriver {
             .env_clear()
             .spawn()
             .map_err(|e| {
-                CoreError::Internal(format!("start the jail helper {}: {e}", self.config.helper_path.display()))
+                CoreError::Internal(format!(
+                    "start the jail helper {}: {e}",
+                    self.config.helper_path.display()
+                ))
             })?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(&input)?;
         }
         let out = child.wait_with_output()?;
         let line = String::from_utf8_lossy(&out.stdout);
-        let report: LaunchReport = serde_json::from_str(line.lines().next().unwrap_or("")).map_err(|_| {
-            CoreError::Internal(format!(
-                "jail helper failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        })?;
+        let report: LaunchReport = serde_json::from_str(line.lines().next().unwrap_or(""))
+            .map_err(|_| {
+                CoreError::Internal(format!(
+                    "jail helper failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            })?;
         match (report.ok, report.agent_pid) {
             (true, Some(pid)) => Ok(pid),
             _ => {
@@ -210,7 +215,10 @@ impl Driver for JailDriver {
         match std::fs::remove_dir_all(&p.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(CoreError::Internal(format!("remove {}: {e}", p.dir.display()))),
+            Err(e) => Err(CoreError::Internal(format!(
+                "remove {}: {e}",
+                p.dir.display()
+            ))),
         }
     }
 

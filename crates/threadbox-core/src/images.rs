@@ -44,7 +44,15 @@ const ETC_FILES: &[&str] = &[
     "login.defs",
 ];
 /// Directories copied from the host's /etc (symlinks kept as symlinks).
-const ETC_DIRS: &[&str] = &["ld.so.conf.d", "alternatives", "ssl", "python3", "python3.11", "profile.d", "skel"];
+const ETC_DIRS: &[&str] = &[
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl",
+    "python3",
+    "python3.11",
+    "profile.d",
+    "skel",
+];
 
 pub fn host_image_dir(root: &Path) -> PathBuf {
     root.join("images").join(HOST_IMAGE)
@@ -53,7 +61,11 @@ pub fn host_image_dir(root: &Path) -> PathBuf {
 /// Builds the host image skeleton once (atomically: built aside, then renamed).
 pub fn ensure_host_image(root: &Path) -> Result<()> {
     let dir = host_image_dir(root);
-    if fs::read_to_string(dir.join(".threadbox-image")).ok().as_deref() == Some(HOST_IMAGE_VERSION) {
+    if fs::read_to_string(dir.join(".threadbox-image"))
+        .ok()
+        .as_deref()
+        == Some(HOST_IMAGE_VERSION)
+    {
         return Ok(());
     }
     let tmp = root.join("images").join(format!(".{HOST_IMAGE}.building"));
@@ -64,7 +76,9 @@ pub fn ensure_host_image(root: &Path) -> Result<()> {
     if dir.exists() {
         // An old skeleton may still be the lower layer of running sandboxes: keep it
         // readable under another name rather than changing it underneath them.
-        let old = root.join("images").join(format!(".{HOST_IMAGE}.old.{}", crate::store::now_ms()));
+        let old = root
+            .join("images")
+            .join(format!(".{HOST_IMAGE}.old.{}", crate::store::now_ms()));
         fs::rename(&dir, &old)?;
     }
     fs::rename(&tmp, &dir)?;
@@ -77,7 +91,20 @@ fn mode(p: &Path, m: u32) -> Result<()> {
 }
 
 fn build_host_skeleton(dir: &Path) -> Result<()> {
-    for d in ["usr", "etc", "home", "proc", "dev", "run", "var/lib", "var/cache", "var/log", "opt", "mnt", "srv"] {
+    for d in [
+        "usr",
+        "etc",
+        "home",
+        "proc",
+        "dev",
+        "run",
+        "var/lib",
+        "var/cache",
+        "var/log",
+        "opt",
+        "mnt",
+        "srv",
+    ] {
         fs::create_dir_all(dir.join(d))?;
     }
     for (d, m) in [("tmp", 0o1777), ("var/tmp", 0o1777), ("root", 0o700)] {
@@ -101,11 +128,23 @@ fn build_host_skeleton(dir: &Path) -> Result<()> {
          user:x:1000:1000:user:/home/user:/bin/bash\n\
          nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
     )?;
-    fs::write(etc.join("group"), "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n")?;
-    fs::write(etc.join("hosts"), "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")?;
+    fs::write(
+        etc.join("group"),
+        "root:x:0:\ntty:x:5:\nuser:x:1000:\nnogroup:x:65534:\n",
+    )?;
+    fs::write(
+        etc.join("hosts"),
+        "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n",
+    )?;
     // No network by default: an empty resolver config makes lookups fail fast.
-    fs::write(etc.join("resolv.conf"), "# threadbox: no DNS inside the sandbox\n")?;
-    fs::write(etc.join("nsswitch.conf"), "passwd: files\ngroup: files\nhosts: files\n")?;
+    fs::write(
+        etc.join("resolv.conf"),
+        "# threadbox: no DNS inside the sandbox\n",
+    )?;
+    fs::write(
+        etc.join("nsswitch.conf"),
+        "passwd: files\ngroup: files\nhosts: files\n",
+    )?;
     for f in ETC_FILES {
         let src = Path::new("/etc").join(f);
         // Follow symlinks (localtime, os-release) so the image is self-contained.
@@ -152,32 +191,47 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
 
 /// The spec of the host image: skeleton + read-only binds of the host's system dirs.
 pub fn host_image_spec(root: &Path) -> ImageSpec {
-    let mut binds = vec![Bind { source: "/usr".into(), target: "/usr".into() }];
+    let mut binds = vec![Bind {
+        source: "/usr".into(),
+        target: "/usr".into(),
+    }];
     for name in TOP_DIRS {
         let host = Path::new("/").join(name);
         if let Ok(m) = fs::symlink_metadata(&host) {
             if m.is_dir() && !m.file_type().is_symlink() {
-                binds.push(Bind { source: host.clone(), target: host });
+                binds.push(Bind {
+                    source: host.clone(),
+                    target: host,
+                });
             }
         }
     }
-    ImageSpec { lower: vec![host_image_dir(root)], binds }
+    ImageSpec {
+        lower: vec![host_image_dir(root)],
+        binds,
+    }
 }
 
 /// Checks a directory offered as a root filesystem image.
 pub fn validate_rootfs(path: &str) -> Result<PathBuf> {
     let p = PathBuf::from(path);
     if !p.is_absolute() {
-        return Err(CoreError::InvalidArgument(format!("image path {path:?} must be absolute")));
+        return Err(CoreError::InvalidArgument(format!(
+            "image path {path:?} must be absolute"
+        )));
     }
     let meta = fs::metadata(&p)
         .map_err(|_| CoreError::InvalidArgument(format!("image path {path:?} does not exist")))?;
     if !meta.is_dir() {
-        return Err(CoreError::InvalidArgument(format!("image path {path:?} is not a directory")));
+        return Err(CoreError::InvalidArgument(format!(
+            "image path {path:?} is not a directory"
+        )));
     }
     let canon = fs::canonicalize(&p)?;
     if canon == Path::new("/") {
-        return Err(CoreError::InvalidArgument("the host's / cannot be an image".into()));
+        return Err(CoreError::InvalidArgument(
+            "the host's / cannot be an image".into(),
+        ));
     }
     if !canon.join("bin/sh").exists() && !canon.join("usr/bin/sh").exists() {
         return Err(CoreError::InvalidArgument(format!(
@@ -190,7 +244,9 @@ pub fn validate_rootfs(path: &str) -> Result<PathBuf> {
 pub fn validate_image_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
         && !name.starts_with('.');
     if ok {
         Ok(())

@@ -71,7 +71,8 @@ pub struct Manager {
 fn rfc3339(ms: i64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 fn to_api(row: &SandboxRow) -> Sandbox {
@@ -88,7 +89,11 @@ fn to_api(row: &SandboxRow) -> Sandbox {
         image: row.image.clone(),
         created_at: rfc3339(row.created_at),
         last_active_at: rfc3339(row.last_active_at),
-        limits: Limits { memory_bytes: row.memory_bytes, cpus: row.cpus, pids: row.pids },
+        limits: Limits {
+            memory_bytes: row.memory_bytes,
+            cpus: row.cpus,
+            pids: row.pids,
+        },
         idle_pause_secs: row.idle_pause_secs,
         ttl_secs: row.ttl_secs,
         ttl_action: row.ttl_action,
@@ -99,18 +104,18 @@ fn to_api(row: &SandboxRow) -> Sandbox {
     }
 }
 
-fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> impl std::future::Future<Output = Result<T>> {
-    async move {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| CoreError::Internal(format!("blocking task failed: {e}")))?
-    }
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CoreError::Internal(format!("blocking task failed: {e}")))?
 }
 
 fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && !name.starts_with('.')
         && !name.starts_with("sb-");
     if ok {
@@ -130,14 +135,17 @@ fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
     for (k, v) in labels {
         let key_ok = !k.is_empty()
             && k.len() <= 128
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
         if !key_ok {
             return Err(CoreError::InvalidArgument(format!(
                 "label key {k:?} must be 1-128 characters of a-z, A-Z, 0-9, '-', '_', '.', '/'"
             )));
         }
         if v.len() > 1024 || v.contains('\0') {
-            return Err(CoreError::InvalidArgument(format!("label value of {k:?} is too long or has a NUL")));
+            return Err(CoreError::InvalidArgument(format!(
+                "label value of {k:?} is too long or has a NUL"
+            )));
         }
     }
     Ok(())
@@ -145,7 +153,9 @@ fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
 
 fn no_nul(what: &str, s: &str) -> Result<()> {
     if s.contains('\0') {
-        return Err(CoreError::InvalidArgument(format!("{what} must not contain NUL bytes")));
+        return Err(CoreError::InvalidArgument(format!(
+            "{what} must not contain NUL bytes"
+        )));
     }
     Ok(())
 }
@@ -155,7 +165,9 @@ fn validate_path(path: &str) -> Result<()> {
         return Err(CoreError::InvalidArgument("path must not be empty".into()));
     }
     if path.len() > 4096 {
-        return Err(CoreError::InvalidArgument("path is longer than 4096 bytes".into()));
+        return Err(CoreError::InvalidArgument(
+            "path is longer than 4096 bytes".into(),
+        ));
     }
     no_nul("path", path)
 }
@@ -171,7 +183,9 @@ fn command_of(command: Option<Vec<String>>, shell: Option<String>) -> Result<pro
     match (command, shell) {
         (Some(argv), None) => {
             if argv.is_empty() || argv[0].is_empty() {
-                return Err(CoreError::InvalidArgument("command must not be empty".into()));
+                return Err(CoreError::InvalidArgument(
+                    "command must not be empty".into(),
+                ));
             }
             for a in &argv {
                 no_nul("command arguments", a)?;
@@ -182,8 +196,12 @@ fn command_of(command: Option<Vec<String>>, shell: Option<String>) -> Result<pro
             no_nul("shell", &sh)?;
             Ok(proto::Command::Shell(sh))
         }
-        (Some(_), Some(_)) => Err(CoreError::InvalidArgument("give either command or shell, not both".into())),
-        (None, None) => Err(CoreError::InvalidArgument("one of command or shell is required".into())),
+        (Some(_), Some(_)) => Err(CoreError::InvalidArgument(
+            "give either command or shell, not both".into(),
+        )),
+        (None, None) => Err(CoreError::InvalidArgument(
+            "one of command or shell is required".into(),
+        )),
     }
 }
 
@@ -240,7 +258,8 @@ fn exec_spec(req: ExecRequest, stream: bool) -> Result<proto::ExecSpec> {
 }
 
 fn exec_response(r: proto::ExecResult) -> ExecResponse {
-    let both_utf8 = std::str::from_utf8(&r.stdout).is_ok() && std::str::from_utf8(&r.stderr).is_ok();
+    let both_utf8 =
+        std::str::from_utf8(&r.stdout).is_ok() && std::str::from_utf8(&r.stderr).is_ok();
     let enc = |b: &[u8]| {
         if both_utf8 {
             String::from_utf8_lossy(b).into_owned()
@@ -253,7 +272,11 @@ fn exec_response(r: proto::ExecResult) -> ExecResponse {
         signal: r.signal,
         stdout: enc(&r.stdout),
         stderr: enc(&r.stderr),
-        encoding: if both_utf8 { Encoding::Utf8 } else { Encoding::Base64 },
+        encoding: if both_utf8 {
+            Encoding::Utf8
+        } else {
+            Encoding::Base64
+        },
         timed_out: r.timed_out,
         truncated: r.stdout_truncated || r.stderr_truncated,
         stdout_truncated: r.stdout_truncated,
@@ -268,7 +291,9 @@ fn agent_error(kind: proto::ErrorKind, message: String) -> CoreError {
     match kind {
         K::NotFound => CoreError::NotFoundOther(message),
         K::PermissionDenied => CoreError::PermissionDenied(message),
-        K::InvalidArgument | K::NotADirectory | K::IsADirectory => CoreError::InvalidArgument(message),
+        K::InvalidArgument | K::NotADirectory | K::IsADirectory => {
+            CoreError::InvalidArgument(message)
+        }
         K::AlreadyExists => CoreError::Conflict(message),
         K::NoSpace => CoreError::TooLarge(message),
         K::Cancelled => CoreError::Unavailable(message),
@@ -330,7 +355,12 @@ impl Manager {
         let store = Store::open(&config.root.join("state.db")).await?;
         if store.get_image(HOST_IMAGE).await?.is_none() {
             store
-                .insert_image(&ImageRow { name: HOST_IMAGE.into(), kind: "host".into(), path: None, created_at: now_ms() })
+                .insert_image(&ImageRow {
+                    name: HOST_IMAGE.into(),
+                    kind: "host".into(),
+                    path: None,
+                    created_at: now_ms(),
+                })
                 .await?;
         }
         let driver = Arc::new(JailDriver::new(config.clone())?);
@@ -368,7 +398,10 @@ impl Manager {
     }
 
     fn forget(&self, id: &str) {
-        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     fn take_conn(live: &Live) -> Option<Arc<AgentConn>> {
@@ -410,14 +443,20 @@ impl Manager {
                     let i = id.clone();
                     let frozen = blocking(move || d.is_frozen(&i)).await.unwrap_or(false);
                     if frozen {
-                        self.store.set_state(&id, State::Paused, row.agent_pid).await?;
+                        self.store
+                            .set_state(&id, State::Paused, row.agent_pid)
+                            .await?;
                         tracing::info!(sandbox = %id, "re-adopted (paused)");
                         continue;
                     }
-                    match AgentConn::connect(&self.driver.socket_path(&id), Duration::from_secs(3)).await {
+                    match AgentConn::connect(&self.driver.socket_path(&id), Duration::from_secs(3))
+                        .await
+                    {
                         Ok(conn) => {
                             Self::set_conn(&self.live(&id), Some(conn));
-                            self.store.set_state(&id, State::Running, row.agent_pid).await?;
+                            self.store
+                                .set_state(&id, State::Running, row.agent_pid)
+                                .await?;
                             tracing::info!(sandbox = %id, "re-adopted (running)");
                         }
                         Err(e) => {
@@ -442,7 +481,9 @@ impl Manager {
                 if now - row.created_at >= (ttl as i64) * 1000 {
                     let res = match row.ttl_action {
                         TtlAction::Delete => self.delete(&row.id, true).await,
-                        TtlAction::Stop if row.state != State::Stopped => self.stop(&row.id).await.map(|_| ()),
+                        TtlAction::Stop if row.state != State::Stopped => {
+                            self.stop(&row.id).await.map(|_| ())
+                        }
                         TtlAction::Stop => Ok(()),
                     };
                     match res {
@@ -454,7 +495,10 @@ impl Manager {
             }
             if let (State::Running, Some(idle)) = (row.state, row.idle_pause_secs) {
                 let live = self.live(&row.id);
-                let last = live.last_active.load(Ordering::SeqCst).max(row.last_active_at);
+                let last = live
+                    .last_active
+                    .load(Ordering::SeqCst)
+                    .max(row.last_active_at);
                 if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
                     match self.pause(&row.id).await {
                         Ok(_) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
@@ -490,11 +534,10 @@ impl Manager {
     }
 
     async fn image_spec(&self, name: &str) -> Result<ImageSpec> {
-        let img = self
-            .store
-            .get_image(name)
-            .await?
-            .ok_or_else(|| CoreError::InvalidArgument(format!("image {name:?} does not exist")))?;
+        let img =
+            self.store.get_image(name).await?.ok_or_else(|| {
+                CoreError::InvalidArgument(format!("image {name:?} does not exist"))
+            })?;
         Ok(match img.kind.as_str() {
             "host" => images::host_image_spec(&self.config.root),
             _ => ImageSpec {
@@ -511,9 +554,19 @@ impl Manager {
         let id = row.id.clone();
         let hostname = row.name.clone().unwrap_or_else(|| row.id.clone());
         let slot = row.slot;
-        let limits = threadbox_sys::cgroup::Limits { memory_bytes: row.memory_bytes, cpus: row.cpus, pids: row.pids };
+        let limits = threadbox_sys::cgroup::Limits {
+            memory_bytes: row.memory_bytes,
+            cpus: row.cpus,
+            pids: row.pids,
+        };
         let pid = blocking(move || {
-            driver.launch(&LaunchRequest { id: &id, hostname: &hostname, slot, image: &image, limits })
+            driver.launch(&LaunchRequest {
+                id: &id,
+                hostname: &hostname,
+                slot,
+                image: &image,
+                limits,
+            })
         })
         .await?;
         match AgentConn::connect(&self.driver.socket_path(&row.id), AGENT_CONNECT_TIMEOUT).await {
@@ -536,28 +589,44 @@ impl Manager {
             validate_name(name)?;
         }
         validate_labels(&req.labels)?;
-        let memory_bytes = req.limits.memory_bytes.unwrap_or(self.config.default_memory_bytes);
+        let memory_bytes = req
+            .limits
+            .memory_bytes
+            .unwrap_or(self.config.default_memory_bytes);
         if !(16 << 20..=1 << 40).contains(&memory_bytes) {
-            return Err(CoreError::InvalidArgument("memory_bytes must be between 16 MiB and 1 TiB".into()));
+            return Err(CoreError::InvalidArgument(
+                "memory_bytes must be between 16 MiB and 1 TiB".into(),
+            ));
         }
         let cpus = req.limits.cpus.unwrap_or(self.config.default_cpus);
         if !(cpus.is_finite() && (0.01..=1024.0).contains(&cpus)) {
-            return Err(CoreError::InvalidArgument("cpus must be between 0.01 and 1024".into()));
+            return Err(CoreError::InvalidArgument(
+                "cpus must be between 0.01 and 1024".into(),
+            ));
         }
         let pids = req.limits.pids.unwrap_or(self.config.default_pids);
         if !(8..=1 << 22).contains(&pids) {
-            return Err(CoreError::InvalidArgument("pids must be between 8 and 4194304".into()));
+            return Err(CoreError::InvalidArgument(
+                "pids must be between 8 and 4194304".into(),
+            ));
         }
-        for (what, v) in [("idle_pause_secs", req.idle_pause_secs), ("ttl_secs", req.ttl_secs)] {
+        for (what, v) in [
+            ("idle_pause_secs", req.idle_pause_secs),
+            ("ttl_secs", req.ttl_secs),
+        ] {
             if let Some(v) = v {
                 if v == 0 || v > 10 * 365 * 24 * 3600 {
-                    return Err(CoreError::InvalidArgument(format!("{what} must be between 1 and 315360000")));
+                    return Err(CoreError::InvalidArgument(format!(
+                        "{what} must be between 1 and 315360000"
+                    )));
                 }
             }
         }
         let image = req.image.clone().unwrap_or_else(|| HOST_IMAGE.to_string());
         if self.store.get_image(&image).await?.is_none() {
-            return Err(CoreError::InvalidArgument(format!("image {image:?} does not exist")));
+            return Err(CoreError::InvalidArgument(format!(
+                "image {image:?} does not exist"
+            )));
         }
 
         let created = now_ms();
@@ -632,7 +701,11 @@ impl Manager {
         Ok(to_api(&self.resolve(id_or_name).await?))
     }
 
-    pub async fn list(&self, labels: &BTreeMap<String, String>, state: Option<SandboxState>) -> Result<Vec<Sandbox>> {
+    pub async fn list(
+        &self,
+        labels: &BTreeMap<String, String>,
+        state: Option<SandboxState>,
+    ) -> Result<Vec<Sandbox>> {
         let rows = self.store.all_sandboxes().await?;
         Ok(rows
             .iter()
@@ -654,9 +727,16 @@ impl Manager {
                 let d = self.driver.clone();
                 let i = row.id.clone();
                 blocking(move || d.freeze(&i)).await?;
-                self.store.set_state(&row.id, State::Paused, row.agent_pid).await?;
+                self.store
+                    .set_state(&row.id, State::Paused, row.agent_pid)
+                    .await?;
             }
-            _ => return Err(CoreError::NotRunning { id: row.id.clone(), state: row.state.as_str().into() }),
+            _ => {
+                return Err(CoreError::NotRunning {
+                    id: row.id.clone(),
+                    state: row.state.as_str().into(),
+                })
+            }
         }
         Ok(to_api(&self.reload(&row.id).await?))
     }
@@ -665,7 +745,9 @@ impl Manager {
         let d = self.driver.clone();
         let i = row.id.clone();
         blocking(move || d.thaw(&i)).await?;
-        self.store.set_state(&row.id, State::Running, row.agent_pid).await?;
+        self.store
+            .set_state(&row.id, State::Running, row.agent_pid)
+            .await?;
         Ok(())
     }
 
@@ -677,7 +759,12 @@ impl Manager {
         match row.state {
             State::Running => {}
             State::Paused => self.resume_locked(&row).await?,
-            _ => return Err(CoreError::NotRunning { id: row.id.clone(), state: row.state.as_str().into() }),
+            _ => {
+                return Err(CoreError::NotRunning {
+                    id: row.id.clone(),
+                    state: row.state.as_str().into(),
+                })
+            }
         }
         self.touch(&live, &row.id).await;
         Ok(to_api(&self.reload(&row.id).await?))
@@ -709,7 +796,9 @@ impl Manager {
             State::Paused => self.resume_locked(&row).await?,
             _ => {
                 let pid = self.boot(&row, &live).await?;
-                self.store.set_state(&row.id, State::Running, Some(pid)).await?;
+                self.store
+                    .set_state(&row.id, State::Running, Some(pid))
+                    .await?;
                 tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
             }
         }
@@ -756,13 +845,20 @@ impl Manager {
                 self.resume_locked(&row).await?;
                 tracing::info!(sandbox = %row.id, "resumed for a call");
             }
-            _ => return Err(CoreError::NotRunning { id: row.id.clone(), state: row.state.as_str().into() }),
+            _ => {
+                return Err(CoreError::NotRunning {
+                    id: row.id.clone(),
+                    state: row.state.as_str().into(),
+                })
+            }
         }
         let current = live.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let conn = match current {
             Some(c) if !c.is_closed() => c,
             _ => {
-                let c = AgentConn::connect(&self.driver.socket_path(&row.id), Duration::from_secs(3)).await?;
+                let c =
+                    AgentConn::connect(&self.driver.socket_path(&row.id), Duration::from_secs(3))
+                        .await?;
                 Self::set_conn(&live, Some(c.clone()));
                 c
             }
@@ -782,7 +878,11 @@ impl Manager {
         let spec = exec_spec(req, false)?;
         let (conn, _inflight) = self.running_conn(id_or_name).await?;
         let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
-        let mut guard = CancelGuard { conn: conn.clone(), id, armed: true };
+        let mut guard = CancelGuard {
+            conn: conn.clone(),
+            id,
+            armed: true,
+        };
         loop {
             match rx.recv().await {
                 Some(proto::Response::Exited(r)) => {
@@ -796,21 +896,31 @@ impl Manager {
                 }
                 None => {
                     guard.armed = false;
-                    return Err(CoreError::Unavailable("the sandbox's agent went away during the call".into()));
+                    return Err(CoreError::Unavailable(
+                        "the sandbox's agent went away during the call".into(),
+                    ));
                 }
             }
         }
     }
 
     /// Runs a command and streams its events; the last event is `End` or `Error`.
-    pub async fn exec_stream(&self, id_or_name: &str, req: ExecRequest) -> Result<mpsc::Receiver<ExecEvent>> {
+    pub async fn exec_stream(
+        &self,
+        id_or_name: &str,
+        req: ExecRequest,
+    ) -> Result<mpsc::Receiver<ExecEvent>> {
         let spec = exec_spec(req, true)?;
         let (conn, inflight) = self.running_conn(id_or_name).await?;
         let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
         let (tx, out) = mpsc::channel(64);
         tokio::spawn(async move {
             let _inflight = inflight;
-            let mut guard = CancelGuard { conn: conn.clone(), id, armed: true };
+            let mut guard = CancelGuard {
+                conn: conn.clone(),
+                id,
+                armed: true,
+            };
             loop {
                 let ev = match rx.recv().await {
                     Some(proto::Response::Started { pid }) => ExecEvent::Start { pid },
@@ -837,7 +947,12 @@ impl Manager {
                     Some(other) => {
                         guard.armed = false;
                         let e = unexpected(other);
-                        let _ = tx.send(ExecEvent::Error { code: e.code(), message: e.public_message() }).await;
+                        let _ = tx
+                            .send(ExecEvent::Error {
+                                code: e.code(),
+                                message: e.public_message(),
+                            })
+                            .await;
                         return;
                     }
                     None => {
@@ -860,7 +975,11 @@ impl Manager {
         Ok(out)
     }
 
-    pub async fn start_process(&self, id_or_name: &str, req: StartProcessRequest) -> Result<ProcessInfo> {
+    pub async fn start_process(
+        &self,
+        id_or_name: &str,
+        req: StartProcessRequest,
+    ) -> Result<ProcessInfo> {
         let command = command_of(req.command, req.shell)?;
         validate_env(&req.env)?;
         if let Some(cwd) = &req.cwd {
@@ -874,7 +993,10 @@ impl Manager {
             user: run_as(req.user),
             max_log: proto::DEFAULT_MAX_OUTPUT,
         };
-        match self.call(id_or_name, proto::Request::BackgroundStart(spec)).await? {
+        match self
+            .call(id_or_name, proto::Request::BackgroundStart(spec))
+            .await?
+        {
             proto::Response::BackgroundStarted { bg_id, pid } => Ok(ProcessInfo {
                 id: bg_id,
                 pid,
@@ -889,7 +1011,10 @@ impl Manager {
     }
 
     pub async fn list_processes(&self, id_or_name: &str) -> Result<ProcessList> {
-        match self.call(id_or_name, proto::Request::BackgroundList).await? {
+        match self
+            .call(id_or_name, proto::Request::BackgroundList)
+            .await?
+        {
             proto::Response::BackgroundList { processes } => Ok(ProcessList {
                 processes: processes
                     .into_iter()
@@ -909,9 +1034,16 @@ impl Manager {
     }
 
     pub async fn process_logs(&self, id_or_name: &str, process_id: u64) -> Result<ProcessLogs> {
-        match self.call(id_or_name, proto::Request::BackgroundLogs { bg_id: process_id }).await? {
+        match self
+            .call(
+                id_or_name,
+                proto::Request::BackgroundLogs { bg_id: process_id },
+            )
+            .await?
+        {
             proto::Response::BackgroundLogs(l) => {
-                let both = std::str::from_utf8(&l.stdout).is_ok() && std::str::from_utf8(&l.stderr).is_ok();
+                let both = std::str::from_utf8(&l.stdout).is_ok()
+                    && std::str::from_utf8(&l.stderr).is_ok();
                 let enc = |b: &[u8]| {
                     if both {
                         String::from_utf8_lossy(b).into_owned()
@@ -922,7 +1054,11 @@ impl Manager {
                 Ok(ProcessLogs {
                     stdout: enc(&l.stdout),
                     stderr: enc(&l.stderr),
-                    encoding: if both { Encoding::Utf8 } else { Encoding::Base64 },
+                    encoding: if both {
+                        Encoding::Utf8
+                    } else {
+                        Encoding::Base64
+                    },
                     stdout_dropped: l.stdout_dropped,
                     stderr_dropped: l.stderr_dropped,
                 })
@@ -931,13 +1067,29 @@ impl Manager {
         }
     }
 
-    pub async fn kill_process(&self, id_or_name: &str, process_id: u64, signal: Option<i32>) -> Result<()> {
+    pub async fn kill_process(
+        &self,
+        id_or_name: &str,
+        process_id: u64,
+        signal: Option<i32>,
+    ) -> Result<()> {
         if let Some(s) = signal {
             if !(1..=64).contains(&s) {
-                return Err(CoreError::InvalidArgument("signal must be between 1 and 64".into()));
+                return Err(CoreError::InvalidArgument(
+                    "signal must be between 1 and 64".into(),
+                ));
             }
         }
-        match self.call(id_or_name, proto::Request::BackgroundKill { bg_id: process_id, signal }).await? {
+        match self
+            .call(
+                id_or_name,
+                proto::Request::BackgroundKill {
+                    bg_id: process_id,
+                    signal,
+                },
+            )
+            .await?
+        {
             proto::Response::Done => Ok(()),
             other => Err(unexpected(other)),
         }
@@ -950,40 +1102,70 @@ impl Manager {
         let path = path.to_string();
         let user = run_as(user);
         let first = conn
-            .call(proto::Request::FileRead { path: path.clone(), user, offset: 0, limit: Some(FILE_CHUNK) })
+            .call(proto::Request::FileRead {
+                path: path.clone(),
+                user,
+                offset: 0,
+                limit: Some(FILE_CHUNK),
+            })
             .await?;
         let (data, eof) = match first {
             proto::Response::FileData { data, eof, .. } => (data, eof),
             other => return Err(unexpected(other)),
         };
-        let state = (conn, inflight, path, user, data.len() as u64, eof, Some(data));
-        let stream = futures::stream::unfold(state, |(conn, inflight, path, user, offset, eof, first)| async move {
-            if let Some(d) = first {
-                return Some((Ok(d), (conn, inflight, path, user, offset, eof, None)));
-            }
-            if eof {
-                return None;
-            }
-            let r = conn
-                .call(proto::Request::FileRead { path: path.clone(), user, offset, limit: Some(FILE_CHUNK) })
-                .await;
-            match r {
-                Ok(proto::Response::FileData { data, eof, .. }) => {
-                    let off = offset + data.len() as u64;
-                    let eof = eof || data.is_empty();
-                    Some((Ok(data), (conn, inflight, path, user, off, eof, None)))
+        let state = (
+            conn,
+            inflight,
+            path,
+            user,
+            data.len() as u64,
+            eof,
+            Some(data),
+        );
+        let stream = futures::stream::unfold(
+            state,
+            |(conn, inflight, path, user, offset, eof, first)| async move {
+                if let Some(d) = first {
+                    return Some((Ok(d), (conn, inflight, path, user, offset, eof, None)));
                 }
-                Ok(other) => Some((Err(unexpected(other)), (conn, inflight, path, user, offset, true, None))),
-                Err(e) => Some((Err(e), (conn, inflight, path, user, offset, true, None))),
-            }
-        });
+                if eof {
+                    return None;
+                }
+                let r = conn
+                    .call(proto::Request::FileRead {
+                        path: path.clone(),
+                        user,
+                        offset,
+                        limit: Some(FILE_CHUNK),
+                    })
+                    .await;
+                match r {
+                    Ok(proto::Response::FileData { data, eof, .. }) => {
+                        let off = offset + data.len() as u64;
+                        let eof = eof || data.is_empty();
+                        Some((Ok(data), (conn, inflight, path, user, off, eof, None)))
+                    }
+                    Ok(other) => Some((
+                        Err(unexpected(other)),
+                        (conn, inflight, path, user, offset, true, None),
+                    )),
+                    Err(e) => Some((Err(e), (conn, inflight, path, user, offset, true, None))),
+                }
+            },
+        );
         Ok(stream.boxed())
     }
 
     /// Writes (replaces) a file from a stream of chunks; returns the bytes written. The
     /// data goes to a temporary name first and is renamed over the target at the end, so
     /// a failed upload never leaves a half-written file in place of the old one.
-    pub async fn write_file(&self, id_or_name: &str, path: &str, user: User, mut body: ByteSink) -> Result<u64> {
+    pub async fn write_file(
+        &self,
+        id_or_name: &str,
+        path: &str,
+        user: User,
+        mut body: ByteSink,
+    ) -> Result<u64> {
         validate_path(path)?;
         if path.ends_with('/') {
             return Err(CoreError::InvalidArgument("path names a directory".into()));
@@ -1003,10 +1185,13 @@ impl Manager {
                 let next = body.next().await;
                 let done = next.is_none();
                 if let Some(chunk) = next {
-                    let chunk = chunk.map_err(|e| CoreError::InvalidArgument(format!("upload interrupted: {e}")))?;
+                    let chunk = chunk.map_err(|e| {
+                        CoreError::InvalidArgument(format!("upload interrupted: {e}"))
+                    })?;
                     pending.extend_from_slice(&chunk);
                 }
-                while pending.len() as u64 >= FILE_CHUNK || (done && (first || !pending.is_empty())) {
+                while pending.len() as u64 >= FILE_CHUNK || (done && (first || !pending.is_empty()))
+                {
                     let take = pending.len().min(FILE_CHUNK as usize);
                     let data: Vec<u8> = pending.drain(..take).collect();
                     let n = data.len() as u64;
@@ -1031,7 +1216,14 @@ impl Manager {
                     break;
                 }
             }
-            match conn.call(proto::Request::Rename { from: tmp.clone(), to: path.to_string(), user }).await? {
+            match conn
+                .call(proto::Request::Rename {
+                    from: tmp.clone(),
+                    to: path.to_string(),
+                    user,
+                })
+                .await?
+            {
                 proto::Response::Done => Ok(()),
                 other => Err(unexpected(other)),
             }
@@ -1039,7 +1231,13 @@ impl Manager {
         .await;
         if let Err(e) = result {
             if !first {
-                let _ = conn.call(proto::Request::Remove { path: tmp, user, recursive: false }).await;
+                let _ = conn
+                    .call(proto::Request::Remove {
+                        path: tmp,
+                        user,
+                        recursive: false,
+                    })
+                    .await;
             }
             return Err(e);
         }
@@ -1048,32 +1246,81 @@ impl Manager {
 
     pub async fn list_files(&self, id_or_name: &str, path: &str, user: User) -> Result<FileList> {
         validate_path(path)?;
-        match self.call(id_or_name, proto::Request::FileList { path: path.into(), user: run_as(user) }).await? {
-            proto::Response::FileList { entries } => Ok(FileList { entries: entries.into_iter().map(file_entry).collect() }),
+        match self
+            .call(
+                id_or_name,
+                proto::Request::FileList {
+                    path: path.into(),
+                    user: run_as(user),
+                },
+            )
+            .await?
+        {
+            proto::Response::FileList { entries } => Ok(FileList {
+                entries: entries.into_iter().map(file_entry).collect(),
+            }),
             other => Err(unexpected(other)),
         }
     }
 
     pub async fn stat_file(&self, id_or_name: &str, path: &str, user: User) -> Result<FileEntry> {
         validate_path(path)?;
-        match self.call(id_or_name, proto::Request::FileStat { path: path.into(), user: run_as(user) }).await? {
+        match self
+            .call(
+                id_or_name,
+                proto::Request::FileStat {
+                    path: path.into(),
+                    user: run_as(user),
+                },
+            )
+            .await?
+        {
             proto::Response::FileStat(f) => Ok(file_entry(f)),
             other => Err(unexpected(other)),
         }
     }
 
-    pub async fn mkdir(&self, id_or_name: &str, path: &str, user: User, parents: bool) -> Result<()> {
+    pub async fn mkdir(
+        &self,
+        id_or_name: &str,
+        path: &str,
+        user: User,
+        parents: bool,
+    ) -> Result<()> {
         validate_path(path)?;
-        match self.call(id_or_name, proto::Request::Mkdir { path: path.into(), user: run_as(user), parents }).await? {
+        match self
+            .call(
+                id_or_name,
+                proto::Request::Mkdir {
+                    path: path.into(),
+                    user: run_as(user),
+                    parents,
+                },
+            )
+            .await?
+        {
             proto::Response::Done => Ok(()),
             other => Err(unexpected(other)),
         }
     }
 
-    pub async fn remove_file(&self, id_or_name: &str, path: &str, user: User, recursive: bool) -> Result<()> {
+    pub async fn remove_file(
+        &self,
+        id_or_name: &str,
+        path: &str,
+        user: User,
+        recursive: bool,
+    ) -> Result<()> {
         validate_path(path)?;
         match self
-            .call(id_or_name, proto::Request::Remove { path: path.into(), user: run_as(user), recursive })
+            .call(
+                id_or_name,
+                proto::Request::Remove {
+                    path: path.into(),
+                    user: run_as(user),
+                    recursive,
+                },
+            )
             .await?
         {
             proto::Response::Done => Ok(()),
@@ -1087,7 +1334,11 @@ impl Manager {
                 ok: checks.iter().all(|c| c.ok),
                 checks: checks
                     .into_iter()
-                    .map(|c| PostureCheck { name: c.name, ok: c.ok, detail: c.detail })
+                    .map(|c| PostureCheck {
+                        name: c.name,
+                        ok: c.ok,
+                        detail: c.detail,
+                    })
                     .collect(),
             }),
             other => Err(unexpected(other)),
@@ -1111,7 +1362,12 @@ impl Manager {
             created_at: now_ms(),
         };
         self.store.insert_image(&row).await?;
-        Ok(Image { name: row.name, kind: row.kind, path: row.path, created_at: rfc3339(row.created_at) })
+        Ok(Image {
+            name: row.name,
+            kind: row.kind,
+            path: row.path,
+            created_at: rfc3339(row.created_at),
+        })
     }
 
     pub async fn list_images(&self) -> Result<ImageList> {
@@ -1121,7 +1377,12 @@ impl Manager {
                 .list_images()
                 .await?
                 .into_iter()
-                .map(|r| Image { name: r.name, kind: r.kind, path: r.path, created_at: rfc3339(r.created_at) })
+                .map(|r| Image {
+                    name: r.name,
+                    kind: r.kind,
+                    path: r.path,
+                    created_at: rfc3339(r.created_at),
+                })
                 .collect(),
         })
     }
@@ -1153,25 +1414,84 @@ mod tests {
 
     #[test]
     fn exec_requests_are_validated() {
-        let base = ExecRequest { shell: Some("true".into()), ..Default::default() };
+        let base = ExecRequest {
+            shell: Some("true".into()),
+            ..Default::default()
+        };
         assert!(exec_spec(base.clone(), false).is_ok());
-        assert!(exec_spec(ExecRequest { command: Some(vec!["a".into()]), ..base.clone() }, false).is_err());
-        assert!(exec_spec(ExecRequest { shell: None, ..base.clone() }, false).is_err());
-        assert!(exec_spec(ExecRequest { timeout_secs: Some(f64::NAN), ..base.clone() }, false).is_err());
-        assert!(exec_spec(ExecRequest { timeout_secs: Some(-1.0), ..base.clone() }, false).is_err());
-        assert!(exec_spec(ExecRequest { max_output_bytes: Some(1 << 40), ..base.clone() }, false).is_err());
+        assert!(exec_spec(
+            ExecRequest {
+                command: Some(vec!["a".into()]),
+                ..base.clone()
+            },
+            false
+        )
+        .is_err());
+        assert!(exec_spec(
+            ExecRequest {
+                shell: None,
+                ..base.clone()
+            },
+            false
+        )
+        .is_err());
+        assert!(exec_spec(
+            ExecRequest {
+                timeout_secs: Some(f64::NAN),
+                ..base.clone()
+            },
+            false
+        )
+        .is_err());
+        assert!(exec_spec(
+            ExecRequest {
+                timeout_secs: Some(-1.0),
+                ..base.clone()
+            },
+            false
+        )
+        .is_err());
+        assert!(exec_spec(
+            ExecRequest {
+                max_output_bytes: Some(1 << 40),
+                ..base.clone()
+            },
+            false
+        )
+        .is_err());
         let mut env = BTreeMap::new();
         env.insert("A=B".to_string(), "x".to_string());
-        assert!(exec_spec(ExecRequest { env, ..base.clone() }, false).is_err());
-        assert!(exec_spec(ExecRequest { stdin: Some("!!".into()), stdin_encoding: Encoding::Base64, ..base }, false)
-            .is_err());
+        assert!(exec_spec(
+            ExecRequest {
+                env,
+                ..base.clone()
+            },
+            false
+        )
+        .is_err());
+        assert!(exec_spec(
+            ExecRequest {
+                stdin: Some("!!".into()),
+                stdin_encoding: Encoding::Base64,
+                ..base
+            },
+            false
+        )
+        .is_err());
     }
 
     #[test]
     fn non_utf8_output_is_base64_not_mangled() {
-        let r = exec_response(proto::ExecResult { stdout: vec![0xff, 0x00], stderr: b"ok".to_vec(), ..Default::default() });
+        let r = exec_response(proto::ExecResult {
+            stdout: vec![0xff, 0x00],
+            stderr: b"ok".to_vec(),
+            ..Default::default()
+        });
         assert_eq!(r.encoding, Encoding::Base64);
-        assert_eq!(decode_bytes(&r.stdout, r.encoding).unwrap(), vec![0xff, 0x00]);
+        assert_eq!(
+            decode_bytes(&r.stdout, r.encoding).unwrap(),
+            vec![0xff, 0x00]
+        );
         assert_eq!(decode_bytes(&r.stderr, r.encoding).unwrap(), b"ok");
     }
 }

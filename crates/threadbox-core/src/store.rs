@@ -37,7 +37,11 @@ impl State {
             "paused" => State::Paused,
             "stopped" => State::Stopped,
             "deleting" => State::Deleting,
-            other => return Err(CoreError::Internal(format!("unknown state {other:?} in the store"))),
+            other => {
+                return Err(CoreError::Internal(format!(
+                    "unknown state {other:?} in the store"
+                )))
+            }
         })
     }
 }
@@ -101,9 +105,15 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
         memory_bytes: r.try_get::<i64, _>("memory_bytes")? as u64,
         cpus: r.try_get("cpus")?,
         pids: r.try_get::<i64, _>("pids")? as u32,
-        idle_pause_secs: r.try_get::<Option<i64>, _>("idle_pause_secs")?.map(|v| v as u64),
+        idle_pause_secs: r
+            .try_get::<Option<i64>, _>("idle_pause_secs")?
+            .map(|v| v as u64),
         ttl_secs: r.try_get::<Option<i64>, _>("ttl_secs")?.map(|v| v as u64),
-        ttl_action: if ttl_action == "delete" { TtlAction::Delete } else { TtlAction::Stop },
+        ttl_action: if ttl_action == "delete" {
+            TtlAction::Delete
+        } else {
+            TtlAction::Stop
+        },
         slot: r.try_get::<i64, _>("slot")? as u32,
         agent_pid: r.try_get::<Option<i64>, _>("agent_pid")?.map(|v| v as i32),
         created_at: r.try_get("created_at")?,
@@ -119,7 +129,10 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(std::time::Duration::from_secs(5))
             .foreign_keys(true);
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
         Ok(Store { pool })
     }
@@ -144,7 +157,8 @@ impl Store {
                 break;
             }
         }
-        let labels = serde_json::to_string(&row.labels).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let labels =
+            serde_json::to_string(&row.labels).map_err(|e| CoreError::Internal(e.to_string()))?;
         let res = sqlx::query(
             "INSERT INTO sandboxes (id, name, state, labels, image, memory_bytes, cpus, pids, \
              idle_pause_secs, ttl_secs, ttl_action, slot, agent_pid, created_at, last_active_at) \
@@ -191,13 +205,18 @@ impl Store {
     }
 
     pub async fn get_by_id_any(&self, id: &str) -> Result<Option<SandboxRow>> {
-        let r = sqlx::query("SELECT * FROM sandboxes WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        let r = sqlx::query("SELECT * FROM sandboxes WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
         r.as_ref().map(row_to_sandbox).transpose()
     }
 
     /// Every sandbox, `deleting` ones included (for reconciliation).
     pub async fn all_sandboxes(&self) -> Result<Vec<SandboxRow>> {
-        let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY created_at, id").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(row_to_sandbox).collect()
     }
 
@@ -221,29 +240,36 @@ impl Store {
     }
 
     pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
-        sqlx::query("DELETE FROM sandboxes WHERE id = ?").bind(id).execute(&self.pool).await?;
+        sqlx::query("DELETE FROM sandboxes WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
     pub async fn insert_image(&self, img: &ImageRow) -> Result<()> {
-        let res = sqlx::query("INSERT INTO images (name, kind, path, created_at) VALUES (?, ?, ?, ?)")
-            .bind(&img.name)
-            .bind(&img.kind)
-            .bind(&img.path)
-            .bind(img.created_at)
-            .execute(&self.pool)
-            .await;
+        let res =
+            sqlx::query("INSERT INTO images (name, kind, path, created_at) VALUES (?, ?, ?, ?)")
+                .bind(&img.name)
+                .bind(&img.kind)
+                .bind(&img.path)
+                .bind(img.created_at)
+                .execute(&self.pool)
+                .await;
         match res {
             Ok(_) => Ok(()),
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(CoreError::Conflict(format!("an image named {:?} already exists", img.name)))
-            }
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(CoreError::Conflict(
+                format!("an image named {:?} already exists", img.name),
+            )),
             Err(e) => Err(e.into()),
         }
     }
 
     pub async fn get_image(&self, name: &str) -> Result<Option<ImageRow>> {
-        let r = sqlx::query("SELECT * FROM images WHERE name = ?").bind(name).fetch_optional(&self.pool).await?;
+        let r = sqlx::query("SELECT * FROM images WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(match r {
             Some(r) => Some(ImageRow {
                 name: r.try_get("name")?,
@@ -256,7 +282,9 @@ impl Store {
     }
 
     pub async fn list_images(&self) -> Result<Vec<ImageRow>> {
-        let rows = sqlx::query("SELECT * FROM images ORDER BY name").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT * FROM images ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter()
             .map(|r| {
                 Ok(ImageRow {

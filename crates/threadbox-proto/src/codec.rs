@@ -79,7 +79,10 @@ mod tests {
             },
             Frame::Response {
                 id: 7,
-                resp: Response::Output { stream: Stream::Stderr, data: b"\xff\xfe".to_vec() },
+                resp: Response::Output {
+                    stream: Stream::Stderr,
+                    data: b"\xff\xfe".to_vec(),
+                },
             },
         ];
         let mut wire = Vec::new();
@@ -101,7 +104,10 @@ mod tests {
     fn oversized_header_is_refused_without_allocating() {
         let mut dec = FrameDecoder::new();
         dec.feed(&u32::MAX.to_be_bytes());
-        assert_eq!(dec.next_frame(), Err(ProtoError::FrameTooLarge(u32::MAX as usize)));
+        assert_eq!(
+            dec.next_frame(),
+            Err(ProtoError::FrameTooLarge(u32::MAX as usize))
+        );
     }
 
     #[test]

@@ -77,11 +77,19 @@ impl Hello {
 pub enum Frame {
     Hello(Hello),
     /// host -> agent
-    Request { id: u64, req: Request },
+    Request {
+        id: u64,
+        req: Request,
+    },
     /// agent -> host; `Response::is_final` says whether more frames follow for `id`.
-    Response { id: u64, resp: Response },
+    Response {
+        id: u64,
+        resp: Response,
+    },
     /// host -> agent: stop the request `id` (e.g. the client went away).
-    Cancel { id: u64 },
+    Cancel {
+        id: u64,
+    },
 }
 
 /// Which user a process or file operation runs as inside the sandbox.
@@ -153,9 +161,19 @@ pub enum Request {
     Exec(ExecSpec),
     BackgroundStart(BackgroundSpec),
     BackgroundList,
-    BackgroundLogs { bg_id: u64 },
-    BackgroundKill { bg_id: u64, signal: Option<i32> },
-    FileRead { path: String, user: RunAs, offset: u64, limit: Option<u64> },
+    BackgroundLogs {
+        bg_id: u64,
+    },
+    BackgroundKill {
+        bg_id: u64,
+        signal: Option<i32>,
+    },
+    FileRead {
+        path: String,
+        user: RunAs,
+        offset: u64,
+        limit: Option<u64>,
+    },
     /// Writes a file; large files come as several requests with `append: true`.
     FileWrite {
         path: String,
@@ -166,12 +184,30 @@ pub enum Request {
         mode: Option<u32>,
         make_parents: bool,
     },
-    FileList { path: String, user: RunAs },
-    FileStat { path: String, user: RunAs },
-    Mkdir { path: String, user: RunAs, parents: bool },
-    Remove { path: String, user: RunAs, recursive: bool },
+    FileList {
+        path: String,
+        user: RunAs,
+    },
+    FileStat {
+        path: String,
+        user: RunAs,
+    },
+    Mkdir {
+        path: String,
+        user: RunAs,
+        parents: bool,
+    },
+    Remove {
+        path: String,
+        user: RunAs,
+        recursive: bool,
+    },
     /// Atomic rename within the sandbox (used to commit an upload written to a temp name).
-    Rename { from: String, to: String, user: RunAs },
+    Rename {
+        from: String,
+        to: String,
+        user: RunAs,
+    },
     Selftest,
     /// Sum of CPU time etc. is read by the host from cgroups; this is what only the
     /// inside can tell.
@@ -275,7 +311,9 @@ pub enum ErrorKind {
 pub enum Response {
     Pong,
     /// Streamed: the process started.
-    Started { pid: i32 },
+    Started {
+        pid: i32,
+    },
     /// Streamed: output as it arrives (only when `stream` was requested).
     Output {
         stream: Stream,
@@ -284,8 +322,13 @@ pub enum Response {
     },
     /// Final frame of an exec.
     Exited(ExecResult),
-    BackgroundStarted { bg_id: u64, pid: i32 },
-    BackgroundList { processes: Vec<BackgroundInfo> },
+    BackgroundStarted {
+        bg_id: u64,
+        pid: i32,
+    },
+    BackgroundList {
+        processes: Vec<BackgroundInfo>,
+    },
     BackgroundLogs(BackgroundLogs),
     /// Final frame of a file read: the bytes and whether the file goes on.
     FileData {
@@ -294,12 +337,21 @@ pub enum Response {
         eof: bool,
         size: u64,
     },
-    FileList { entries: Vec<FileInfo> },
+    FileList {
+        entries: Vec<FileInfo>,
+    },
     FileStat(FileInfo),
     Done,
-    Selftest { checks: Vec<PostureCheck> },
-    Stats { processes: u32 },
-    Error { kind: ErrorKind, message: String },
+    Selftest {
+        checks: Vec<PostureCheck>,
+    },
+    Stats {
+        processes: u32,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 impl Response {

@@ -61,9 +61,9 @@ pub struct ApiDoc;
 /// The OpenAPI document as pretty JSON with a final newline: exactly the committed
 /// `api/openapi.json`.
 pub fn openapi_json() -> String {
-    let mut json = ApiDoc::openapi()
-        .to_pretty_json()
-        .unwrap_or_else(|err| format!("{{\"error\": \"cannot render the OpenAPI document: {err}\"}}"));
+    let mut json = ApiDoc::openapi().to_pretty_json().unwrap_or_else(|err| {
+        format!("{{\"error\": \"cannot render the OpenAPI document: {err}\"}}")
+    });
     json.push('\n');
     json
 }

@@ -48,9 +48,9 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn manager(&self) -> Result<&Manager, ApiError> {
-        self.manager
-            .as_deref()
-            .ok_or_else(|| ApiError::new(ErrorCode::Unavailable, "the sandbox manager is not running"))
+        self.manager.as_deref().ok_or_else(|| {
+            ApiError::new(ErrorCode::Unavailable, "the sandbox manager is not running")
+        })
     }
 }
 
@@ -115,7 +115,9 @@ fn router(shared: Shared) -> Router {
         // Applies to the buffering extractors (JSON, optional kill body); file uploads
         // read the raw body and enforce `max_upload_bytes` themselves.
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
         .with_state(Arc::new(shared))
 }
 
@@ -212,8 +214,9 @@ pub struct RawBytes(#[allow(dead_code)] Vec<u8>);
 fn parse_user(user: Option<&str>) -> Result<User, ApiError> {
     match user {
         None => Ok(User::User),
-        Some(s) => User::parse(s)
-            .ok_or_else(|| ApiError::invalid(format!("invalid user {s:?}: expected `user` or `root`"))),
+        Some(s) => User::parse(s).ok_or_else(|| {
+            ApiError::invalid(format!("invalid user {s:?}: expected `user` or `root`"))
+        }),
     }
 }
 
@@ -228,14 +231,18 @@ fn check_path(path: &str) -> Result<&str, ApiError> {
 }
 
 /// Parses `label=k=v` (repeatable) and `state=...` of the list route.
-pub(crate) fn parse_list_query(raw: Option<&str>) -> Result<(BTreeMap<String, String>, Option<SandboxState>), ApiError> {
+pub(crate) fn parse_list_query(
+    raw: Option<&str>,
+) -> Result<(BTreeMap<String, String>, Option<SandboxState>), ApiError> {
     let mut labels = BTreeMap::new();
     let mut state = None;
     for (key, value) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
         match key.as_ref() {
             "label" => {
                 let (k, v) = value.split_once('=').ok_or_else(|| {
-                    ApiError::invalid(format!("invalid label filter {value:?}: expected `key=value`"))
+                    ApiError::invalid(format!(
+                        "invalid label filter {value:?}: expected `key=value`"
+                    ))
                 })?;
                 if k.is_empty() {
                     return Err(ApiError::invalid(format!(
@@ -264,9 +271,13 @@ pub(crate) fn parse_list_query(raw: Option<&str>) -> Result<(BTreeMap<String, St
 
 fn check_command(command: &Option<Vec<String>>, shell: &Option<String>) -> Result<(), ApiError> {
     match (command, shell) {
-        (Some(_), Some(_)) => Err(ApiError::invalid("give exactly one of `command` and `shell`, not both")),
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "give exactly one of `command` and `shell`, not both",
+        )),
         (None, None) => Err(ApiError::invalid("give one of `command` and `shell`")),
-        (Some(argv), None) if argv.is_empty() => Err(ApiError::invalid("`command` must not be empty")),
+        (Some(argv), None) if argv.is_empty() => {
+            Err(ApiError::invalid("`command` must not be empty"))
+        }
         (Some(argv), None) if argv[0].is_empty() => {
             Err(ApiError::invalid("`command[0]` must not be empty"))
         }
@@ -278,7 +289,9 @@ fn check_exec(req: &ExecRequest) -> Result<(), ApiError> {
     check_command(&req.command, &req.shell)?;
     if let Some(t) = req.timeout_secs {
         if !t.is_finite() || t <= 0.0 {
-            return Err(ApiError::invalid("`timeout_secs` must be a positive number"));
+            return Err(ApiError::invalid(
+                "`timeout_secs` must be a positive number",
+            ));
         }
     }
     Ok(())
@@ -299,7 +312,10 @@ pub(crate) async fn healthz() -> ApiJson<Health> {
     responses((status = 200, description = "This OpenAPI document", content_type = "application/json")))]
 pub(crate) async fn openapi_document() -> Response {
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         openapi::openapi_json_cached(),
     )
         .into_response()
@@ -321,7 +337,11 @@ pub(crate) async fn create_sandbox(
         }
     }
     let (sandbox, created) = st.manager()?.create(req).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, ApiJson(sandbox)))
 }
 
@@ -466,11 +486,17 @@ pub(crate) async fn exec_stream(
                 true,
             ),
         };
-        Some((Ok::<_, std::convert::Infallible>(ndjson_line(&event)), (rx, terminal)))
+        Some((
+            Ok::<_, std::convert::Infallible>(ndjson_line(&event)),
+            (rx, terminal),
+        ))
     });
     Ok((
         [
-            (header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson")),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/x-ndjson"),
+            ),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         ],
         Body::from_stream(lines),
@@ -584,7 +610,10 @@ pub(crate) async fn read_file(
         })
     });
     Ok((
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        )],
         Body::from_stream(body),
     )
         .into_response())
@@ -674,7 +703,9 @@ pub(crate) async fn list_files(
 ) -> Result<ApiJson<FileList>, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
-    Ok(ApiJson(st.manager()?.list_files(&sandbox, path, user).await?))
+    Ok(ApiJson(
+        st.manager()?.list_files(&sandbox, path, user).await?,
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files/stat", tag = "files",
@@ -689,7 +720,9 @@ pub(crate) async fn stat_file(
 ) -> Result<ApiJson<FileEntry>, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
-    Ok(ApiJson(st.manager()?.stat_file(&sandbox, path, user).await?))
+    Ok(ApiJson(
+        st.manager()?.stat_file(&sandbox, path, user).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/files/mkdir", tag = "files",
@@ -743,7 +776,9 @@ pub(crate) async fn add_image(
         return Err(ApiError::invalid("`name` must not be empty"));
     }
     if !req.path.starts_with('/') {
-        return Err(ApiError::invalid("`path` must be an absolute path on the daemon's host"));
+        return Err(ApiError::invalid(
+            "`path` must be an absolute path on the daemon's host",
+        ));
     }
     let image = st.manager()?.add_image(req).await?;
     Ok((StatusCode::CREATED, ApiJson(image)))

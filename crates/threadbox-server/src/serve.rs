@@ -166,7 +166,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
             let _ = (&mut unix_task).await;
         }
     };
-    if tokio::time::timeout(opts.shutdown_grace, drain).await.is_err() {
+    if tokio::time::timeout(opts.shutdown_grace, drain)
+        .await
+        .is_err()
+    {
         tracing::warn!(
             "in-flight requests did not finish within {:?}; closing them",
             opts.shutdown_grace

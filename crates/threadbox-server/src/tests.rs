@@ -238,8 +238,7 @@ async fn valid_requests_reach_the_manager() {
 #[test]
 fn list_query_parses_repeated_labels() {
     let (labels, state) =
-        crate::routes::parse_list_query(Some("label=a%3Db&label=c=d=e&state=paused"))
-            .unwrap();
+        crate::routes::parse_list_query(Some("label=a%3Db&label=c=d=e&state=paused")).unwrap();
     assert_eq!(labels.get("a").map(String::as_str), Some("b"));
     assert_eq!(labels.get("c").map(String::as_str), Some("d=e"));
     assert_eq!(state, Some(threadbox_api::SandboxState::Paused));

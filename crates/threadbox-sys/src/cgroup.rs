@@ -29,11 +29,16 @@ impl Layout {
 
     pub fn detect_at(base: &Path) -> Result<Layout> {
         if base.join("cgroup.controllers").exists() {
-            return Ok(Layout::V2 { root: base.to_path_buf() });
+            return Ok(Layout::V2 {
+                root: base.to_path_buf(),
+            });
         }
         let unified = base.join("unified");
         if unified.join("cgroup.procs").exists() && base.join("memory").exists() {
-            return Ok(Layout::Hybrid { v1_root: base.to_path_buf(), unified });
+            return Ok(Layout::Hybrid {
+                v1_root: base.to_path_buf(),
+                unified,
+            });
         }
         Err(SysError::Other(format!(
             "no usable cgroup2 mount under {} (need pure cgroup v2, or a hybrid layout with \
@@ -71,7 +76,8 @@ pub struct SandboxCgroup {
 }
 
 fn write(path: &Path, value: &str) -> Result<()> {
-    fs::write(path, value).map_err(|e| SysError::os(format!("write {:?} to {}", value, path.display()), e))
+    fs::write(path, value)
+        .map_err(|e| SysError::os(format!("write {:?} to {}", value, path.display()), e))
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -87,7 +93,10 @@ fn mkdir(path: &Path) -> Result<()> {
 
 impl SandboxCgroup {
     pub fn new(layout: Layout, parent: &str, id: &str) -> Self {
-        SandboxCgroup { layout, rel: Path::new(parent).join(id) }
+        SandboxCgroup {
+            layout,
+            rel: Path::new(parent).join(id),
+        }
     }
 
     pub fn layout(&self) -> &Layout {
@@ -121,7 +130,10 @@ impl SandboxCgroup {
 
     /// The `cgroup.procs` files a process must join to be in this sandbox.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.all_dirs().into_iter().map(|d| d.join("cgroup.procs")).collect()
+        self.all_dirs()
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
     }
 
     /// Creates the cgroup(s), writes the limits and delegates the v2 directory to
@@ -143,7 +155,12 @@ impl SandboxCgroup {
         self.set_limits(limits)?;
         if let Some((uid, gid)) = owner {
             let d = self.v2_dir();
-            for p in [d.clone(), d.join("cgroup.procs"), d.join("cgroup.threads"), d.join("cgroup.subtree_control")] {
+            for p in [
+                d.clone(),
+                d.join("cgroup.procs"),
+                d.join("cgroup.threads"),
+                d.join("cgroup.subtree_control"),
+            ] {
                 chown(&p, Some(uid), Some(gid))
                     .map_err(|e| SysError::os(format!("delegate {}", p.display()), e))?;
             }
@@ -164,7 +181,10 @@ impl SandboxCgroup {
             }
             Layout::Hybrid { .. } => {
                 let mem = self.v1_dir("memory").expect("hybrid has v1");
-                write(&mem.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
+                write(
+                    &mem.join("memory.limit_in_bytes"),
+                    &limits.memory_bytes.to_string(),
+                )?;
                 let memsw = mem.join("memory.memsw.limit_in_bytes");
                 if memsw.exists() {
                     let _ = fs::write(&memsw, limits.memory_bytes.to_string());
@@ -236,7 +256,9 @@ impl SandboxCgroup {
         let deadline = Instant::now() + timeout;
         while self.is_populated()? {
             if Instant::now() > deadline {
-                return Err(SysError::Other("sandbox processes did not exit in time".into()));
+                return Err(SysError::Other(
+                    "sandbox processes did not exit in time".into(),
+                ));
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -263,7 +285,10 @@ impl SandboxCgroup {
         let stat = read(&self.v2_dir().join("cpu.stat"))?;
         for line in stat.lines() {
             if let Some(v) = line.strip_prefix("usage_usec ") {
-                return v.trim().parse().map_err(|_| SysError::Other(format!("bad cpu.stat line {line:?}")));
+                return v
+                    .trim()
+                    .parse()
+                    .map_err(|_| SysError::Other(format!("bad cpu.stat line {line:?}")));
             }
         }
         Err(SysError::Other("cpu.stat has no usage_usec".into()))
@@ -273,16 +298,25 @@ impl SandboxCgroup {
     pub fn memory_current(&self) -> Result<u64> {
         let path = match &self.layout {
             Layout::V2 { .. } => self.v2_dir().join("memory.current"),
-            Layout::Hybrid { .. } => self.v1_dir("memory").expect("hybrid").join("memory.usage_in_bytes"),
+            Layout::Hybrid { .. } => self
+                .v1_dir("memory")
+                .expect("hybrid")
+                .join("memory.usage_in_bytes"),
         };
-        read(&path)?.trim().parse().map_err(|_| SysError::Other("bad memory usage value".into()))
+        read(&path)?
+            .trim()
+            .parse()
+            .map_err(|_| SysError::Other("bad memory usage value".into()))
     }
 
     /// Number of OOM kills in the sandbox so far.
     pub fn oom_kills(&self) -> Result<u64> {
         let path = match &self.layout {
             Layout::V2 { .. } => self.v2_dir().join("memory.events"),
-            Layout::Hybrid { .. } => self.v1_dir("memory").expect("hybrid").join("memory.oom_control"),
+            Layout::Hybrid { .. } => self
+                .v1_dir("memory")
+                .expect("hybrid")
+                .join("memory.oom_control"),
         };
         let text = read(&path)?;
         for line in text.lines() {
@@ -310,10 +344,17 @@ fn collect_pids(dir: &Path, out: &mut Vec<i32>) -> Result<()> {
     let procs = match fs::read_to_string(dir.join("cgroup.procs")) {
         Ok(s) => s,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(SysError::os(format!("read {}/cgroup.procs", dir.display()), e)),
+        Err(e) => {
+            return Err(SysError::os(
+                format!("read {}/cgroup.procs", dir.display()),
+                e,
+            ))
+        }
     };
     out.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-    for entry in fs::read_dir(dir).map_err(|e| SysError::os(format!("list {}", dir.display()), e))? {
+    for entry in
+        fs::read_dir(dir).map_err(|e| SysError::os(format!("list {}", dir.display()), e))?
+    {
         let entry = entry.map_err(|e| SysError::os("list cgroup", e))?;
         if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
             collect_pids(&entry.path(), out)?;

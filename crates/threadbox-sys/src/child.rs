@@ -88,7 +88,14 @@ impl ChildPolicy {
     pub fn enter(&self) -> io::Result<()> {
         // SAFETY: integer arguments only. Failure (old kernel) is not fatal: the agent opens
         // every fd of its own with O_CLOEXEC.
-        unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+        unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            )
+        };
 
         if let Some(fd) = &self.cgroup_procs {
             // SAFETY: writes one byte from a static buffer to an fd we own.
@@ -106,13 +113,25 @@ impl ChildPolicy {
         if fd >= 0 {
             // SAFETY: static buffer of the given length; `fd` is ours and closed once.
             unsafe {
-                libc::write(fd, OOM_SCORE_ADJ_VALUE.as_ptr().cast(), OOM_SCORE_ADJ_VALUE.len());
+                libc::write(
+                    fd,
+                    OOM_SCORE_ADJ_VALUE.as_ptr().cast(),
+                    OOM_SCORE_ADJ_VALUE.len(),
+                );
                 libc::close(fd);
             }
         }
 
         // SAFETY: integer arguments only.
-        let rc = unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            )
+        };
         if rc != 0 && errno() != libc::EINVAL {
             return Err(io::Error::last_os_error());
         }
@@ -140,10 +159,19 @@ impl ChildPolicy {
         // SAFETY: integer arguments only.
         check(unsafe { libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid) })?;
 
-        let header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
-        let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+        let header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
         // SAFETY: header and a two-element data array as capset(2) requires for version 3.
-        check(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })?;
+        check(unsafe {
+            libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr())
+        })?;
 
         if let Some(cwd) = &self.cwd {
             // SAFETY: NUL-terminated string owned by `self`.
@@ -255,7 +283,9 @@ pub fn kill_group(pgid: i32, sig: i32) -> io::Result<()> {
 /// by other users (the agent is non-dumpable).
 pub fn set_dumpable(on: bool) -> io::Result<()> {
     // SAFETY: integer arguments only.
-    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) } as libc::c_long)
+    check(
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong, 0, 0, 0) } as libc::c_long,
+    )
 }
 
 /// Orphans of our descendants are re-parented to us (so we reap them) even when we are not
@@ -345,8 +375,16 @@ pub fn openat2(
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let dirfd = dir.map(|d| d.as_raw_fd()).unwrap_or(libc::AT_FDCWD);
     let flags = flags | libc::O_CLOEXEC;
-    let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 { mode } else { 0 };
-    let how = OpenHow { flags: flags as u64, mode: mode as u64, resolve };
+    let mode = if flags & (libc::O_CREAT | libc::O_TMPFILE) != 0 {
+        mode
+    } else {
+        0
+    };
+    let how = OpenHow {
+        flags: flags as u64,
+        mode: mode as u64,
+        resolve,
+    };
     // SAFETY: `c` is NUL-terminated and `how` is a valid open_how of the size passed.
     let mut rc = unsafe {
         libc::syscall(
@@ -359,7 +397,8 @@ pub fn openat2(
     };
     if rc < 0 && errno() == libc::ENOSYS {
         // SAFETY: as above, with the classic calling convention.
-        rc = unsafe { libc::openat(dirfd, c.as_ptr(), flags, mode as libc::c_uint) } as libc::c_long;
+        rc =
+            unsafe { libc::openat(dirfd, c.as_ptr(), flags, mode as libc::c_uint) } as libc::c_long;
     }
     if rc < 0 {
         return Err(io::Error::last_os_error());
@@ -380,15 +419,15 @@ pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
 /// Pseudo filesystems that the file API must never read or write through a symlink.
 pub fn is_kernel_interface_fs(f_type: i64) -> bool {
     const MAGICS: &[i64] = &[
-        libc::PROC_SUPER_MAGIC as i64,
-        libc::SYSFS_MAGIC as i64,
-        libc::CGROUP2_SUPER_MAGIC as i64,
-        libc::CGROUP_SUPER_MAGIC as i64,
-        libc::DEBUGFS_MAGIC as i64,
-        libc::SECURITYFS_MAGIC as i64,
-        libc::BPF_FS_MAGIC as i64,
-        libc::TRACEFS_MAGIC as i64,
-        libc::DEVPTS_SUPER_MAGIC as i64,
+        libc::PROC_SUPER_MAGIC,
+        libc::SYSFS_MAGIC,
+        libc::CGROUP2_SUPER_MAGIC,
+        libc::CGROUP_SUPER_MAGIC,
+        libc::DEBUGFS_MAGIC,
+        libc::SECURITYFS_MAGIC,
+        libc::BPF_FS_MAGIC,
+        libc::TRACEFS_MAGIC,
+        libc::DEVPTS_SUPER_MAGIC,
         0x4249_4e4d, // binfmt_misc
         0x6e73_6673, // nsfs
     ];
@@ -402,7 +441,9 @@ static TAKEN_FDS: AtomicU64 = AtomicU64::new(0);
 /// can be taken once; others are refused.
 pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     if !(3..64).contains(&fd) {
-        return Err(io::Error::other(format!("inherited fd {fd} is outside 3..64")));
+        return Err(io::Error::other(format!(
+            "inherited fd {fd} is outside 3..64"
+        )));
     }
     let bit = 1u64 << fd;
     if TAKEN_FDS.fetch_or(bit, Ordering::SeqCst) & bit != 0 {
@@ -449,18 +490,30 @@ impl DirFd {
     pub fn mkdir(&self, name: &str, mode: u32) -> io::Result<()> {
         let c = Self::cname(name)?;
         // SAFETY: valid dirfd and NUL-terminated name.
-        check(unsafe { libc::mkdirat(self.0.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) } as libc::c_long)
+        check(
+            unsafe { libc::mkdirat(self.0.as_raw_fd(), c.as_ptr(), mode as libc::mode_t) }
+                as libc::c_long,
+        )
     }
 
     pub fn rmdir(&self, name: &str) -> io::Result<()> {
         let c = Self::cname(name)?;
         // SAFETY: valid dirfd and NUL-terminated name.
-        check(unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) } as libc::c_long)
+        check(
+            unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }
+                as libc::c_long,
+        )
     }
 
     /// Opens `rel` (no symlinks followed) for writing.
     pub fn open_write(&self, rel: &str) -> io::Result<OwnedFd> {
-        openat2(Some(self.0.as_fd_borrow()), Path::new(rel), libc::O_WRONLY, 0, RESOLVE_NO_SYMLINKS)
+        openat2(
+            Some(self.0.as_fd_borrow()),
+            Path::new(rel),
+            libc::O_WRONLY,
+            0,
+            RESOLVE_NO_SYMLINKS,
+        )
     }
 
     /// Writes `data` to the file `rel` in one write (cgroup interface files want that).
@@ -501,7 +554,13 @@ pub fn probe_mount_tmpfs(target: &Path) -> io::Result<()> {
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: NUL-terminated strings; no data argument.
     check(unsafe {
-        libc::mount(c"none".as_ptr(), t.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            c"none".as_ptr(),
+            t.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     } as libc::c_long)
 }
 
@@ -530,11 +589,25 @@ mod tests {
 
     #[test]
     fn openat2_refuses_magic_links() {
-        let err = openat2(None, Path::new("/proc/self/fd/0"), libc::O_RDONLY, 0, RESOLVE_NO_MAGICLINKS)
-            .unwrap_err();
+        let err = openat2(
+            None,
+            Path::new("/proc/self/fd/0"),
+            libc::O_RDONLY,
+            0,
+            RESOLVE_NO_MAGICLINKS,
+        )
+        .unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
-        let fd = openat2(None, Path::new("/proc/self/status"), libc::O_RDONLY, 0, RESOLVE_NO_MAGICLINKS)
-            .unwrap();
-        assert!(is_kernel_interface_fs(fs_type(std::os::fd::AsFd::as_fd(&fd)).unwrap()));
+        let fd = openat2(
+            None,
+            Path::new("/proc/self/status"),
+            libc::O_RDONLY,
+            0,
+            RESOLVE_NO_MAGICLINKS,
+        )
+        .unwrap();
+        assert!(is_kernel_interface_fs(
+            fs_type(std::os::fd::AsFd::as_fd(&fd)).unwrap()
+        ));
     }
 }

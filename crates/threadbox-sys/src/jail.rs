@@ -96,7 +96,9 @@ const MASKED_PROC: &[&str] = &[
     "mtrr",
 ];
 /// Paths under `/proc` made read-only.
-const READONLY_PROC: &[&str] = &["sys", "irq", "bus", "fs", "sysvipc", "driver", "tty", "pressure"];
+const READONLY_PROC: &[&str] = &[
+    "sys", "irq", "bus", "fs", "sysvipc", "driver", "tty", "pressure",
+];
 /// Device nodes bound from the host into the sandbox's `/dev`.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -104,8 +106,16 @@ pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty
 /// [`LaunchReport`], returns the process exit code. Must run in a single-threaded process.
 pub fn helper_main() -> i32 {
     let report = match run_helper() {
-        Ok(pid) => LaunchReport { ok: true, agent_pid: Some(pid), error: None },
-        Err(e) => LaunchReport { ok: false, agent_pid: None, error: Some(e.to_string()) },
+        Ok(pid) => LaunchReport {
+            ok: true,
+            agent_pid: Some(pid),
+            error: None,
+        },
+        Err(e) => LaunchReport {
+            ok: false,
+            agent_pid: None,
+            error: Some(e.to_string()),
+        },
     };
     let code = if report.ok { 0 } else { 1 };
     let line = serde_json::to_string(&report).unwrap_or_else(|_| "{\"ok\":false}".to_string());
@@ -126,7 +136,8 @@ fn run_helper() -> Result<i32> {
 }
 
 fn cstr(p: impl AsRef<OsStr>) -> Result<CString> {
-    CString::new(p.as_ref().as_bytes()).map_err(|_| SysError::Other("path contains a NUL byte".into()))
+    CString::new(p.as_ref().as_bytes())
+        .map_err(|_| SysError::Other("path contains a NUL byte".into()))
 }
 
 fn check(ret: libc::c_int, what: impl FnOnce() -> String) -> Result<()> {
@@ -137,7 +148,13 @@ fn check(ret: libc::c_int, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
-fn mount(src: Option<&Path>, target: &Path, fstype: Option<&str>, flags: libc::c_ulong, data: Option<&str>) -> Result<()> {
+fn mount(
+    src: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<()> {
     let src_c = src.map(cstr).transpose()?;
     let target_c = cstr(target)?;
     let fstype_c = fstype.map(cstr).transpose()?;
@@ -150,10 +167,14 @@ fn mount(src: Option<&Path>, target: &Path, fstype: Option<&str>, flags: libc::c
             target_c.as_ptr(),
             fstype_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
             flags,
-            data_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr() as *const libc::c_void),
+            data_c
+                .as_ref()
+                .map_or(std::ptr::null(), |c| c.as_ptr() as *const libc::c_void),
         )
     };
-    check(ret, || format!("mount {} ({})", target.display(), fstype.unwrap_or("bind")))
+    check(ret, || {
+        format!("mount {} ({})", target.display(), fstype.unwrap_or("bind"))
+    })
 }
 
 /// Bind-mounts `src` on `target` read-only, nosuid, nodev.
@@ -171,15 +192,18 @@ fn bind_ro(src: &Path, target: &Path) -> Result<()> {
 /// Copies the agent binary into a sealed memfd, so nothing in a sandbox can ever write
 /// to the copy it executes (nor, through /proc/self/exe, to the host's file).
 fn sealed_agent(path: &Path) -> Result<OwnedFd> {
-    let bytes = fs::read(path).map_err(|e| SysError::os(format!("read agent {}", path.display()), e))?;
+    let bytes =
+        fs::read(path).map_err(|e| SysError::os(format!("read agent {}", path.display()), e))?;
     let name = cstr("threadbox-agent")?;
     // SAFETY: name is a valid C string; the returned fd is checked and then owned.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     check(fd, || "memfd_create".into())?;
     // SAFETY: fd was just returned by memfd_create and is owned by nobody else.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut file = fs::File::from(owned);
-    file.write_all(&bytes).map_err(|e| SysError::os("fill agent memfd", e))?;
+    file.write_all(&bytes)
+        .map_err(|e| SysError::os("fill agent memfd", e))?;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
     // SAFETY: fcntl on a valid fd with integer arguments.
     let ret = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
@@ -217,14 +241,17 @@ fn read_all(fd: OwnedFd) -> Vec<u8> {
 /// Builds the sandbox and returns the host pid of its agent.
 pub fn launch(spec: &JailSpec) -> Result<i32> {
     for procs in &spec.cgroup_procs {
-        fs::write(procs, "0").map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
+        fs::write(procs, "0")
+            .map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
     }
     let agent = sealed_agent(&spec.agent_path)?;
     let listener = listen_socket(&spec.socket_path)?;
     let cgroup_fd = match &spec.cgroup_dir {
-        Some(dir) => Some(OwnedFd::from(
-            fs::File::open(dir).map_err(|e| SysError::os(format!("open {}", dir.display()), e))?,
-        )),
+        Some(dir) => {
+            Some(OwnedFd::from(fs::File::open(dir).map_err(|e| {
+                SysError::os(format!("open {}", dir.display()), e)
+            })?))
+        }
         None => None,
     };
 
@@ -232,7 +259,9 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
     // makes the others, so the helper stays in the host's mount namespace and can write
     // the child's id maps through the host's /proc.
     // SAFETY: unshare takes integer flags; this process is single-threaded.
-    check(unsafe { libc::unshare(libc::CLONE_NEWPID) }, || "unshare pid namespace".into())?;
+    check(unsafe { libc::unshare(libc::CLONE_NEWPID) }, || {
+        "unshare pid namespace".into()
+    })?;
 
     // child -> parent: "the user namespace exists, write my maps"; then errors, if any.
     let (ready_r, ready_w) = pipe()?;
@@ -278,14 +307,20 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
             }
         }
         let map = format!("0 {} {}\n", spec.id_base, ID_RANGE);
-        fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(|e| SysError::os("write uid_map", e))?;
-        fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(|e| SysError::os("write gid_map", e))?;
+        fs::write(format!("/proc/{pid}/uid_map"), &map)
+            .map_err(|e| SysError::os("write uid_map", e))?;
+        fs::write(format!("/proc/{pid}/gid_map"), &map)
+            .map_err(|e| SysError::os("write gid_map", e))?;
         let mut gf = fs::File::from(go_w);
-        gf.write_all(b"g").map_err(|e| SysError::os("signal the sandbox init", e))?;
+        gf.write_all(b"g")
+            .map_err(|e| SysError::os("signal the sandbox init", e))?;
         drop(gf);
         let err = read_all(err_r);
         if !err.is_empty() {
-            return Err(SysError::Other(format!("sandbox setup failed: {}", String::from_utf8_lossy(&err))));
+            return Err(SysError::Other(format!(
+                "sandbox setup failed: {}",
+                String::from_utf8_lossy(&err)
+            )));
         }
         Ok(())
     })();
@@ -319,23 +354,34 @@ fn sandbox_init(
         .append(true)
         .open(&log_path)
         .map_err(|e| SysError::os(format!("open {}", log_path.display()), e))?;
-    let flags = libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+    let flags = libc::CLONE_NEWNS
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS
+        | libc::CLONE_NEWCGROUP;
     // SAFETY: unshare takes integer flags; this process is single-threaded.
-    check(unsafe { libc::unshare(flags) }, || "unshare namespaces".into())?;
+    check(unsafe { libc::unshare(flags) }, || {
+        "unshare namespaces".into()
+    })?;
     build_root(spec)?;
     set_hostname(&spec.hostname)?;
     loopback_up()?;
     pivot(&spec.rootfs)?;
 
     // SAFETY: unshare with an integer flag; this process is single-threaded.
-    check(unsafe { libc::unshare(libc::CLONE_NEWUSER) }, || "unshare user namespace".into())?;
+    check(unsafe { libc::unshare(libc::CLONE_NEWUSER) }, || {
+        "unshare user namespace".into()
+    })?;
     let mut w = fs::File::from(ready_w);
-    w.write_all(b"r").map_err(|e| SysError::os("signal the helper", e))?;
+    w.write_all(b"r")
+        .map_err(|e| SysError::os("signal the helper", e))?;
     drop(w);
     let mut byte = [0u8; 1];
     let mut r = fs::File::from(go_r);
     if r.read(&mut byte).ok() != Some(1) {
-        return Err(SysError::Other("the helper did not write the id maps".into()));
+        return Err(SysError::Other(
+            "the helper did not write the id maps".into(),
+        ));
     }
     // Become uid/gid 0 of the new namespace (= the unprivileged host base id).
     // SAFETY: plain id-setting syscalls; we hold CAP_SETUID/SETGID in the new namespace.
@@ -350,7 +396,9 @@ fn sandbox_init(
     // socket, 4 = cgroup dir. Move everything above 10 first so no dup2 clobbers another.
     let agent_fd = dup_above(agent.as_raw_fd(), 10)?;
     let listen_fd = dup_above(listener.as_raw_fd(), 10)?;
-    let cg_fd = cgroup_fd.map(|cg| dup_above(cg.as_raw_fd(), 10)).transpose()?;
+    let cg_fd = cgroup_fd
+        .map(|cg| dup_above(cg.as_raw_fd(), 10))
+        .transpose()?;
     let null = fs::File::open("/dev/null").map_err(|e| SysError::os("open /dev/null", e))?;
     let null_fd = dup_above(null.as_raw_fd(), 10)?;
     let log_fd = dup_above(log.as_raw_fd(), 10)?;
@@ -367,7 +415,12 @@ fn sandbox_init(
     // Close everything else the helper inherited.
     // SAFETY: close_range on numbers we do not use any more.
     unsafe {
-        libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC);
+        libc::syscall(
+            libc::SYS_close_range,
+            5u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
     }
     let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -392,11 +445,15 @@ fn dup_to(fd: RawFd, target: RawFd) -> Result<()> {
     if fd == target {
         // Clear close-on-exec so the agent inherits it.
         // SAFETY: fcntl with integer arguments on an fd we own.
-        check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, || "fcntl".into())?;
+        check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }, || {
+            "fcntl".into()
+        })?;
         return Ok(());
     }
     // SAFETY: dup2 on valid fd numbers; the new fd has no CLOEXEC.
-    check(unsafe { libc::dup2(fd, target) }, || format!("dup2 to {target}"))
+    check(unsafe { libc::dup2(fd, target) }, || {
+        format!("dup2 to {target}")
+    })
 }
 
 fn dup_above(fd: RawFd, min: RawFd) -> Result<RawFd> {
@@ -408,13 +465,19 @@ fn dup_above(fd: RawFd, min: RawFd) -> Result<RawFd> {
 
 fn set_rlimits(nofile: u64) -> Result<()> {
     let lim = |res, v: u64| {
-        let r = libc::rlimit { rlim_cur: v, rlim_max: v };
+        let r = libc::rlimit {
+            rlim_cur: v,
+            rlim_max: v,
+        };
         // SAFETY: r is a valid rlimit struct.
         unsafe { libc::setrlimit(res, &r) }
     };
     // Lowering limits needs no privilege; failures to raise are ignored.
     lim(libc::RLIMIT_CORE, 0);
-    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut cur = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: cur is a valid rlimit struct to fill.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut cur) };
     let want = nofile.min(cur.rlim_max);
@@ -432,16 +495,33 @@ fn inside(root: &Path, p: &Path) -> PathBuf {
 fn build_root(spec: &JailSpec) -> Result<()> {
     let root = &spec.rootfs;
     // Nothing we mount here may propagate back to the host.
-    mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)?;
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
 
-    let lower = spec.lower.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
+    let lower = spec
+        .lower
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
     let opts = format!(
         "lowerdir={},upperdir={},workdir={}",
         lower,
         spec.upper.display(),
         spec.work.display()
     );
-    mount(Some(Path::new("overlay")), root, Some("overlay"), libc::MS_NOSUID | libc::MS_NODEV, Some(&opts))?;
+    mount(
+        Some(Path::new("overlay")),
+        root,
+        Some("overlay"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&opts),
+    )?;
 
     for b in &spec.binds {
         let t = inside(root, &b.target);
@@ -500,12 +580,27 @@ fn build_root(spec: &JailSpec) -> Result<()> {
     for d in DEVICES {
         let t = dev.join(d);
         fs::write(&t, b"").map_err(|e| SysError::os(format!("create {}", t.display()), e))?;
-        mount(Some(&Path::new("/dev").join(d)), &t, None, libc::MS_BIND, None)?;
-        mount(None, &t, None, libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NOEXEC, None)?;
+        mount(
+            Some(&Path::new("/dev").join(d)),
+            &t,
+            None,
+            libc::MS_BIND,
+            None,
+        )?;
+        mount(
+            None,
+            &t,
+            None,
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NOEXEC,
+            None,
+        )?;
     }
     let pts = dev.join("pts");
     mkdir_p(&pts)?;
-    let pts_opts = format!("newinstance,ptmxmode=0666,mode=0620,gid={}", spec.id_base + 5);
+    let pts_opts = format!(
+        "newinstance,ptmxmode=0666,mode=0620,gid={}",
+        spec.id_base + 5
+    );
     mount(
         Some(Path::new("devpts")),
         &pts,
@@ -545,7 +640,13 @@ fn build_root(spec: &JailSpec) -> Result<()> {
     let tmp = root.join("tmp");
     mkdir_p(&tmp)?;
     let tmp_opts = format!("size={},mode=1777", spec.tmpfs_bytes);
-    mount(Some(Path::new("tmpfs")), &tmp, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&tmp_opts))?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &tmp,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        Some(&tmp_opts),
+    )?;
     Ok(())
 }
 
@@ -568,13 +669,15 @@ fn loopback_up() -> Result<()> {
         ifr.ifr_name[i] = *b as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS fills ifr, which is a valid ifreq.
-    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) }, || "get lo flags".into())?;
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) };
+    check(ret, || "get lo flags".into())?;
     // SAFETY: reading and writing the flags member of the union set by the kernel.
     unsafe {
         ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     }
     // SAFETY: SIOCSIFFLAGS reads ifr, a valid ifreq.
-    check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) }, || "bring lo up".into())
+    let ret = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) };
+    check(ret, || "bring lo up".into())
 }
 
 fn pivot(root: &Path) -> Result<()> {
@@ -584,12 +687,16 @@ fn pivot(root: &Path) -> Result<()> {
     // SAFETY: valid C strings; pivot_root(".", ".") stacks the old root on the new one,
     // which we then detach, leaving no path to the host's filesystem.
     unsafe {
-        check(libc::chdir(root_c.as_ptr()), || "chdir to the new root".into())?;
+        check(libc::chdir(root_c.as_ptr()), || {
+            "chdir to the new root".into()
+        })?;
         check(
             libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) as libc::c_int,
             || "pivot_root".into(),
         )?;
-        check(libc::umount2(dot.as_ptr(), libc::MNT_DETACH), || "detach the old root".into())?;
+        check(libc::umount2(dot.as_ptr(), libc::MNT_DETACH), || {
+            "detach the old root".into()
+        })?;
         check(libc::chdir(slash.as_ptr()), || "chdir /".into())?;
     }
     Ok(())
@@ -608,7 +715,10 @@ mod tests {
             upper: "/u".into(),
             work: "/w".into(),
             rootfs: "/r".into(),
-            binds: vec![Bind { source: "/usr".into(), target: "/usr".into() }],
+            binds: vec![Bind {
+                source: "/usr".into(),
+                target: "/usr".into(),
+            }],
             agent_path: "/x".into(),
             socket_path: "/s".into(),
             cgroup_procs: vec![],

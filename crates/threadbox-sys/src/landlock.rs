@@ -117,7 +117,9 @@ impl Ruleset {
     pub fn new_fs() -> io::Result<Ruleset> {
         let abi = abi_version()?;
         let handled = fs_rights_of_abi(abi) & READ_WRITE;
-        let attr = RulesetAttr { handled_access_fs: handled };
+        let attr = RulesetAttr {
+            handled_access_fs: handled,
+        };
         // SAFETY: `attr` is a valid ruleset attribute of the size passed; the kernel copies it.
         let rc = unsafe {
             libc::syscall(
@@ -156,7 +158,10 @@ impl Ruleset {
         if !is_dir {
             rights &= FILE_RIGHTS;
         }
-        let attr = PathBeneathAttr { allowed_access: rights, parent_fd: parent.as_raw_fd() };
+        let attr = PathBeneathAttr {
+            allowed_access: rights,
+            parent_fd: parent.as_raw_fd(),
+        };
         // SAFETY: `attr` is a valid path-beneath attribute; both fds are open for the call.
         let rc = unsafe {
             libc::syscall(
@@ -177,7 +182,8 @@ impl Ruleset {
     /// CAP_SYS_ADMIN). Async-signal-safe: one system call, no allocation.
     pub fn restrict_self(&self) -> io::Result<()> {
         // SAFETY: integer arguments only; the ruleset fd is open while `self` lives.
-        let rc = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, self.fd.as_raw_fd(), 0u32) };
+        let rc =
+            unsafe { libc::syscall(libc::SYS_landlock_restrict_self, self.fd.as_raw_fd(), 0u32) };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -190,7 +196,13 @@ const NOT_WRITABLE_TOP: &[&str] = &["proc", "sys", "usr", "dev"];
 
 /// Entries of /dev a process may write (those that exist).
 pub const DEV_WRITABLE: &[&str] = &[
-    "/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/pts",
     "/dev/shm",
 ];
 
@@ -200,7 +212,12 @@ pub const DEV_WRITABLE: &[&str] = &[
 pub fn sandbox_ruleset() -> io::Result<Option<Ruleset>> {
     let mut rs = match Ruleset::new_fs() {
         Ok(rs) => rs,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
+            ) =>
+        {
             return Ok(None)
         }
         Err(e) => return Err(e),
@@ -209,7 +226,10 @@ pub fn sandbox_ruleset() -> io::Result<Option<Ruleset>> {
     for entry in std::fs::read_dir("/")? {
         let entry = entry?;
         let name = entry.file_name();
-        if NOT_WRITABLE_TOP.iter().any(|n| name.as_bytes() == n.as_bytes()) {
+        if NOT_WRITABLE_TOP
+            .iter()
+            .any(|n| name.as_bytes() == n.as_bytes())
+        {
             continue;
         }
         // Symlinks (/bin -> usr/bin) are skipped: they lead into a read-only tree.

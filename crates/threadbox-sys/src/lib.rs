@@ -23,10 +23,16 @@ pub enum SysError {
 
 impl SysError {
     pub fn os(what: impl Into<String>, source: std::io::Error) -> Self {
-        SysError::Os { what: what.into(), source }
+        SysError::Os {
+            what: what.into(),
+            source,
+        }
     }
     pub fn last(what: impl Into<String>) -> Self {
-        SysError::Os { what: what.into(), source: std::io::Error::last_os_error() }
+        SysError::Os {
+            what: what.into(),
+            source: std::io::Error::last_os_error(),
+        }
     }
 }
 

@@ -75,102 +75,292 @@ pub static ALLOW: &[Group] = &[
         purpose: "file I/O",
         reason: "reading and writing files and descriptors is what every program does",
         calls: calls![
-            SYS_read, SYS_write, SYS_open, SYS_openat, SYS_openat2, SYS_close, SYS_close_range,
-            SYS_creat, SYS_lseek, SYS_pread64, SYS_pwrite64, SYS_readv, SYS_writev,
-            SYS_preadv, SYS_pwritev, SYS_preadv2, SYS_pwritev2, SYS_sendfile, SYS_splice,
-            SYS_tee, SYS_vmsplice, SYS_copy_file_range, SYS_dup, SYS_dup2, SYS_dup3, SYS_fcntl,
-            SYS_flock, SYS_fsync, SYS_fdatasync, SYS_sync, SYS_syncfs, SYS_sync_file_range,
-            SYS_truncate, SYS_ftruncate, SYS_fallocate, SYS_fadvise64, SYS_readahead,
+            SYS_read,
+            SYS_write,
+            SYS_open,
+            SYS_openat,
+            SYS_openat2,
+            SYS_close,
+            SYS_close_range,
+            SYS_creat,
+            SYS_lseek,
+            SYS_pread64,
+            SYS_pwrite64,
+            SYS_readv,
+            SYS_writev,
+            SYS_preadv,
+            SYS_pwritev,
+            SYS_preadv2,
+            SYS_pwritev2,
+            SYS_sendfile,
+            SYS_splice,
+            SYS_tee,
+            SYS_vmsplice,
+            SYS_copy_file_range,
+            SYS_dup,
+            SYS_dup2,
+            SYS_dup3,
+            SYS_fcntl,
+            SYS_flock,
+            SYS_fsync,
+            SYS_fdatasync,
+            SYS_sync,
+            SYS_syncfs,
+            SYS_sync_file_range,
+            SYS_truncate,
+            SYS_ftruncate,
+            SYS_fallocate,
+            SYS_fadvise64,
+            SYS_readahead,
         ],
     },
     Group {
         purpose: "file metadata and directories",
         reason: "stat, directory listing and path operations; DAC and Landlock decide access",
         calls: calls![
-            SYS_stat, SYS_fstat, SYS_lstat, SYS_newfstatat, SYS_statx, SYS_statfs, SYS_fstatfs,
-            SYS_access, SYS_faccessat, SYS_faccessat2, SYS_getdents, SYS_getdents64,
-            SYS_getcwd, SYS_chdir, SYS_fchdir, SYS_rename, SYS_renameat, SYS_renameat2,
-            SYS_mkdir, SYS_mkdirat, SYS_rmdir, SYS_link, SYS_linkat, SYS_unlink, SYS_unlinkat,
-            SYS_symlink, SYS_symlinkat, SYS_readlink, SYS_readlinkat, SYS_chmod, SYS_fchmod,
-            SYS_fchmodat, SYS_fchmodat2, SYS_chown, SYS_fchown, SYS_lchown, SYS_fchownat,
-            SYS_umask, SYS_utime, SYS_utimes, SYS_futimesat, SYS_utimensat, SYS_mknod,
-            SYS_mknodat, SYS_setxattr, SYS_lsetxattr, SYS_fsetxattr, SYS_getxattr,
-            SYS_lgetxattr, SYS_fgetxattr, SYS_listxattr, SYS_llistxattr, SYS_flistxattr,
-            SYS_removexattr, SYS_lremovexattr, SYS_fremovexattr,
+            SYS_stat,
+            SYS_fstat,
+            SYS_lstat,
+            SYS_newfstatat,
+            SYS_statx,
+            SYS_statfs,
+            SYS_fstatfs,
+            SYS_access,
+            SYS_faccessat,
+            SYS_faccessat2,
+            SYS_getdents,
+            SYS_getdents64,
+            SYS_getcwd,
+            SYS_chdir,
+            SYS_fchdir,
+            SYS_rename,
+            SYS_renameat,
+            SYS_renameat2,
+            SYS_mkdir,
+            SYS_mkdirat,
+            SYS_rmdir,
+            SYS_link,
+            SYS_linkat,
+            SYS_unlink,
+            SYS_unlinkat,
+            SYS_symlink,
+            SYS_symlinkat,
+            SYS_readlink,
+            SYS_readlinkat,
+            SYS_chmod,
+            SYS_fchmod,
+            SYS_fchmodat,
+            SYS_fchmodat2,
+            SYS_chown,
+            SYS_fchown,
+            SYS_lchown,
+            SYS_fchownat,
+            SYS_umask,
+            SYS_utime,
+            SYS_utimes,
+            SYS_futimesat,
+            SYS_utimensat,
+            SYS_mknod,
+            SYS_mknodat,
+            SYS_setxattr,
+            SYS_lsetxattr,
+            SYS_fsetxattr,
+            SYS_getxattr,
+            SYS_lgetxattr,
+            SYS_fgetxattr,
+            SYS_listxattr,
+            SYS_llistxattr,
+            SYS_flistxattr,
+            SYS_removexattr,
+            SYS_lremovexattr,
+            SYS_fremovexattr,
         ],
     },
     Group {
         purpose: "memory",
         reason: "allocation and mapping; limits come from the cgroup",
         calls: calls![
-            SYS_brk, SYS_mmap, SYS_munmap, SYS_mremap, SYS_mprotect, SYS_msync, SYS_mincore,
-            SYS_madvise, SYS_mlock, SYS_mlock2, SYS_munlock, SYS_mlockall, SYS_munlockall,
-            SYS_memfd_create, SYS_membarrier, SYS_pkey_mprotect, SYS_pkey_alloc, SYS_pkey_free,
-            SYS_mbind, SYS_get_mempolicy, SYS_set_mempolicy, SYS_map_shadow_stack,
+            SYS_brk,
+            SYS_mmap,
+            SYS_munmap,
+            SYS_mremap,
+            SYS_mprotect,
+            SYS_msync,
+            SYS_mincore,
+            SYS_madvise,
+            SYS_mlock,
+            SYS_mlock2,
+            SYS_munlock,
+            SYS_mlockall,
+            SYS_munlockall,
+            SYS_memfd_create,
+            SYS_membarrier,
+            SYS_pkey_mprotect,
+            SYS_pkey_alloc,
+            SYS_pkey_free,
+            SYS_mbind,
+            SYS_get_mempolicy,
+            SYS_set_mempolicy,
+            SYS_map_shadow_stack,
         ],
     },
     Group {
         purpose: "processes",
         reason: "fork/exec/wait inside the sandbox's own pid namespace (clone is filtered)",
         calls: calls![
-            SYS_fork, SYS_vfork, SYS_execve, SYS_execveat, SYS_exit, SYS_exit_group, SYS_wait4,
-            SYS_waitid, SYS_getpid, SYS_getppid, SYS_gettid, SYS_getpgid, SYS_setpgid,
-            SYS_getpgrp, SYS_getsid, SYS_setsid, SYS_set_tid_address, SYS_arch_prctl,
-            SYS_prctl, SYS_getrlimit, SYS_setrlimit, SYS_prlimit64, SYS_getrusage, SYS_times,
-            SYS_getpriority, SYS_setpriority, SYS_sched_yield, SYS_sched_getaffinity,
-            SYS_sched_setaffinity, SYS_sched_getparam, SYS_sched_setparam,
-            SYS_sched_getscheduler, SYS_sched_setscheduler, SYS_sched_get_priority_max,
-            SYS_sched_get_priority_min, SYS_sched_rr_get_interval, SYS_sched_getattr,
-            SYS_sched_setattr, SYS_ioprio_get, SYS_ioprio_set, SYS_getcpu, SYS_pidfd_open,
-            SYS_pidfd_send_signal, SYS_seccomp, SYS_landlock_create_ruleset,
-            SYS_landlock_add_rule, SYS_landlock_restrict_self,
+            SYS_fork,
+            SYS_vfork,
+            SYS_execve,
+            SYS_execveat,
+            SYS_exit,
+            SYS_exit_group,
+            SYS_wait4,
+            SYS_waitid,
+            SYS_getpid,
+            SYS_getppid,
+            SYS_gettid,
+            SYS_getpgid,
+            SYS_setpgid,
+            SYS_getpgrp,
+            SYS_getsid,
+            SYS_setsid,
+            SYS_set_tid_address,
+            SYS_arch_prctl,
+            SYS_prctl,
+            SYS_getrlimit,
+            SYS_setrlimit,
+            SYS_prlimit64,
+            SYS_getrusage,
+            SYS_times,
+            SYS_getpriority,
+            SYS_setpriority,
+            SYS_sched_yield,
+            SYS_sched_getaffinity,
+            SYS_sched_setaffinity,
+            SYS_sched_getparam,
+            SYS_sched_setparam,
+            SYS_sched_getscheduler,
+            SYS_sched_setscheduler,
+            SYS_sched_get_priority_max,
+            SYS_sched_get_priority_min,
+            SYS_sched_rr_get_interval,
+            SYS_sched_getattr,
+            SYS_sched_setattr,
+            SYS_ioprio_get,
+            SYS_ioprio_set,
+            SYS_getcpu,
+            SYS_pidfd_open,
+            SYS_pidfd_send_signal,
+            SYS_seccomp,
+            SYS_landlock_create_ruleset,
+            SYS_landlock_add_rule,
+            SYS_landlock_restrict_self,
         ],
     },
     Group {
         purpose: "credentials",
         reason: "querying and lowering ids; without capabilities nothing can be raised",
         calls: calls![
-            SYS_getuid, SYS_geteuid, SYS_getgid, SYS_getegid, SYS_getresuid, SYS_getresgid,
-            SYS_getgroups, SYS_setuid, SYS_setgid, SYS_setreuid, SYS_setregid, SYS_setresuid,
-            SYS_setresgid, SYS_setfsuid, SYS_setfsgid, SYS_setgroups, SYS_capget, SYS_capset,
+            SYS_getuid,
+            SYS_geteuid,
+            SYS_getgid,
+            SYS_getegid,
+            SYS_getresuid,
+            SYS_getresgid,
+            SYS_getgroups,
+            SYS_setuid,
+            SYS_setgid,
+            SYS_setreuid,
+            SYS_setregid,
+            SYS_setresuid,
+            SYS_setresgid,
+            SYS_setfsuid,
+            SYS_setfsgid,
+            SYS_setgroups,
+            SYS_capget,
+            SYS_capset,
         ],
     },
     Group {
         purpose: "threads and synchronisation",
         reason: "pthreads, futexes and restartable sequences used by every libc",
         calls: calls![
-            SYS_futex, SYS_futex_waitv, SYS_futex_wake, SYS_futex_wait, SYS_futex_requeue,
-            SYS_set_robust_list, SYS_get_robust_list, SYS_rseq,
+            SYS_futex,
+            SYS_futex_waitv,
+            SYS_futex_wake,
+            SYS_futex_wait,
+            SYS_futex_requeue,
+            SYS_set_robust_list,
+            SYS_get_robust_list,
+            SYS_rseq,
         ],
     },
     Group {
         purpose: "signals",
         reason: "signal handling; kill reaches only processes of the same pid namespace",
         calls: calls![
-            SYS_rt_sigaction, SYS_rt_sigprocmask, SYS_rt_sigreturn, SYS_rt_sigpending,
-            SYS_rt_sigtimedwait, SYS_rt_sigqueueinfo, SYS_rt_tgsigqueueinfo,
-            SYS_rt_sigsuspend, SYS_sigaltstack, SYS_kill, SYS_tkill, SYS_tgkill, SYS_pause,
-            SYS_signalfd, SYS_signalfd4,
+            SYS_rt_sigaction,
+            SYS_rt_sigprocmask,
+            SYS_rt_sigreturn,
+            SYS_rt_sigpending,
+            SYS_rt_sigtimedwait,
+            SYS_rt_sigqueueinfo,
+            SYS_rt_tgsigqueueinfo,
+            SYS_rt_sigsuspend,
+            SYS_sigaltstack,
+            SYS_kill,
+            SYS_tkill,
+            SYS_tgkill,
+            SYS_pause,
+            SYS_signalfd,
+            SYS_signalfd4,
         ],
     },
     Group {
         purpose: "time",
         reason: "reading clocks and sleeping (setting clocks is refused)",
         calls: calls![
-            SYS_clock_gettime, SYS_clock_getres, SYS_clock_nanosleep, SYS_gettimeofday,
-            SYS_time, SYS_nanosleep, SYS_alarm, SYS_getitimer, SYS_setitimer, SYS_timer_create,
-            SYS_timer_settime, SYS_timer_gettime, SYS_timer_getoverrun, SYS_timer_delete,
-            SYS_timerfd_create, SYS_timerfd_settime, SYS_timerfd_gettime,
+            SYS_clock_gettime,
+            SYS_clock_getres,
+            SYS_clock_nanosleep,
+            SYS_gettimeofday,
+            SYS_time,
+            SYS_nanosleep,
+            SYS_alarm,
+            SYS_getitimer,
+            SYS_setitimer,
+            SYS_timer_create,
+            SYS_timer_settime,
+            SYS_timer_gettime,
+            SYS_timer_getoverrun,
+            SYS_timer_delete,
+            SYS_timerfd_create,
+            SYS_timerfd_settime,
+            SYS_timerfd_gettime,
         ],
     },
     Group {
         purpose: "event loops",
         reason: "poll/select/epoll/eventfd/inotify used by every runtime (node, python asyncio)",
         calls: calls![
-            SYS_poll, SYS_ppoll, SYS_select, SYS_pselect6, SYS_epoll_create,
-            SYS_epoll_create1, SYS_epoll_ctl, SYS_epoll_wait, SYS_epoll_pwait,
-            SYS_epoll_pwait2, SYS_eventfd, SYS_eventfd2, SYS_inotify_init, SYS_inotify_init1,
-            SYS_inotify_add_watch, SYS_inotify_rm_watch, SYS_pipe, SYS_pipe2,
+            SYS_poll,
+            SYS_ppoll,
+            SYS_select,
+            SYS_pselect6,
+            SYS_epoll_create,
+            SYS_epoll_create1,
+            SYS_epoll_ctl,
+            SYS_epoll_wait,
+            SYS_epoll_pwait,
+            SYS_epoll_pwait2,
+            SYS_eventfd,
+            SYS_eventfd2,
+            SYS_inotify_init,
+            SYS_inotify_init1,
+            SYS_inotify_add_watch,
+            SYS_inotify_rm_watch,
+            SYS_pipe,
+            SYS_pipe2,
             SYS_restart_syscall,
         ],
     },
@@ -178,9 +368,22 @@ pub static ALLOW: &[Group] = &[
         purpose: "sockets",
         reason: "networking inside the sandbox's own namespace (socket() is filtered by family)",
         calls: calls![
-            SYS_socketpair, SYS_connect, SYS_accept, SYS_accept4, SYS_bind, SYS_listen,
-            SYS_getsockname, SYS_getpeername, SYS_sendto, SYS_recvfrom, SYS_sendmsg,
-            SYS_recvmsg, SYS_sendmmsg, SYS_recvmmsg, SYS_shutdown, SYS_setsockopt,
+            SYS_socketpair,
+            SYS_connect,
+            SYS_accept,
+            SYS_accept4,
+            SYS_bind,
+            SYS_listen,
+            SYS_getsockname,
+            SYS_getpeername,
+            SYS_sendto,
+            SYS_recvfrom,
+            SYS_sendmsg,
+            SYS_recvmsg,
+            SYS_sendmmsg,
+            SYS_recvmmsg,
+            SYS_shutdown,
+            SYS_setsockopt,
             SYS_getsockopt,
         ],
     },
@@ -188,17 +391,37 @@ pub static ALLOW: &[Group] = &[
         purpose: "System V and POSIX IPC",
         reason: "confined to the sandbox's own IPC namespace",
         calls: calls![
-            SYS_shmget, SYS_shmat, SYS_shmdt, SYS_shmctl, SYS_semget, SYS_semop,
-            SYS_semtimedop, SYS_semctl, SYS_msgget, SYS_msgsnd, SYS_msgrcv, SYS_msgctl,
-            SYS_mq_open, SYS_mq_unlink, SYS_mq_timedsend, SYS_mq_timedreceive, SYS_mq_notify,
+            SYS_shmget,
+            SYS_shmat,
+            SYS_shmdt,
+            SYS_shmctl,
+            SYS_semget,
+            SYS_semop,
+            SYS_semtimedop,
+            SYS_semctl,
+            SYS_msgget,
+            SYS_msgsnd,
+            SYS_msgrcv,
+            SYS_msgctl,
+            SYS_mq_open,
+            SYS_mq_unlink,
+            SYS_mq_timedsend,
+            SYS_mq_timedreceive,
+            SYS_mq_notify,
             SYS_mq_getsetattr,
         ],
     },
     Group {
         purpose: "asynchronous I/O (legacy AIO)",
         reason: "used by databases and some runtimes; io_uring is refused instead",
-        calls: calls![SYS_io_setup, SYS_io_destroy, SYS_io_getevents, SYS_io_pgetevents,
-            SYS_io_submit, SYS_io_cancel],
+        calls: calls![
+            SYS_io_setup,
+            SYS_io_destroy,
+            SYS_io_getevents,
+            SYS_io_pgetevents,
+            SYS_io_submit,
+            SYS_io_cancel
+        ],
     },
     Group {
         purpose: "system information",
@@ -213,8 +436,18 @@ pub static DENY: &[Group] = &[
         purpose: "namespaces and mounts",
         reason: "new namespaces and mounts expose kernel code reachable only with privileges",
         calls: calls![
-            SYS_unshare, SYS_setns, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_chroot,
-            SYS_fsopen, SYS_fsconfig, SYS_fsmount, SYS_fspick, SYS_move_mount, SYS_open_tree,
+            SYS_unshare,
+            SYS_setns,
+            SYS_mount,
+            SYS_umount2,
+            SYS_pivot_root,
+            SYS_chroot,
+            SYS_fsopen,
+            SYS_fsconfig,
+            SYS_fsmount,
+            SYS_fspick,
+            SYS_move_mount,
+            SYS_open_tree,
             SYS_mount_setattr,
         ],
     },
@@ -222,8 +455,14 @@ pub static DENY: &[Group] = &[
         purpose: "kernel extension and introspection",
         reason: "eBPF, perf, userfaultfd and io_uring are the usual local privilege escalations",
         calls: calls![
-            SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_io_uring_setup,
-            SYS_io_uring_enter, SYS_io_uring_register, SYS_lookup_dcookie, SYS_fanotify_init,
+            SYS_bpf,
+            SYS_perf_event_open,
+            SYS_userfaultfd,
+            SYS_io_uring_setup,
+            SYS_io_uring_enter,
+            SYS_io_uring_register,
+            SYS_lookup_dcookie,
+            SYS_fanotify_init,
         ],
     },
     Group {
@@ -235,15 +474,24 @@ pub static DENY: &[Group] = &[
         purpose: "other processes' memory",
         reason: "tracing and cross-process memory access (kcmp, pidfd_getfd are ptrace-like)",
         calls: calls![
-            SYS_ptrace, SYS_process_vm_readv, SYS_process_vm_writev, SYS_kcmp, SYS_pidfd_getfd,
-            SYS_process_madvise, SYS_migrate_pages, SYS_move_pages,
+            SYS_ptrace,
+            SYS_process_vm_readv,
+            SYS_process_vm_writev,
+            SYS_kcmp,
+            SYS_pidfd_getfd,
+            SYS_process_madvise,
+            SYS_migrate_pages,
+            SYS_move_pages,
         ],
     },
     Group {
         purpose: "modules and kexec",
         reason: "loading code into or replacing the host kernel",
         calls: calls![
-            SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_kexec_load,
+            SYS_init_module,
+            SYS_finit_module,
+            SYS_delete_module,
+            SYS_kexec_load,
             SYS_kexec_file_load,
         ],
     },
@@ -255,14 +503,27 @@ pub static DENY: &[Group] = &[
     Group {
         purpose: "clocks",
         reason: "the system clock is host-wide",
-        calls: calls![SYS_settimeofday, SYS_clock_settime, SYS_clock_adjtime, SYS_adjtimex],
+        calls: calls![
+            SYS_settimeofday,
+            SYS_clock_settime,
+            SYS_clock_adjtime,
+            SYS_adjtimex
+        ],
     },
     Group {
         purpose: "host administration",
         reason: "host-wide effects: reboot, swap, accounting, quotas, kernel log, hostname",
         calls: calls![
-            SYS_reboot, SYS_swapon, SYS_swapoff, SYS_acct, SYS_quotactl, SYS_quotactl_fd,
-            SYS_syslog, SYS_vhangup, SYS_sethostname, SYS_setdomainname,
+            SYS_reboot,
+            SYS_swapon,
+            SYS_swapoff,
+            SYS_acct,
+            SYS_quotactl,
+            SYS_quotactl_fd,
+            SYS_syslog,
+            SYS_vhangup,
+            SYS_sethostname,
+            SYS_setdomainname,
         ],
     },
     Group {
@@ -300,7 +561,11 @@ const CLONE_NEW_FLAGS: [u64; 8] = [
     0x80, // CLONE_NEWTIME
 ];
 
-fn dword(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
+fn dword(
+    arg: u8,
+    op: SeccompCmpOp,
+    value: u64,
+) -> Result<SeccompCondition, seccompiler::BackendError> {
     SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
 }
 
@@ -309,7 +574,10 @@ fn dword(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, secc
 /// high half cannot slip past the filter.
 pub static CONDITIONAL: &[Conditional] = &[
     Conditional {
-        call: Syscall { ident: "SYS_clone", nr: libc::SYS_clone },
+        call: Syscall {
+            ident: "SYS_clone",
+            nr: libc::SYS_clone,
+        },
         refused_when: "flags contain any CLONE_NEW* bit",
         reason: "threads and fork are needed; new namespaces are not",
         rules: || {
@@ -320,7 +588,10 @@ pub static CONDITIONAL: &[Conditional] = &[
         },
     },
     Conditional {
-        call: Syscall { ident: "SYS_socket", nr: libc::SYS_socket },
+        call: Syscall {
+            ident: "SYS_socket",
+            nr: libc::SYS_socket,
+        },
         refused_when: "family is not AF_UNIX, AF_INET or AF_INET6",
         reason: "netlink, packet, vsock, bluetooth... sockets are kernel attack surface",
         rules: || {
@@ -332,18 +603,24 @@ pub static CONDITIONAL: &[Conditional] = &[
         },
     },
     Conditional {
-        call: Syscall { ident: "SYS_ioctl", nr: libc::SYS_ioctl },
+        call: Syscall {
+            ident: "SYS_ioctl",
+            nr: libc::SYS_ioctl,
+        },
         refused_when: "request is TIOCSTI or TIOCLINUX",
         reason: "both inject input into a terminal another process reads",
         rules: || {
             Ok(vec![
-                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCSTI as u64)?])?,
-                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCLINUX as u64)?])?,
+                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCSTI)?])?,
+                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCLINUX)?])?,
             ])
         },
     },
     Conditional {
-        call: Syscall { ident: "SYS_personality", nr: libc::SYS_personality },
+        call: Syscall {
+            ident: "SYS_personality",
+            nr: libc::SYS_personality,
+        },
         refused_when: "persona is not PER_LINUX (0) or the query 0xffffffff",
         reason: "other personalities change the address-space layout and syscall semantics",
         rules: || {
@@ -376,16 +653,25 @@ pub fn policy_table() -> Vec<(&'static str, Verdict)> {
         out.push((c.call.name(), Verdict::AllowUnless(c.refused_when)));
     }
     for g in DENY {
-        out.extend(g.calls.iter().map(|c| (c.name(), Verdict::Errno(libc::EPERM))));
+        out.extend(
+            g.calls
+                .iter()
+                .map(|c| (c.name(), Verdict::Errno(libc::EPERM))),
+        );
     }
     for g in NOT_IMPLEMENTED {
-        out.extend(g.calls.iter().map(|c| (c.name(), Verdict::Errno(libc::ENOSYS))));
+        out.extend(
+            g.calls
+                .iter()
+                .map(|c| (c.name(), Verdict::Errno(libc::ENOSYS))),
+        );
     }
     out
 }
 
 // Classic BPF opcodes and seccomp constants for our prefix.
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+/// BPF_LD | BPF_W | BPF_ABS (LD and W are 0).
+const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_RET_K: u16 = 0x06;
@@ -395,7 +681,12 @@ const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter { code, jt: 0, jf: 0, k }
+    sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
 }
 
 fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
@@ -415,13 +706,22 @@ fn compile(
 /// Compiles the sandbox policy to a BPF program (x86_64).
 pub fn sandbox_filter() -> Result<BpfProgram> {
     if !cfg!(target_arch = "x86_64") {
-        return Err(SysError::Other("the seccomp policy is written for x86_64 only".into()));
+        return Err(SysError::Other(
+            "the seccomp policy is written for x86_64 only".into(),
+        ));
     }
     let mut seen = std::collections::HashSet::new();
-    let all = ALLOW.iter().chain(DENY).chain(NOT_IMPLEMENTED).flat_map(|g| g.calls.iter());
+    let all = ALLOW
+        .iter()
+        .chain(DENY)
+        .chain(NOT_IMPLEMENTED)
+        .flat_map(|g| g.calls.iter());
     for c in all.chain(CONDITIONAL.iter().map(|c| &c.call)) {
         if !seen.insert(c.nr) {
-            return Err(SysError::Other(format!("seccomp policy names {} twice", c.name())));
+            return Err(SysError::Other(format!(
+                "seccomp policy names {} twice",
+                c.name()
+            )));
         }
     }
 
@@ -444,8 +744,11 @@ pub fn sandbox_filter() -> Result<BpfProgram> {
         let rules = (c.rules)().map_err(|e| SysError::Other(format!("seccomp rule: {e}")))?;
         refusals.insert(c.call.nr, rules);
     }
-    let mut section =
-        compile(refusals, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32))?;
+    let mut section = compile(
+        refusals,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+    )?;
     match section.pop() {
         Some(last) if last == stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW) => {}
         other => {
@@ -457,8 +760,11 @@ pub fn sandbox_filter() -> Result<BpfProgram> {
     prog.extend(section);
 
     // Section 3: the allowlist; everything else → ENOSYS.
-    let allowed: BTreeMap<i64, Vec<SeccompRule>> =
-        ALLOW.iter().flat_map(|g| g.calls.iter()).map(|c| (c.nr, Vec::new())).collect();
+    let allowed: BTreeMap<i64, Vec<SeccompRule>> = ALLOW
+        .iter()
+        .flat_map(|g| g.calls.iter())
+        .map(|c| (c.nr, Vec::new()))
+        .collect();
     prog.extend(compile(
         allowed,
         SeccompAction::Errno(libc::ENOSYS as u32),
@@ -466,7 +772,10 @@ pub fn sandbox_filter() -> Result<BpfProgram> {
     )?);
 
     if prog.len() > 4096 {
-        return Err(SysError::Other(format!("seccomp program too long: {}", prog.len())));
+        return Err(SysError::Other(format!(
+            "seccomp program too long: {}",
+            prog.len()
+        )));
     }
     Ok(prog)
 }
@@ -514,8 +823,18 @@ mod tests {
         let table = policy_table();
         let names: std::collections::HashSet<_> = table.iter().map(|(n, _)| *n).collect();
         assert_eq!(names.len(), table.len());
-        for must_deny in ["bpf", "ptrace", "mount", "unshare", "io_uring_setup", "keyctl"] {
-            assert!(table.contains(&(must_deny, Verdict::Errno(libc::EPERM))), "{must_deny}");
+        for must_deny in [
+            "bpf",
+            "ptrace",
+            "mount",
+            "unshare",
+            "io_uring_setup",
+            "keyctl",
+        ] {
+            assert!(
+                table.contains(&(must_deny, Verdict::Errno(libc::EPERM))),
+                "{must_deny}"
+            );
         }
         assert!(table.contains(&("clone3", Verdict::Errno(libc::ENOSYS))));
     }
@@ -549,25 +868,31 @@ mod tests {
     }
 
     fn exit_code(status: i32) -> i32 {
-        assert!(libc::WIFEXITED(status), "child did not exit normally: status {status:#x}");
+        assert!(
+            libc::WIFEXITED(status),
+            "child did not exit normally: status {status:#x}"
+        );
         libc::WEXITSTATUS(status)
     }
 
     #[test]
     fn forked_child_sees_the_policy() {
         let status = in_filtered_child(|| {
-            // SAFETY (whole block): raw system calls with integer arguments.
+            // SAFETY: raw system calls with integer arguments only (no pointers).
             unsafe {
                 if libc::syscall(libc::SYS_getpid) <= 0 {
                     return 1;
                 }
-                if libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) != -1 || errno() != libc::EPERM {
+                if libc::syscall(libc::SYS_unshare, libc::CLONE_NEWUSER) != -1
+                    || errno() != libc::EPERM
+                {
                     return 2;
                 }
                 if libc::syscall(1000) != -1 || errno() != libc::ENOSYS {
                     return 3;
                 }
-                if libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) != -1 || errno() != libc::EPERM {
+                if libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, 0) != -1 || errno() != libc::EPERM
+                {
                     return 4;
                 }
                 let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
@@ -582,14 +907,18 @@ mod tests {
                 {
                     return 6;
                 }
-                if libc::syscall(libc::SYS_personality, 0x0040000u64) != -1 || errno() != libc::EPERM {
+                if libc::syscall(libc::SYS_personality, 0x0040000u64) != -1
+                    || errno() != libc::EPERM
+                {
                     return 7;
                 }
                 if libc::syscall(libc::SYS_personality, 0xffff_ffffu64) < 0 {
                     return 8;
                 }
-                let tiocsti_high = (1u64 << 32) | libc::TIOCSTI as u64;
-                if libc::syscall(libc::SYS_ioctl, 0, tiocsti_high, 0) != -1 || errno() != libc::EPERM {
+                let tiocsti_high = (1u64 << 32) | libc::TIOCSTI;
+                if libc::syscall(libc::SYS_ioctl, 0, tiocsti_high, 0) != -1
+                    || errno() != libc::EPERM
+                {
                     return 9;
                 }
                 if libc::syscall(libc::SYS_clone3, 0, 0) != -1 || errno() != libc::ENOSYS {

@@ -184,7 +184,12 @@ pub struct ExecArgs {
     #[arg(long, value_name = "SIZE")]
     pub max_output: Option<String>,
     /// The command and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<String>,
 }
 
@@ -268,7 +273,12 @@ pub struct SpawnArgs {
     #[arg(long)]
     pub json: bool,
     /// The command and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<String>,
 }
 

@@ -391,7 +391,9 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
     match cmd {
         FilesCommand::Ls(a) => {
             let user = parse_user(a.file.user.as_deref())?;
-            let list = client.list_files(&a.file.sandbox, &a.file.path, user).await?;
+            let list = client
+                .list_files(&a.file.sandbox, &a.file.path, user)
+                .await?;
             if a.json {
                 print_json(&list)?;
             } else {
@@ -420,7 +422,9 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
         }
         FilesCommand::Stat(a) => {
             let user = parse_user(a.file.user.as_deref())?;
-            let e = client.stat_file(&a.file.sandbox, &a.file.path, user).await?;
+            let e = client
+                .stat_file(&a.file.sandbox, &a.file.path, user)
+                .await?;
             if a.json {
                 print_json(&e)?;
             } else {
@@ -537,7 +541,10 @@ mod tests {
     fn table_aligns_columns() {
         let t = table(
             &["ID", "NAME"],
-            &[vec!["abc".into(), "x".into()], vec!["a".into(), "longer".into()]],
+            &[
+                vec!["abc".into(), "x".into()],
+                vec!["a".into(), "longer".into()],
+            ],
         );
         assert_eq!(t, "ID   NAME\nabc  x\na    longer\n");
     }

@@ -26,7 +26,9 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let is_serve = matches!(cli.command, cli::Command::Serve(_));
     let runtime = if is_serve {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
     } else {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -69,8 +69,9 @@ pub fn parse_pairs(flag: &str, pairs: &[String]) -> anyhow::Result<BTreeMap<Stri
 pub fn parse_user(user: Option<&str>) -> anyhow::Result<User> {
     match user {
         None => Ok(User::User),
-        Some(u) => User::parse(u)
-            .with_context(|| format!("invalid user {u:?}: expected `user` or `root`")),
+        Some(u) => {
+            User::parse(u).with_context(|| format!("invalid user {u:?}: expected `user` or `root`"))
+        }
     }
 }
 
@@ -111,7 +112,16 @@ mod tests {
         assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_size("64mb").unwrap(), 64 << 20);
         assert_eq!(parse_size("10k").unwrap(), 10 << 10);
-        for bad in ["", "M", "12X", "-1", "1..5G", "0", "99999999999999999999T", "1 2"] {
+        for bad in [
+            "",
+            "M",
+            "12X",
+            "-1",
+            "1..5G",
+            "0",
+            "99999999999999999999T",
+            "1 2",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
         let msg = parse_size("lots").unwrap_err().to_string();

@@ -62,9 +62,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .listen
         .or(config.listen)
         .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-    let listen: SocketAddr = listen
-        .parse()
-        .with_context(|| format!("invalid --listen address {listen:?}: expected IP:PORT, e.g. 127.0.0.1:7420"))?;
+    let listen: SocketAddr = listen.parse().with_context(|| {
+        format!("invalid --listen address {listen:?}: expected IP:PORT, e.g. 127.0.0.1:7420")
+    })?;
     let exe = std::env::current_exe().context("cannot locate the threadbox binary")?;
     let agent = resolve_agent(args.agent.or(config.agent), &exe)?;
     let mut opts = ServeOptions::new(root, agent, exe);

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 fn is_root() -> bool {
     // SAFETY-free: reading our own uid through /proc keeps this crate free of unsafe.
     std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
         .unwrap_or(false)
 }
 
@@ -46,12 +49,19 @@ struct Daemon {
 
 impl Daemon {
     fn start() -> Daemon {
-        let root = tempfile::Builder::new().prefix("tb-engine-").tempdir().expect("tempdir");
+        let root = tempfile::Builder::new()
+            .prefix("tb-engine-")
+            .tempdir()
+            .expect("tempdir");
         Self::start_on(root)
     }
 
     fn start_on(root: tempfile::TempDir) -> Daemon {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -74,7 +84,11 @@ impl Daemon {
     }
 
     fn tb(&self, args: &[&str]) -> Output {
-        Command::new(bin()).args(args).env("THREADBOX_URL", &self.url).output().expect("run cli")
+        Command::new(bin())
+            .args(args)
+            .env("THREADBOX_URL", &self.url)
+            .output()
+            .expect("run cli")
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -116,7 +130,11 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         // Delete what the test left, so cgroups and processes do not pile up.
-        if let Ok(out) = Command::new(bin()).args(["ls", "--json"]).env("THREADBOX_URL", &self.url).output() {
+        if let Ok(out) = Command::new(bin())
+            .args(["ls", "--json"])
+            .env("THREADBOX_URL", &self.url)
+            .output()
+        {
             if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
                 for sb in v["sandboxes"].as_array().cloned().unwrap_or_default() {
                     if let Some(id) = sb["id"].as_str() {
@@ -134,7 +152,10 @@ impl Drop for Daemon {
 }
 
 fn cgroup_v2_dir(id: &str) -> PathBuf {
-    for base in ["/sys/fs/cgroup/unified/threadbox", "/sys/fs/cgroup/threadbox"] {
+    for base in [
+        "/sys/fs/cgroup/unified/threadbox",
+        "/sys/fs/cgroup/threadbox",
+    ] {
         let p = Path::new(base).join(id);
         if p.exists() {
             return p;
@@ -167,7 +188,9 @@ fn pause_stops_cpu_and_resume_continues_it() {
     let id = d.create(&[]);
     d.ok(&["spawn", &id, "--", "sh", "-c", "while :; do :; done"]);
     let start = cpu_usec(&id);
-    wait_for("the busy loop to burn CPU", Duration::from_secs(20), || cpu_usec(&id) > start + 100_000);
+    wait_for("the busy loop to burn CPU", Duration::from_secs(20), || {
+        cpu_usec(&id) > start + 100_000
+    });
 
     d.ok(&["pause", &id]);
     assert_eq!(d.json(&["info", &id, "--json"])["state"], "paused");
@@ -178,12 +201,18 @@ fn pause_stops_cpu_and_resume_continues_it() {
         std::thread::sleep(Duration::from_millis(25));
     }
     let after = cpu_usec(&id);
-    assert!(after - frozen < 5_000, "a paused sandbox used {} us of CPU", after - frozen);
+    assert!(
+        after - frozen < 5_000,
+        "a paused sandbox used {} us of CPU",
+        after - frozen
+    );
 
     d.ok(&["resume", &id]);
-    wait_for("the busy loop to continue after resume", Duration::from_secs(20), || {
-        cpu_usec(&id) > after + 100_000
-    });
+    wait_for(
+        "the busy loop to continue after resume",
+        Duration::from_secs(20),
+        || cpu_usec(&id) > after + 100_000,
+    );
     // The background process survived the pause.
     let ps = d.json(&["ps", &id, "--json"]);
     assert_eq!(ps["processes"][0]["running"], true, "{ps}");
@@ -208,18 +237,43 @@ fn timeout_kills_a_double_forked_tree_and_keeps_output() {
     let script = "setsid sh -c 'sleep 1000 & echo $! > /tmp/grandchild; wait' & \
                   echo before; sleep 1000";
     let out = d.tb(&["exec", &id, "--timeout", "1", "--", "sh", "-c", script]);
-    assert_eq!(out.status.code(), Some(124), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(124),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
 
-    let r = d.json(&["exec", &id, "--json", "--timeout", "1", "--", "sh", "-c", "echo x; sleep 100"]);
+    let r = d.json(&[
+        "exec",
+        &id,
+        "--json",
+        "--timeout",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo x; sleep 100",
+    ]);
     assert_eq!(r["timed_out"], true);
     assert_eq!(r["exit_code"], Value::Null);
     assert_eq!(r["stdout"], "x\n");
 
-    let gc = d.sh(&id, "cat /tmp/grandchild")["stdout"].as_str().unwrap().trim().to_string();
+    let gc = d.sh(&id, "cat /tmp/grandchild")["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .to_string();
     assert!(!gc.is_empty());
-    let alive = d.sh(&id, &format!("test -e /proc/{gc} && echo alive || echo gone"));
-    assert_eq!(alive["stdout"], "gone\n", "the setsid grandchild survived the timeout");
+    let alive = d.sh(
+        &id,
+        &format!("test -e /proc/{gc} && echo alive || echo gone"),
+    );
+    assert_eq!(
+        alive["stdout"], "gone\n",
+        "the setsid grandchild survived the timeout"
+    );
 }
 
 #[test]
@@ -229,14 +283,20 @@ fn output_is_bounded_and_daemon_memory_stays_flat() {
     let id = d.create(&[]);
     d.sh(&id, "true");
     let before = rss_kib(d.pid());
-    let r = d.sh(&id, "head -c 50000000 /dev/zero | tr '\\0' a; echo done >&2");
+    let r = d.sh(
+        &id,
+        "head -c 50000000 /dev/zero | tr '\\0' a; echo done >&2",
+    );
     assert_eq!(r["truncated"], true);
     assert_eq!(r["stdout_truncated"], true);
     assert_eq!(r["stdout"].as_str().unwrap().len(), 1024 * 1024);
     assert_eq!(r["stderr"], "done\n");
     assert_eq!(r["exit_code"], 0);
     let after = rss_kib(d.pid());
-    assert!(after < before + 32 * 1024, "daemon RSS grew from {before} KiB to {after} KiB");
+    assert!(
+        after < before + 32 * 1024,
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
 
     // Non-UTF-8 bytes come back intact, as base64.
     let r = d.sh(&id, "printf '\\377\\000\\376'");
@@ -255,7 +315,10 @@ fn file_api_cannot_reach_the_host() {
     let flag_s = flag.display().to_string();
 
     // Symlinks planted inside point at the sandbox's own root, never the host's.
-    d.sh(&id, &format!("ln -s / /home/user/root; ln -s {flag_s} /home/user/flaglink"));
+    d.sh(
+        &id,
+        &format!("ln -s / /home/user/root; ln -s {flag_s} /home/user/flaglink"),
+    );
     for p in [
         flag_s.clone(),
         format!("/home/user/../../../..{flag_s}"),
@@ -264,7 +327,11 @@ fn file_api_cannot_reach_the_host() {
         format!("../../../../../{flag_s}"),
     ] {
         let out = d.tb(&["files", "read", &id, &p]);
-        assert!(!out.status.success(), "reading {p} succeeded: {:?}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            !out.status.success(),
+            "reading {p} succeeded: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
         assert!(!String::from_utf8_lossy(&out.stdout).contains("host-secret"));
     }
     // Writing through a link to an absolute path lands inside the sandbox.
@@ -279,8 +346,14 @@ fn file_api_cannot_reach_the_host() {
     let _ = w.wait();
     assert_eq!(std::fs::read_to_string(&flag).unwrap(), "host-secret");
     // /proc is not reachable through the file API.
-    assert!(!d.tb(&["files", "read", &id, "/proc/1/environ"]).status.success());
-    assert!(!d.tb(&["files", "read", &id, "/proc/self/root/etc/passwd"]).status.success());
+    assert!(!d
+        .tb(&["files", "read", &id, "/proc/1/environ"])
+        .status
+        .success());
+    assert!(!d
+        .tb(&["files", "read", &id, "/proc/self/root/etc/passwd"])
+        .status
+        .success());
 
     // Round trip of binary data, positive control for the refusals above.
     let data: Vec<u8> = (0..=255u8).cycle().take(3 * 1024 * 1024 + 7).collect();
@@ -303,20 +376,38 @@ fn sandboxes_cannot_see_each_other() {
     let d = Daemon::start();
     let a = d.create(&[]);
     let b = d.create(&[]);
-    d.sh(&a, "echo mine > /home/user/secret-a; echo t > /tmp/secret-a-tmp");
+    d.sh(
+        &a,
+        "echo mine > /home/user/secret-a; echo t > /tmp/secret-a-tmp",
+    );
     d.ok(&["spawn", &a, "--", "sleep", "1000"]);
-    let r = d.sh(&b, "ls /home/user /tmp; find / -name 'secret-a*' 2>/dev/null; echo end");
+    let r = d.sh(
+        &b,
+        "ls /home/user /tmp; find / -name 'secret-a*' 2>/dev/null; echo end",
+    );
     assert!(!r["stdout"].as_str().unwrap().contains("secret-a"), "{r}");
     // B's process list holds only B's own processes: its agent and this shell tree.
-    let ps = d.sh(&b, "for p in /proc/[0-9]*; do cat $p/cmdline | tr '\\0' ' '; echo; done");
+    let ps = d.sh(
+        &b,
+        "for p in /proc/[0-9]*; do cat $p/cmdline | tr '\\0' ' '; echo; done",
+    );
     let text = ps["stdout"].as_str().unwrap();
     assert!(!text.contains("sleep 1000"), "B sees A's process: {text}");
     // Positive control: A does see its own sleeper.
-    let ps = d.sh(&a, "for p in /proc/[0-9]*; do cat $p/cmdline | tr '\\0' ' '; echo; done");
+    let ps = d.sh(
+        &a,
+        "for p in /proc/[0-9]*; do cat $p/cmdline | tr '\\0' ' '; echo; done",
+    );
     assert!(ps["stdout"].as_str().unwrap().contains("sleep 1000"));
     // Distinct host uid ranges.
-    let ma = d.sh(&a, "cat /proc/self/uid_map")["stdout"].as_str().unwrap().to_string();
-    let mb = d.sh(&b, "cat /proc/self/uid_map")["stdout"].as_str().unwrap().to_string();
+    let ma = d.sh(&a, "cat /proc/self/uid_map")["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mb = d.sh(&b, "cat /proc/self/uid_map")["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_ne!(ma, mb);
 }
 
@@ -325,7 +416,10 @@ fn posture_from_inside() {
     require_root!();
     let d = Daemon::start();
     let id = d.create(&["--name", "posture"]);
-    let status = d.sh(&id, "cat /proc/self/status")["stdout"].as_str().unwrap().to_string();
+    let status = d.sh(&id, "cat /proc/self/status")["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let field = |k: &str| {
         status
             .lines()
@@ -339,9 +433,15 @@ fn posture_from_inside() {
         assert_eq!(field(cap), "0000000000000000", "{cap}");
     }
     assert!(field("Uid:").starts_with("1000"));
-    let map = d.sh(&id, "cat /proc/self/uid_map")["stdout"].as_str().unwrap().to_string();
+    let map = d.sh(&id, "cat /proc/self/uid_map")["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let host_base: u64 = map.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(host_base >= 100_000, "uid map onto a privileged host range: {map}");
+    assert!(
+        host_base >= 100_000,
+        "uid map onto a privileged host range: {map}"
+    );
     let dev = d.sh(&id, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")["stdout"].clone();
     assert_eq!(dev, "lo\n");
     let routes = d.sh(&id, "tail -n +2 /proc/net/route | wc -l")["stdout"].clone();
@@ -360,7 +460,10 @@ fn posture_from_inside() {
     let out = r["stdout"].as_str().unwrap();
     assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
     assert!(out.contains("\n0\n"), "{out}");
-    assert!(out.contains("Read-only file system") || out.contains("Permission denied"), "{out}");
+    assert!(
+        out.contains("Read-only file system") || out.contains("Permission denied"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -369,8 +472,14 @@ fn memory_limit_oom_kills_inside_only() {
     let d = Daemon::start();
     let small = d.create(&["--memory", "64M"]);
     let neighbour = d.create(&[]);
-    let r = d.sh(&small, "python3 -c 'b = bytearray(1 << 30); b[::4096] = b\"x\" * len(b[::4096]); print(len(b))'");
-    assert_ne!(r["exit_code"], 0, "allocating 1 GiB under a 64 MiB limit succeeded: {r}");
+    let r = d.sh(
+        &small,
+        "python3 -c 'b = bytearray(1 << 30); b[::4096] = b\"x\" * len(b[::4096]); print(len(b))'",
+    );
+    assert_ne!(
+        r["exit_code"], 0,
+        "allocating 1 GiB under a 64 MiB limit succeeded: {r}"
+    );
     assert!(!r["stdout"].as_str().unwrap().contains("1073741824"));
     // The daemon, the neighbour and the sandbox itself keep working.
     assert_eq!(d.sh(&neighbour, "echo ok")["stdout"], "ok\n");
@@ -383,13 +492,19 @@ fn stop_start_keeps_the_disk_and_delete_leaves_nothing() {
     let d = Daemon::start();
     let id = d.create(&["--name", "keeper"]);
     d.sh("keeper", "echo hi > /home/user/notes.txt");
-    let agent_pid = d.json(&["info", "keeper", "--json"])["agent_pid"].as_i64().unwrap();
+    let agent_pid = d.json(&["info", "keeper", "--json"])["agent_pid"]
+        .as_i64()
+        .unwrap();
     d.ok(&["stop", "keeper"]);
     assert_eq!(d.json(&["info", "keeper", "--json"])["state"], "stopped");
-    assert!(!Path::new(&format!("/proc/{agent_pid}")).exists() || {
-        // A zombie awaiting its reaper is not a running process.
-        std::fs::read_to_string(format!("/proc/{agent_pid}/stat")).map(|s| s.contains(") Z")).unwrap_or(true)
-    });
+    assert!(
+        !Path::new(&format!("/proc/{agent_pid}")).exists() || {
+            // A zombie awaiting its reaper is not a running process.
+            std::fs::read_to_string(format!("/proc/{agent_pid}/stat"))
+                .map(|s| s.contains(") Z"))
+                .unwrap_or(true)
+        }
+    );
     let r = d.tb(&["exec", "keeper", "--", "true"]);
     assert!(!r.status.success());
     assert!(String::from_utf8_lossy(&r.stderr).contains("not running"));
@@ -400,7 +515,10 @@ fn stop_start_keeps_the_disk_and_delete_leaves_nothing() {
     assert!(!d.tb(&["rm", "keeper"]).status.success());
     d.ok(&["rm", "--force", "keeper"]);
     assert!(!d.tb(&["info", &id]).status.success());
-    assert!(!d.root.path().join("sandboxes").join(&id).exists(), "sandbox dir left behind");
+    assert!(
+        !d.root.path().join("sandboxes").join(&id).exists(),
+        "sandbox dir left behind"
+    );
     for base in [
         "/sys/fs/cgroup/unified/threadbox",
         "/sys/fs/cgroup/threadbox",
@@ -408,7 +526,10 @@ fn stop_start_keeps_the_disk_and_delete_leaves_nothing() {
         "/sys/fs/cgroup/pids/threadbox",
         "/sys/fs/cgroup/cpu/threadbox",
     ] {
-        assert!(!Path::new(base).join(&id).exists(), "cgroup left behind in {base}");
+        assert!(
+            !Path::new(base).join(&id).exists(),
+            "cgroup left behind in {base}"
+        );
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&id), "mount left behind");
@@ -433,7 +554,10 @@ fn sandboxes_survive_a_daemon_kill_and_are_readopted() {
     let d = Daemon::start_on(root);
     assert_eq!(d.url, url);
     assert_eq!(d.json(&["info", "survivor", "--json"])["state"], "running");
-    assert_eq!(d.sh("survivor", "cat /home/user/notes.txt")["stdout"], "hi\n");
+    assert_eq!(
+        d.sh("survivor", "cat /home/user/notes.txt")["stdout"],
+        "hi\n"
+    );
     let ps = d.json(&["ps", "survivor", "--json"]);
     assert_eq!(ps["processes"][0]["running"], true, "{ps}");
     assert_eq!(d.json(&["info", "sleeper", "--json"])["state"], "paused");
@@ -449,7 +573,9 @@ fn idle_pause_and_ttl_act_through_the_lifecycle() {
         d.json(&["info", &idle, "--json"])["state"] == "paused"
     });
     let ttl = d.create(&["--ttl", "1", "--ttl-action", "delete"]);
-    wait_for("TTL delete", Duration::from_secs(20), || !d.tb(&["info", &ttl]).status.success());
+    wait_for("TTL delete", Duration::from_secs(20), || {
+        !d.tb(&["info", &ttl]).status.success()
+    });
     let stop = d.create(&["--ttl", "1"]);
     wait_for("TTL stop", Duration::from_secs(20), || {
         d.json(&["info", &stop, "--json"])["state"] == "stopped"
@@ -469,7 +595,11 @@ fn get_or_create_by_name_is_idempotent_under_concurrency() {
                     .env("THREADBOX_URL", url)
                     .output()
                     .unwrap();
-                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
                 let v: Value = serde_json::from_slice(&out.stdout).unwrap();
                 v["id"].as_str().unwrap().to_string()
             })
@@ -477,6 +607,12 @@ fn get_or_create_by_name_is_idempotent_under_concurrency() {
         .collect();
     let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert!(ids.iter().all(|i| i == &ids[0]), "{ids:?}");
-    assert_eq!(d.json(&["ls", "--json"])["sandboxes"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        d.json(&["ls", "--json"])["sandboxes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(d.sh("same", "echo ok")["stdout"], "ok\n");
 }

@@ -108,7 +108,7 @@ class FakeDaemon:
         self.fail_with: tuple[int, str] | None = None
 
     def handler(self, req: httpx.Request) -> httpx.Response:
-        body = json.loads(req.content) if req.content and req.method in ("POST",) else None
+        body: Any = json.loads(req.content) if req.content and req.method == "POST" else {}
         self.requests.append((req.method, req.url.path, body))
         if self.fail_with:
             return httpx.Response(self.fail_with[0], json={"error": {"code": self.fail_with[1], "message": "x"}})
@@ -136,8 +136,13 @@ def toolkit(fake: FakeDaemon, **kw: Any) -> ThreadboxToolkit:
 def test_tool_schema_hides_config() -> None:
     tools = {t.name: t for t in toolkit(FakeDaemon()).get_tools()}
     assert set(tools) == {"run_python", "run_shell", "read_file", "write_file", "list_files"}
-    assert set(tools["run_python"].tool_call_schema.model_json_schema()["properties"]) == {"code"}
-    assert set(tools["write_file"].tool_call_schema.model_json_schema()["properties"]) == {"path", "content"}
+
+    def props(name: str) -> set[str]:
+        schema: Any = tools[name].tool_call_schema
+        return set(schema.model_json_schema()["properties"])
+
+    assert props("run_python") == {"code"}
+    assert props("write_file") == {"path", "content"}
 
 
 def test_run_python_non_zero_exit_is_content_and_artifact() -> None:

@@ -17,7 +17,9 @@ pub const CGROUP2_ROOT: &str = "/sys/fs/cgroup/unified";
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 pub fn is_root() -> bool {
-    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
 }
 
 /// Returns true (and prints why) when the test cannot run here.
@@ -30,7 +32,11 @@ pub fn skip_unless_root() -> bool {
 }
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// A scratch directory every user may write to (mode 1777), removed on drop.
@@ -120,7 +126,10 @@ impl Agent {
         let sock = dir.0.join("agent.sock");
         let bin = env!("CARGO_BIN_EXE_threadbox-agent");
         let child = match cgroup {
-            None => Command::new(bin).arg("--listen").arg(format!("unix:{}", sock.display())).spawn(),
+            None => Command::new(bin)
+                .arg("--listen")
+                .arg(format!("unix:{}", sock.display()))
+                .spawn(),
             Some(cg) => Command::new("/bin/sh")
                 .arg("-c")
                 .arg(r#"exec "$0" --listen "unix:$1" --cgroup-fd 5 5<"$2""#)
@@ -130,7 +139,11 @@ impl Agent {
                 .spawn(),
         }
         .expect("start the agent");
-        Agent { child, sock, _dir: dir }
+        Agent {
+            child,
+            sock,
+            _dir: dir,
+        }
     }
 
     pub fn pid(&self) -> i32 {
@@ -142,7 +155,9 @@ impl Agent {
         loop {
             match UnixStream::connect(&self.sock) {
                 Ok(s) => return Client::handshake(s),
-                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
                 Err(e) => panic!("the agent did not listen: {e}"),
             }
         }
@@ -174,8 +189,15 @@ pub struct Client {
 
 impl Client {
     fn handshake(stream: UnixStream) -> Client {
-        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut c = Client { stream, decoder: FrameDecoder::new(), next_id: 1, peer: Hello::ours("", &[]) };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut c = Client {
+            stream,
+            decoder: FrameDecoder::new(),
+            next_id: 1,
+            peer: Hello::ours("", &[]),
+        };
         c.send_frame(&Frame::Hello(Hello::ours("agent-tests", &[])));
         match c.recv() {
             Frame::Hello(h) => c.peer = h,
@@ -199,7 +221,10 @@ impl Client {
             if let Some(f) = self.decoder.next_frame().unwrap() {
                 return Some(f);
             }
-            let n = self.stream.read(&mut buf).expect("read from the agent (timeout?)");
+            let n = self
+                .stream
+                .read(&mut buf)
+                .expect("read from the agent (timeout?)");
             if n == 0 {
                 return None;
             }
@@ -262,7 +287,10 @@ pub fn shell(script: &str) -> ExecSpec {
 }
 
 pub fn argv(args: &[&str]) -> ExecSpec {
-    ExecSpec { command: threadbox_proto::Command::Argv(args.iter().map(|s| s.to_string()).collect()), ..shell("") }
+    ExecSpec {
+        command: threadbox_proto::Command::Argv(args.iter().map(|s| s.to_string()).collect()),
+        ..shell("")
+    }
 }
 
 pub fn text(b: &[u8]) -> String {
@@ -287,7 +315,9 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(s) => {
-            let state = s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
             !matches!(state, Some("Z") | Some("X"))
         }
         Err(_) => false,

@@ -176,7 +176,8 @@ def _not_found_class(path: str, message: str) -> type[ThreadboxError]:
         return SandboxNotFound
     # /v1/sandboxes/{sandbox}/<resource>...: the daemon says "sandbox X not found"
     # when the sandbox itself is missing.
-    if "sandbox" in message.lower():
+    lowered = message.lower()
+    if lowered.startswith("sandbox ") or "no such sandbox" in lowered:
         return SandboxNotFound
     resource = parts[3]
     if resource == "files":
