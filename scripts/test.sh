@@ -12,6 +12,16 @@ fi
 echo "== build"
 cargo build --workspace --bins
 
+echo "== test images"
+# A Debian rootfs made with mmdebstrap, to test rootfs images (cached across runs).
+ROOTFS="$PWD/target/test-rootfs/debian"
+if [ ! -x "$ROOTFS/usr/bin/python3" ]; then
+    command -v mmdebstrap >/dev/null || { apt-get update -q && apt-get install -y -q mmdebstrap; }
+    rm -rf "$ROOTFS" && mkdir -p "$(dirname "$ROOTFS")"
+    mmdebstrap --quiet --variant=essential --include=python3-minimal bookworm "$ROOTFS"
+fi
+export THREADBOX_TEST_ROOTFS="$ROOTFS"
+
 echo "== rust tests"
 cargo test --workspace -- --test-threads=2
 

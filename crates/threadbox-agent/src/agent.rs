@@ -21,7 +21,8 @@ use threadbox_sys::seccomp::{self, sock_filter};
 use tokio::sync::oneshot;
 
 /// PATH of every sandbox process (the request's env may override it).
-pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const BASE_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/threadbox/bin";
 
 /// How often empty per-call cgroups are retried for removal (and children reaped, in case
 /// a SIGCHLD notification was coalesced away).
@@ -173,6 +174,7 @@ impl Agent {
     /// the process group of its leader (`pgid == pid` after its setsid). The fallback
     /// misses descendants that left the group with their own `setsid` (double fork).
     pub fn kill_tree(&self, cgroup: Option<&str>, pid: i32) {
+        let cgroup = cgroup.filter(|_| !crate::testhooks::has("no-cgroup-kill"));
         if let (Some(dir), Some(name)) = (&self.cgroup, cgroup) {
             match dir.write_file(&format!("{name}/cgroup.kill"), b"1") {
                 Ok(()) => return,
@@ -231,6 +233,8 @@ impl Agent {
             cgroup_procs,
             landlock: self.policy.landlock.clone(),
             seccomp: self.policy.seccomp.clone(),
+            #[cfg(feature = "insecure-test-hooks")]
+            weaken: crate::testhooks::get(),
         })
     }
 }

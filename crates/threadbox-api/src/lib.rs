@@ -3,12 +3,16 @@
 #![forbid(unsafe_code)]
 
 use base64::Engine;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
+mod governance;
+pub use governance::*;
+
 /// Stable error codes. Scripts and SDKs match on these strings.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     NotFound,
@@ -56,19 +60,19 @@ impl ErrorCode {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,
 }
 
 /// Every error response: `{"error": {"code": "...", "message": "..."}}`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
     Creating,
@@ -99,7 +103,9 @@ impl SandboxState {
 }
 
 /// What happens when a sandbox's TTL expires.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TtlAction {
     #[default]
@@ -109,7 +115,7 @@ pub enum TtlAction {
 
 /// Resource limits of one sandbox. Omitted fields take the daemon's defaults
 /// (1 GiB memory, 1 CPU, 512 processes).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema, JsonSchema)]
 pub struct LimitsRequest {
     /// Memory limit in bytes (RAM + tmpfs + page cache of the sandbox).
     pub memory_bytes: Option<u64>,
@@ -117,16 +123,22 @@ pub struct LimitsRequest {
     pub cpus: Option<f64>,
     /// Maximum number of processes and threads.
     pub pids: Option<u32>,
+    /// Size of the sandbox's writable disk in bytes (default 10 GiB; at least 16 MiB).
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema, JsonSchema)]
 pub struct Limits {
     pub memory_bytes: u64,
     pub cpus: f64,
     pub pids: u32,
+    /// Size of the writable disk in bytes; 0 for sandboxes created before disk quotas.
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Unique name; creating an existing name returns that sandbox (get-or-create).
@@ -145,7 +157,7 @@ pub struct CreateSandboxRequest {
     pub ttl_action: TtlAction,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct Sandbox {
     pub id: String,
     pub name: Option<String>,
@@ -164,13 +176,15 @@ pub struct Sandbox {
     pub agent_pid: Option<i32>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
 }
 
 /// Who a process or file operation runs as inside the sandbox.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum User {
     /// uid 1000, home /home/user.
@@ -191,7 +205,9 @@ impl User {
 }
 
 /// How bytes are carried in a JSON string.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema)]
+#[derive(
+    Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Encoding {
     #[default]
@@ -220,7 +236,7 @@ pub fn decode_bytes(s: &str, enc: Encoding) -> Result<Vec<u8>, String> {
     }
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// argv; the first element is looked up in PATH. Exactly one of `command` and
@@ -244,7 +260,7 @@ pub struct ExecRequest {
     pub max_output_bytes: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema, JsonSchema)]
 pub struct ExecResponse {
     /// `null` when the process was killed by the timeout.
     pub exit_code: Option<i32>,
@@ -263,7 +279,7 @@ pub struct ExecResponse {
 }
 
 /// One line of the NDJSON stream of `/exec/stream`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ExecEvent {
     Start {
@@ -290,7 +306,7 @@ pub enum ExecEvent {
     },
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartProcessRequest {
     pub command: Option<Vec<String>>,
@@ -302,7 +318,7 @@ pub struct StartProcessRequest {
     pub user: User,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ProcessInfo {
     /// Id of the background process within its sandbox.
     pub id: u64,
@@ -314,12 +330,12 @@ pub struct ProcessInfo {
     pub started_at: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ProcessList {
     pub processes: Vec<ProcessInfo>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ProcessLogs {
     pub stdout: String,
     pub stderr: String,
@@ -329,14 +345,14 @@ pub struct ProcessLogs {
     pub stderr_dropped: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KillProcessRequest {
     /// Signal number (default 9, SIGKILL).
     pub signal: Option<i32>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FileKind {
     File,
@@ -345,7 +361,7 @@ pub enum FileKind {
     Other,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct FileEntry {
     pub name: String,
     pub path: String,
@@ -359,32 +375,32 @@ pub struct FileEntry {
     pub symlink_target: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct FileList {
     pub entries: Vec<FileEntry>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct PostureCheck {
     pub name: String,
     pub ok: bool,
     pub detail: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct SelftestReport {
     /// True when every check passed.
     pub ok: bool,
     pub checks: Vec<PostureCheck>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct Health {
     pub status: String,
     pub version: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddImageRequest {
     pub name: String,
@@ -392,7 +408,7 @@ pub struct AddImageRequest {
     pub path: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct Image {
     pub name: String,
     /// `host` for the built-in image, else `rootfs`.
@@ -401,7 +417,7 @@ pub struct Image {
     pub created_at: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ImageList {
     pub images: Vec<Image>,
 }

@@ -3,6 +3,8 @@
 //! (exec), and a fresh connection never trips over a daemon restart.
 #![forbid(unsafe_code)]
 
+mod governance;
+
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -94,6 +96,8 @@ pub struct Client {
     url: String,
     endpoint: Endpoint,
     api_key: Option<String>,
+    /// Sent as `X-Threadbox-Tenant`: the tenant an operator or admin acts for.
+    tenant: Option<String>,
 }
 
 /// The URL the CLI talks to: `explicit`, else `THREADBOX_URL`, else the local socket
@@ -240,6 +244,7 @@ impl Client {
             url: url.to_string(),
             endpoint: parse_url(url)?,
             api_key: None,
+            tenant: None,
         })
     }
 
@@ -250,7 +255,16 @@ impl Client {
         let key = std::env::var("THREADBOX_API_KEY")
             .ok()
             .filter(|k| !k.is_empty());
-        Ok(client.with_api_key(key))
+        let tenant = std::env::var("THREADBOX_TENANT")
+            .ok()
+            .filter(|t| !t.is_empty());
+        Ok(client.with_api_key(key).with_tenant(tenant))
+    }
+
+    /// Acts for `tenant` (`X-Threadbox-Tenant`; the operator's socket and admin keys only).
+    pub fn with_tenant(mut self, tenant: Option<String>) -> Self {
+        self.tenant = tenant;
+        self
     }
 
     /// Sends `Authorization: Bearer <key>` with every request.
@@ -298,6 +312,13 @@ impl Client {
                 }
             })?;
             builder = builder.header(header::AUTHORIZATION, value);
+        }
+        if let Some(t) = &self.tenant {
+            let value = HeaderValue::from_str(t).map_err(|_| ClientError::InvalidUrl {
+                url: self.url.clone(),
+                reason: "THREADBOX_TENANT contains characters not allowed in a header".into(),
+            })?;
+            builder = builder.header("x-threadbox-tenant", value);
         }
         let request = builder.body(body).map_err(|e| ClientError::InvalidUrl {
             url: format!("{}{uri}", self.url),
@@ -474,14 +495,17 @@ impl Client {
         labels: &BTreeMap<String, String>,
         state: Option<SandboxState>,
     ) -> Result<SandboxList> {
-        let mut q = form_urlencoded::Serializer::new(String::new());
-        for (k, v) in labels {
-            q.append_pair("label", &format!("{k}={v}"));
-        }
-        if let Some(s) = state {
-            q.append_pair("state", s.as_str());
-        }
-        let q = q.finish();
+        // In a block: the serializer is not `Send` and must not live across the await.
+        let q = {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in labels {
+                q.append_pair("label", &format!("{k}={v}"));
+            }
+            if let Some(s) = state {
+                q.append_pair("state", s.as_str());
+            }
+            q.finish()
+        };
         let path = if q.is_empty() {
             "/v1/sandboxes".to_string()
         } else {

@@ -18,8 +18,9 @@ pub const ID_BASE_START: u32 = 1_000_000;
 
 /// What one sandbox needs from a driver, whatever isolates it.
 pub trait Driver: Send + Sync {
-    /// Creates the sandbox's persistent disk.
-    fn prepare(&self, id: &str, slot: u32) -> Result<()>;
+    /// Creates the sandbox's persistent disk: an image of `disk_bytes` (0 = a plain
+    /// directory without quota).
+    fn prepare(&self, id: &str, slot: u32, disk_bytes: u64) -> Result<()>;
     /// Starts the sandbox's agent; returns its host pid.
     fn launch(&self, req: &LaunchRequest) -> Result<i32>;
     fn freeze(&self, id: &str) -> Result<()>;
@@ -44,6 +45,13 @@ pub struct LaunchRequest<'a> {
 pub struct JailDriver {
     config: Config,
     layout: Layout,
+    /// One sealed memfd of the agent shared by every boot, remade when the file changes.
+    agent_memfd: std::sync::Mutex<Option<std::sync::Arc<AgentMemfd>>>,
+}
+
+struct AgentMemfd {
+    fd: std::os::fd::OwnedFd,
+    stamp: (std::time::SystemTime, u64),
 }
 
 /// Where a sandbox keeps its things on the host.
@@ -53,6 +61,10 @@ pub struct SandboxPaths {
     pub work: PathBuf,
     pub rootfs: PathBuf,
     pub run: PathBuf,
+    /// The sandbox's disk image (ADR 0007) and where the helper mounts it (in the
+    /// sandbox's mount namespace only); upper and work then live inside it.
+    pub disk_image: PathBuf,
+    pub disk_mount: PathBuf,
 }
 
 pub fn id_base(slot: u32) -> u32 {
@@ -63,7 +75,11 @@ impl JailDriver {
     pub fn new(config: Config) -> Result<JailDriver> {
         let layout = Layout::detect()?;
         tracing::info!(layout = layout.name(), "cgroup layout");
-        Ok(JailDriver { config, layout })
+        Ok(JailDriver {
+            config,
+            layout,
+            agent_memfd: std::sync::Mutex::new(None),
+        })
     }
 
     pub fn paths(&self, id: &str) -> SandboxPaths {
@@ -73,6 +89,8 @@ impl JailDriver {
             work: dir.join("work"),
             rootfs: dir.join("rootfs"),
             run: dir.join("run"),
+            disk_image: dir.join("disk.img"),
+            disk_mount: dir.join("disk"),
             dir,
         }
     }
@@ -81,9 +99,57 @@ impl JailDriver {
         SandboxCgroup::new(self.layout.clone(), &self.config.cgroup_parent, id)
     }
 
-    pub fn disk_exists(&self, id: &str) -> bool {
-        self.paths(id).upper.is_dir()
+    /// The shared sealed memfd of the agent (None: the helper copies the file itself).
+    fn agent_memfd(&self) -> Option<std::sync::Arc<AgentMemfd>> {
+        let meta = std::fs::metadata(&self.config.agent_path).ok()?;
+        let stamp = (meta.modified().ok()?, meta.len());
+        let mut slot = self.agent_memfd.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = slot.as_ref().filter(|m| m.stamp == stamp) {
+            return Some(m.clone());
+        }
+        let fd = threadbox_sys::jail::sealed_agent(&self.config.agent_path).ok()?;
+        let m = std::sync::Arc::new(AgentMemfd { fd, stamp });
+        *slot = Some(m.clone());
+        Some(m)
     }
+
+    pub fn disk_exists(&self, id: &str) -> bool {
+        let p = self.paths(id);
+        p.disk_image.is_file() || p.upper.is_dir()
+    }
+}
+
+/// Creates a sparse file of `bytes` and an ext4 file system on it (ADR 0007). 1% of the
+/// blocks stay reserved for host root: a sandbox that filled its disk can still be booted
+/// (overlayfs needs room in its workdir at mount time).
+fn make_disk_image(path: &Path, bytes: u64) -> Result<()> {
+    let f = std::fs::File::create(path)
+        .map_err(|e| CoreError::Internal(format!("create {}: {e}", path.display())))?;
+    f.set_len(bytes)
+        .map_err(|e| CoreError::Internal(format!("size {}: {e}", path.display())))?;
+    drop(f);
+    let mkfs = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            CoreError::Internal("disk quotas need mkfs.ext4 (e2fsprogs) on the host".into())
+        })?;
+    let out = std::process::Command::new(mkfs)
+        .args(["-q", "-F", "-m", "1", "-E"])
+        .arg("lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0")
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| CoreError::Internal(format!("run {}: {e}", mkfs.display())))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(path);
+        return Err(CoreError::Internal(format!(
+            "mkfs.ext4 failed (host disk full?): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 fn mkdir(p: &Path) -> Result<()> {
@@ -92,12 +158,25 @@ fn mkdir(p: &Path) -> Result<()> {
 }
 
 impl Driver for JailDriver {
-    fn prepare(&self, id: &str, slot: u32) -> Result<()> {
+    fn prepare(&self, id: &str, slot: u32, disk_bytes: u64) -> Result<()> {
+        #[cfg(feature = "insecure-test-hooks")]
+        let disk_bytes = match threadbox_sys::testhooks::Weaken::from_env() {
+            Ok(w) if w.has("no-disk-quota") => 0,
+            _ => disk_bytes,
+        };
         let p = self.paths(id);
+        use std::os::unix::fs::{chown, PermissionsExt};
+        if disk_bytes > 0 {
+            for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
+                mkdir(d)?;
+            }
+            std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
+            // The launch helper creates upper/, work/ and home/user inside on first boot.
+            return make_disk_image(&p.disk_image, disk_bytes);
+        }
         for d in [&p.dir, &p.upper, &p.work, &p.rootfs, &p.run] {
             mkdir(d)?;
         }
-        use std::os::unix::fs::{chown, PermissionsExt};
         std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
         let home = p.upper.join("home/user");
         mkdir(&home)?;
@@ -109,34 +188,70 @@ impl Driver for JailDriver {
 
     fn launch(&self, req: &LaunchRequest) -> Result<i32> {
         let p = self.paths(req.id);
-        if !p.upper.is_dir() {
+        let image = p.disk_image.is_file();
+        if !image && !p.upper.is_dir() {
             return Err(CoreError::Conflict(format!(
                 "the disk of sandbox {} is missing on the host; it cannot be started",
                 req.id
             )));
         }
         mkdir(&p.run)?;
-        // A previous agent's overlay workdir may hold leftovers overlayfs refuses to reuse.
-        let _ = std::fs::remove_dir_all(&p.work);
-        mkdir(&p.work)?;
+        let (upper, work) = if image {
+            // Inside the image; the helper clears the workdir after mounting it.
+            mkdir(&p.disk_mount)?;
+            (p.disk_mount.join("upper"), p.disk_mount.join("work"))
+        } else {
+            // A previous agent's overlay workdir may hold leftovers overlayfs refuses to
+            // reuse.
+            let _ = std::fs::remove_dir_all(&p.work);
+            mkdir(&p.work)?;
+            (p.upper.clone(), p.work.clone())
+        };
         mkdir(&p.rootfs)?;
         let base = id_base(req.slot);
         let cg = self.cgroup(req.id);
-        cg.create(&req.limits, Some((base, base)))?;
+        #[cfg(feature = "insecure-test-hooks")]
+        let weaken = threadbox_sys::testhooks::Weaken::from_env().map_err(CoreError::Internal)?;
+        #[allow(unused_mut)]
+        let mut limits = req.limits;
+        #[cfg(feature = "insecure-test-hooks")]
+        {
+            if weaken.has("no-pids-limit") {
+                limits.pids = 1 << 22;
+            }
+            if weaken.has("no-memory-limit") {
+                limits.memory_bytes = 1 << 40;
+            }
+        }
+        cg.create(&limits, Some((base, base)))?;
+        // Held until the helper has exited, so the fd it opens stays valid.
+        let memfd = self.agent_memfd();
         let spec = JailSpec {
             hostname: req.hostname.to_string(),
             id_base: base,
             lower: req.image.lower.clone(),
-            upper: p.upper.clone(),
-            work: p.work.clone(),
+            upper,
+            work,
+            disk_image: image.then(|| p.disk_image.clone()),
+            home_owner: base + SANDBOX_USER_ID,
             rootfs: p.rootfs.clone(),
             binds: req.image.binds.clone(),
             agent_path: self.config.agent_path.clone(),
+            agent_memfd: memfd.as_ref().map(|m| {
+                use std::os::fd::AsRawFd;
+                PathBuf::from(format!(
+                    "/proc/{}/fd/{}",
+                    std::process::id(),
+                    m.fd.as_raw_fd()
+                ))
+            }),
             socket_path: p.run.join("agent.sock"),
             cgroup_procs: cg.procs_files(),
             cgroup_dir: Some(cg.v2_dir()),
-            tmpfs_bytes: req.limits.memory_bytes,
+            tmpfs_bytes: limits.memory_bytes,
             nofile: 65536,
+            #[cfg(feature = "insecure-test-hooks")]
+            test_weaken: weaken.list().to_vec(),
         };
         let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
         let mut child = std::process::Command::new(&self.config.helper_path)

@@ -17,6 +17,19 @@ pub enum CoreError {
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     #[error("{0}")]
+    Unauthenticated(String),
+    /// A per-tenant quota would be exceeded; nothing was changed.
+    #[error("quota exceeded: {quota} of tenant {tenant:?}: {used}, limit {limit}{extra}")]
+    QuotaExceeded {
+        tenant: String,
+        quota: &'static str,
+        /// Current use (or what was requested), e.g. "2 in use".
+        used: String,
+        limit: String,
+        /// Further explanation, starting with "; " when present.
+        extra: String,
+    },
+    #[error("{0}")]
     TooLarge(String),
     #[error("sandbox agent unavailable: {0}")]
     Unavailable(String),
@@ -41,6 +54,8 @@ impl CoreError {
             CoreError::Conflict(_) => ErrorCode::Conflict,
             CoreError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
             CoreError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            CoreError::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            CoreError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
             CoreError::TooLarge(_) => ErrorCode::PayloadTooLarge,
             CoreError::Unavailable(_) => ErrorCode::Unavailable,
             CoreError::Store(_)

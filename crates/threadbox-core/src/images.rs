@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use threadbox_sys::jail::Bind;
 
 pub const HOST_IMAGE: &str = "host";
-const HOST_IMAGE_VERSION: &str = "1";
+const HOST_IMAGE_VERSION: &str = "2";
 
 /// How to assemble a sandbox root from an image.
 #[derive(Debug, Clone)]
@@ -120,6 +120,12 @@ fn build_host_skeleton(dir: &Path) -> Result<()> {
             Ok(m) if m.is_dir() => fs::create_dir_all(dir.join(name))?,
             _ => {}
         }
+    }
+    // Models write `python` as often as `python3`; hosts often lack the alias, and /usr
+    // is the host's (read-only), so the alias lives on the agent's PATH under /opt.
+    if Path::new("/usr/bin/python3").exists() && !Path::new("/usr/bin/python").exists() {
+        fs::create_dir_all(dir.join("opt/threadbox/bin"))?;
+        symlink("/usr/bin/python3", dir.join("opt/threadbox/bin/python"))?;
     }
     let etc = dir.join("etc");
     fs::write(

@@ -2,12 +2,17 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod audit;
+pub mod caller;
 pub mod driver;
 pub mod error;
+pub mod gov_store;
 pub mod images;
+pub mod keys;
 pub mod manager;
 pub mod store;
 
+pub use caller::{Caller, Scope, DEFAULT_TENANT};
 pub use error::{CoreError, Result};
 pub use manager::Manager;
 
@@ -29,8 +34,12 @@ pub struct Config {
     pub default_memory_bytes: u64,
     pub default_cpus: f64,
     pub default_pids: u32,
+    /// Disk quota of a sandbox unless its create request names one (ADR 0007).
+    pub default_disk_bytes: u64,
     /// How often idle pause and TTL are checked.
     pub reaper_interval: std::time::Duration,
+    /// How often usage is sampled (CPU, memory, disk) and the daily CPU cap enforced.
+    pub meter_interval: std::time::Duration,
 }
 
 impl Config {
@@ -43,7 +52,9 @@ impl Config {
             default_memory_bytes: 1 << 30,
             default_cpus: 1.0,
             default_pids: 512,
+            default_disk_bytes: 10 << 30,
             reaper_interval: std::time::Duration::from_secs(1),
+            meter_interval: std::time::Duration::from_secs(2),
         }
     }
 }

@@ -7,7 +7,12 @@
 //! they check the state and take the agent connection, so a long exec never blocks a
 //! pause, and a pause never waits for an exec.
 
+mod governance;
+
+pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
+
 use crate::agent::{AgentConn, CancelGuard};
+use crate::caller::{Caller, Scope};
 use crate::driver::{Driver, JailDriver, LaunchRequest};
 use crate::error::{CoreError, Result};
 use crate::images::{self, ImageSpec, HOST_IMAGE};
@@ -16,6 +21,7 @@ use crate::Config;
 use base64::Engine;
 use bytes_stream::{ByteSink, ByteStream};
 use futures::StreamExt;
+use governance::{Admit, GovState};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,6 +72,7 @@ pub struct Manager {
     live: Mutex<HashMap<String, Arc<Live>>>,
     create_lock: tokio::sync::Mutex<()>,
     stop_tx: tokio::sync::watch::Sender<bool>,
+    gov: GovState,
 }
 
 fn rfc3339(ms: i64) -> String {
@@ -93,6 +100,7 @@ fn to_api(row: &SandboxRow) -> Sandbox {
             memory_bytes: row.memory_bytes,
             cpus: row.cpus,
             pids: row.pids,
+            disk_bytes: row.disk_bytes,
         },
         idle_pause_secs: row.idle_pause_secs,
         ttl_secs: row.ttl_secs,
@@ -372,8 +380,10 @@ impl Manager {
             live: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
             stop_tx,
+            gov: GovState::default(),
         });
         mgr.reconcile().await?;
+        mgr.spawn_meter(mgr.stop_tx.subscribe());
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.config.reaper_interval;
         tokio::spawn(async move {
@@ -479,10 +489,11 @@ impl Manager {
         for row in self.store.all_sandboxes().await? {
             if let Some(ttl) = row.ttl_secs {
                 if now - row.created_at >= (ttl as i64) * 1000 {
+                    let system = Caller::system(&row.tenant);
                     let res = match row.ttl_action {
-                        TtlAction::Delete => self.delete(&row.id, true).await,
+                        TtlAction::Delete => self.delete(&system, &row.id, true).await,
                         TtlAction::Stop if row.state != State::Stopped => {
-                            self.stop(&row.id).await.map(|_| ())
+                            self.stop(&system, &row.id).await.map(|_| ())
                         }
                         TtlAction::Stop => Ok(()),
                     };
@@ -500,7 +511,7 @@ impl Manager {
                     .load(Ordering::SeqCst)
                     .max(row.last_active_at);
                 if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
-                    match self.pause(&row.id).await {
+                    match self.pause(&Caller::system(&row.tenant), &row.id).await {
                         Ok(_) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
                         Err(e) => tracing::warn!(sandbox = %row.id, "idle pause failed: {e}"),
                     }
@@ -510,15 +521,21 @@ impl Manager {
         Ok(())
     }
 
-    async fn resolve(&self, id_or_name: &str) -> Result<SandboxRow> {
+    /// A sandbox of the caller's tenant; another tenant's is `not_found`, like one that
+    /// does not exist.
+    async fn resolve(&self, caller: &Caller, id_or_name: &str) -> Result<SandboxRow> {
         self.store
-            .get_sandbox(id_or_name)
+            .get_sandbox(&caller.tenant, id_or_name)
             .await?
             .ok_or_else(|| CoreError::NotFound(id_or_name.to_string()))
     }
 
+    /// Reads a sandbox again by its id (already resolved for the caller).
     async fn reload(&self, id: &str) -> Result<SandboxRow> {
-        self.resolve(id).await
+        match self.store.get_by_id_any(id).await? {
+            Some(row) if row.state != State::Deleting => Ok(row),
+            _ => Err(CoreError::NotFound(id.to_string())),
+        }
     }
 
     /// Records API activity (for idle pause); persisted at most once a second.
@@ -584,7 +601,27 @@ impl Manager {
     }
 
     /// Creates a sandbox, or returns the existing one of that name (`created == false`).
-    pub async fn create(&self, req: CreateSandboxRequest) -> Result<(Sandbox, bool)> {
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        req: CreateSandboxRequest,
+    ) -> Result<(Sandbox, bool)> {
+        let name = req.name.clone().unwrap_or_else(|| "-".to_string());
+        let r = self.create_inner(caller, req).await;
+        let target = match &r {
+            Ok((sb, _)) => sb.id.clone(),
+            Err(_) => name,
+        };
+        self.audit(caller, "sandbox.create", &target, &r).await;
+        r
+    }
+
+    async fn create_inner(
+        &self,
+        caller: &Caller,
+        req: CreateSandboxRequest,
+    ) -> Result<(Sandbox, bool)> {
+        caller.require(Scope::SandboxesWrite)?;
         if let Some(name) = &req.name {
             validate_name(name)?;
         }
@@ -610,6 +647,15 @@ impl Manager {
                 "pids must be between 8 and 4194304".into(),
             ));
         }
+        let disk_bytes = req
+            .limits
+            .disk_bytes
+            .unwrap_or(self.config.default_disk_bytes);
+        if !(16 << 20..=1 << 44).contains(&disk_bytes) {
+            return Err(CoreError::InvalidArgument(
+                "disk_bytes must be between 16 MiB and 16 TiB".into(),
+            ));
+        }
         for (what, v) in [
             ("idle_pause_secs", req.idle_pause_secs),
             ("ttl_secs", req.ttl_secs),
@@ -633,6 +679,7 @@ impl Manager {
         let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
         let mut row = SandboxRow {
             id: id.clone(),
+            tenant: caller.tenant.clone(),
             name: req.name.clone(),
             state: State::Creating,
             labels: req.labels,
@@ -640,6 +687,7 @@ impl Manager {
             memory_bytes,
             cpus,
             pids,
+            disk_bytes,
             idle_pause_secs: req.idle_pause_secs,
             ttl_secs: req.ttl_secs,
             ttl_action: req.ttl_action,
@@ -655,7 +703,7 @@ impl Manager {
         let guard = {
             let _c = self.create_lock.lock().await;
             if let Some(name) = &req.name {
-                if let Some(existing) = self.store.get_sandbox(name).await? {
+                if let Some(existing) = self.store.get_sandbox(&caller.tenant, name).await? {
                     drop(_c);
                     self.forget(&id);
                     let l = self.live(&existing.id);
@@ -664,14 +712,24 @@ impl Manager {
                     return Ok((to_api(&row), false));
                 }
             }
+            // Checked and inserted under the admission lock, so two creates cannot both
+            // take the last place of a quota; refused before anything exists.
+            let _adm = self.gov.admission.lock().await;
+            if let Err(e) = self
+                .admit(&caller.tenant, Admit::Create { memory_bytes, cpus })
+                .await
+            {
+                self.forget(&id);
+                return Err(e);
+            }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
             g
         };
         let result: Result<i32> = async {
             let d = self.driver.clone();
-            let (i, slot) = (id.clone(), row.slot);
-            blocking(move || d.prepare(&i, slot)).await?;
+            let (i, slot, disk) = (id.clone(), row.slot, row.disk_bytes);
+            blocking(move || d.prepare(&i, slot, disk)).await?;
             self.boot(&row, &live).await
         }
         .await;
@@ -697,51 +755,67 @@ impl Manager {
         }
     }
 
-    pub async fn get(&self, id_or_name: &str) -> Result<Sandbox> {
-        Ok(to_api(&self.resolve(id_or_name).await?))
+    pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        caller.require(Scope::SandboxesRead)?;
+        Ok(to_api(&self.resolve(caller, id_or_name).await?))
     }
 
+    /// The caller's tenant's sandboxes.
     pub async fn list(
         &self,
+        caller: &Caller,
         labels: &BTreeMap<String, String>,
         state: Option<SandboxState>,
     ) -> Result<Vec<Sandbox>> {
+        caller.require(Scope::SandboxesRead)?;
         let rows = self.store.all_sandboxes().await?;
         Ok(rows
             .iter()
-            .filter(|r| r.state != State::Deleting)
+            .filter(|r| r.state != State::Deleting && r.tenant == caller.tenant)
             .map(to_api)
             .filter(|s| state.is_none_or(|st| s.state == st))
             .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect())
     }
 
-    pub async fn pause(&self, id_or_name: &str) -> Result<Sandbox> {
-        let row = self.resolve(id_or_name).await?;
-        let live = self.live(&row.id);
-        let _g = live.lifecycle.lock().await;
-        let row = self.reload(&row.id).await?;
-        match row.state {
-            State::Paused => {}
-            State::Running => {
-                let d = self.driver.clone();
-                let i = row.id.clone();
-                blocking(move || d.freeze(&i)).await?;
-                self.store
-                    .set_state(&row.id, State::Paused, row.agent_pid)
-                    .await?;
+    pub async fn pause(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            let row = self.resolve(caller, id_or_name).await?;
+            let live = self.live(&row.id);
+            let _g = live.lifecycle.lock().await;
+            let row = self.reload(&row.id).await?;
+            match row.state {
+                State::Paused => {}
+                State::Running => {
+                    self.meter(&row, false).await;
+                    let d = self.driver.clone();
+                    let i = row.id.clone();
+                    blocking(move || d.freeze(&i)).await?;
+                    self.store
+                        .set_state(&row.id, State::Paused, row.agent_pid)
+                        .await?;
+                }
+                _ => {
+                    return Err(CoreError::NotRunning {
+                        id: row.id.clone(),
+                        state: row.state.as_str().into(),
+                    })
+                }
             }
-            _ => {
-                return Err(CoreError::NotRunning {
-                    id: row.id.clone(),
-                    state: row.state.as_str().into(),
-                })
-            }
+            Ok(to_api(&self.reload(&row.id).await?))
         }
-        Ok(to_api(&self.reload(&row.id).await?))
+        .await;
+        self.audit(caller, "sandbox.pause", id_or_name, &r).await;
+        r
     }
 
+    /// Thaws a paused sandbox, if its tenant's quotas admit one more running sandbox.
     async fn resume_locked(&self, row: &SandboxRow) -> Result<()> {
+        let _adm = self.gov.admission.lock().await;
+        self.admit(&row.tenant, Admit::Run).await?;
+        self.meter(row, false).await;
         let d = self.driver.clone();
         let i = row.id.clone();
         blocking(move || d.thaw(&i)).await?;
@@ -751,95 +825,138 @@ impl Manager {
         Ok(())
     }
 
-    pub async fn resume(&self, id_or_name: &str) -> Result<Sandbox> {
-        let row = self.resolve(id_or_name).await?;
-        let live = self.live(&row.id);
-        let _g = live.lifecycle.lock().await;
-        let row = self.reload(&row.id).await?;
-        match row.state {
-            State::Running => {}
-            State::Paused => self.resume_locked(&row).await?,
-            _ => {
-                return Err(CoreError::NotRunning {
-                    id: row.id.clone(),
-                    state: row.state.as_str().into(),
-                })
+    pub async fn resume(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            let row = self.resolve(caller, id_or_name).await?;
+            let live = self.live(&row.id);
+            let _g = live.lifecycle.lock().await;
+            let row = self.reload(&row.id).await?;
+            match row.state {
+                State::Running => {}
+                State::Paused => self.resume_locked(&row).await?,
+                _ => {
+                    return Err(CoreError::NotRunning {
+                        id: row.id.clone(),
+                        state: row.state.as_str().into(),
+                    })
+                }
             }
+            self.touch(&live, &row.id).await;
+            Ok(to_api(&self.reload(&row.id).await?))
         }
-        self.touch(&live, &row.id).await;
-        Ok(to_api(&self.reload(&row.id).await?))
+        .await;
+        self.audit(caller, "sandbox.resume", id_or_name, &r).await;
+        r
     }
 
-    pub async fn stop(&self, id_or_name: &str) -> Result<Sandbox> {
-        let row = self.resolve(id_or_name).await?;
-        let live = self.live(&row.id);
-        let _g = live.lifecycle.lock().await;
-        let row = self.reload(&row.id).await?;
-        if row.state != State::Stopped {
-            Self::take_conn(&live);
-            let d = self.driver.clone();
-            let i = row.id.clone();
-            blocking(move || d.stop(&i)).await?;
-            self.store.set_state(&row.id, State::Stopped, None).await?;
-            tracing::info!(sandbox = %row.id, "stopped");
+    pub async fn stop(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            let row = self.resolve(caller, id_or_name).await?;
+            let live = self.live(&row.id);
+            let _g = live.lifecycle.lock().await;
+            let row = self.reload(&row.id).await?;
+            if row.state != State::Stopped {
+                self.meter(&row, false).await;
+                Self::take_conn(&live);
+                let d = self.driver.clone();
+                let i = row.id.clone();
+                blocking(move || d.stop(&i)).await?;
+                self.store.set_state(&row.id, State::Stopped, None).await?;
+                // Restarts the CPU baseline (the next boot has a new cgroup) and samples the disk.
+                self.meter(&self.reload(&row.id).await?, true).await;
+                tracing::info!(sandbox = %row.id, "stopped");
+            }
+            Ok(to_api(&self.reload(&row.id).await?))
         }
-        Ok(to_api(&self.reload(&row.id).await?))
+        .await;
+        self.audit(caller, "sandbox.stop", id_or_name, &r).await;
+        r
     }
 
-    pub async fn start(&self, id_or_name: &str) -> Result<Sandbox> {
-        let row = self.resolve(id_or_name).await?;
-        let live = self.live(&row.id);
-        let _g = live.lifecycle.lock().await;
-        let row = self.reload(&row.id).await?;
-        match row.state {
-            State::Running => {}
-            State::Paused => self.resume_locked(&row).await?,
-            _ => {
-                let pid = self.boot(&row, &live).await?;
-                self.store
-                    .set_state(&row.id, State::Running, Some(pid))
-                    .await?;
-                tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
+    pub async fn start(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            let row = self.resolve(caller, id_or_name).await?;
+            let live = self.live(&row.id);
+            let _g = live.lifecycle.lock().await;
+            let row = self.reload(&row.id).await?;
+            match row.state {
+                State::Running => {}
+                State::Paused => self.resume_locked(&row).await?,
+                _ => {
+                    let _adm = self.gov.admission.lock().await;
+                    self.admit(&row.tenant, Admit::Run).await?;
+                    let pid = self.boot(&row, &live).await?;
+                    self.store
+                        .set_state(&row.id, State::Running, Some(pid))
+                        .await?;
+                    tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
+                }
             }
+            self.touch(&live, &row.id).await;
+            Ok(to_api(&self.reload(&row.id).await?))
         }
-        self.touch(&live, &row.id).await;
-        Ok(to_api(&self.reload(&row.id).await?))
+        .await;
+        self.audit(caller, "sandbox.start", id_or_name, &r).await;
+        r
     }
 
     /// Deletes a sandbox and everything it left on the host. Without `force`, a running
     /// or paused sandbox is refused with `conflict`.
-    pub async fn delete(&self, id_or_name: &str, force: bool) -> Result<()> {
-        let row = self.resolve(id_or_name).await?;
-        let live = self.live(&row.id);
-        let _g = live.lifecycle.lock().await;
-        let row = self.reload(&row.id).await?;
-        if !force && matches!(row.state, State::Running | State::Paused) {
-            return Err(CoreError::Conflict(format!(
-                "sandbox {} is {}; stop it first or delete with force",
-                row.id,
-                row.state.as_str()
-            )));
+    pub async fn delete(&self, caller: &Caller, id_or_name: &str, force: bool) -> Result<()> {
+        let r = async {
+            caller.require(Scope::SandboxesDelete)?;
+
+            let row = self.resolve(caller, id_or_name).await?;
+            let live = self.live(&row.id);
+            let _g = live.lifecycle.lock().await;
+            let row = self.reload(&row.id).await?;
+            if !force && matches!(row.state, State::Running | State::Paused) {
+                return Err(CoreError::Conflict(format!(
+                    "sandbox {} is {}; stop it first or delete with force",
+                    row.id,
+                    row.state.as_str()
+                )));
+            }
+            self.meter(&row, false).await;
+            // Recorded first, so a crash mid-delete is finished by the next start.
+            self.store.set_state(&row.id, State::Deleting, None).await?;
+            Self::take_conn(&live);
+            let d = self.driver.clone();
+            let i = row.id.clone();
+            blocking(move || d.destroy(&i)).await?;
+            self.store.delete_sandbox(&row.id).await?;
+            self.store.mark_usage_deleted(&row.id, now_ms()).await?;
+            self.forget(&row.id);
+            tracing::info!(sandbox = %row.id, "deleted");
+            Ok(())
         }
-        // Recorded first, so a crash mid-delete is finished by the next start.
-        self.store.set_state(&row.id, State::Deleting, None).await?;
-        Self::take_conn(&live);
-        let d = self.driver.clone();
-        let i = row.id.clone();
-        blocking(move || d.destroy(&i)).await?;
-        self.store.delete_sandbox(&row.id).await?;
-        self.forget(&row.id);
-        tracing::info!(sandbox = %row.id, "deleted");
-        Ok(())
+        .await;
+        self.audit(caller, "sandbox.delete", id_or_name, &r).await;
+        r
     }
 
     /// Checks the sandbox can run things (resuming it transparently when paused) and
     /// returns its agent connection.
-    async fn running_conn(&self, id_or_name: &str) -> Result<(Arc<AgentConn>, Inflight)> {
-        let row = self.resolve(id_or_name).await?;
+    /// `work`: the call adds work (exec, writes), so the CPU and disk quotas apply even
+    /// when the sandbox is already running.
+    async fn running_conn(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        work: bool,
+    ) -> Result<(Arc<AgentConn>, Inflight)> {
+        let row = self.resolve(caller, id_or_name).await?;
         let live = self.live(&row.id);
         let _g = live.lifecycle.lock().await;
         let row = self.reload(&row.id).await?;
         match row.state {
+            State::Running if work => self.admit(&row.tenant, Admit::Work).await?,
             State::Running => {}
             State::Paused => {
                 self.resume_locked(&row).await?;
@@ -869,150 +986,192 @@ impl Manager {
         Ok((conn, inflight))
     }
 
-    async fn call(&self, id_or_name: &str, req: proto::Request) -> Result<proto::Response> {
-        let (conn, _inflight) = self.running_conn(id_or_name).await?;
+    async fn call(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        work: bool,
+        req: proto::Request,
+    ) -> Result<proto::Response> {
+        let (conn, _inflight) = self.running_conn(caller, id_or_name, work).await?;
         conn.call(req).await
     }
 
-    pub async fn exec(&self, id_or_name: &str, req: ExecRequest) -> Result<ExecResponse> {
-        let spec = exec_spec(req, false)?;
-        let (conn, _inflight) = self.running_conn(id_or_name).await?;
-        let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
-        let mut guard = CancelGuard {
-            conn: conn.clone(),
-            id,
-            armed: true,
-        };
-        loop {
-            match rx.recv().await {
-                Some(proto::Response::Exited(r)) => {
-                    guard.armed = false;
-                    return Ok(exec_response(r));
-                }
-                Some(proto::Response::Started { .. }) | Some(proto::Response::Output { .. }) => {}
-                Some(other) => {
-                    guard.armed = false;
-                    return Err(unexpected(other));
-                }
-                None => {
-                    guard.armed = false;
-                    return Err(CoreError::Unavailable(
-                        "the sandbox's agent went away during the call".into(),
-                    ));
-                }
-            }
-        }
-    }
-
-    /// Runs a command and streams its events; the last event is `End` or `Error`.
-    pub async fn exec_stream(
+    pub async fn exec(
         &self,
+        caller: &Caller,
         id_or_name: &str,
         req: ExecRequest,
-    ) -> Result<mpsc::Receiver<ExecEvent>> {
-        let spec = exec_spec(req, true)?;
-        let (conn, inflight) = self.running_conn(id_or_name).await?;
-        let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
-        let (tx, out) = mpsc::channel(64);
-        tokio::spawn(async move {
-            let _inflight = inflight;
+    ) -> Result<ExecResponse> {
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            let spec = exec_spec(req, false)?;
+            let (conn, _inflight) = self.running_conn(caller, id_or_name, true).await?;
+            let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let mut guard = CancelGuard {
                 conn: conn.clone(),
                 id,
                 armed: true,
             };
             loop {
-                let ev = match rx.recv().await {
-                    Some(proto::Response::Started { pid }) => ExecEvent::Start { pid },
-                    Some(proto::Response::Output { stream, data }) => {
-                        let (data, encoding) = encode_bytes(&data);
-                        match stream {
-                            proto::Stream::Stdout => ExecEvent::Stdout { data, encoding },
-                            proto::Stream::Stderr => ExecEvent::Stderr { data, encoding },
-                        }
-                    }
+                match rx.recv().await {
                     Some(proto::Response::Exited(r)) => {
                         guard.armed = false;
-                        let _ = tx
-                            .send(ExecEvent::End {
-                                exit_code: r.exit_code,
-                                signal: r.signal,
-                                timed_out: r.timed_out,
-                                truncated: r.stdout_truncated || r.stderr_truncated,
-                                duration_ms: r.duration_ms,
-                            })
-                            .await;
-                        return;
+                        return Ok(exec_response(r));
                     }
+                    Some(proto::Response::Started { .. })
+                    | Some(proto::Response::Output { .. }) => {}
                     Some(other) => {
                         guard.armed = false;
-                        let e = unexpected(other);
-                        let _ = tx
-                            .send(ExecEvent::Error {
-                                code: e.code(),
-                                message: e.public_message(),
-                            })
-                            .await;
-                        return;
+                        return Err(unexpected(other));
                     }
                     None => {
                         guard.armed = false;
-                        let _ = tx
-                            .send(ExecEvent::Error {
-                                code: ErrorCode::Unavailable,
-                                message: "the sandbox's agent went away during the call".into(),
-                            })
-                            .await;
-                        return;
+                        return Err(CoreError::Unavailable(
+                            "the sandbox's agent went away during the call".into(),
+                        ));
                     }
-                };
-                // A closed receiver means the client left: the guard cancels the call.
-                if tx.send(ev).await.is_err() {
-                    return;
                 }
             }
-        });
-        Ok(out)
+        }
+        .await;
+        self.audit(caller, "sandbox.exec", id_or_name, &r).await;
+        r
+    }
+
+    /// Runs a command and streams its events; the last event is `End` or `Error`.
+    pub async fn exec_stream(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        req: ExecRequest,
+    ) -> Result<mpsc::Receiver<ExecEvent>> {
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            let spec = exec_spec(req, true)?;
+            let (conn, inflight) = self.running_conn(caller, id_or_name, true).await?;
+            let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
+            let (tx, out) = mpsc::channel(64);
+            tokio::spawn(async move {
+                let _inflight = inflight;
+                let mut guard = CancelGuard {
+                    conn: conn.clone(),
+                    id,
+                    armed: true,
+                };
+                loop {
+                    let ev = match rx.recv().await {
+                        Some(proto::Response::Started { pid }) => ExecEvent::Start { pid },
+                        Some(proto::Response::Output { stream, data }) => {
+                            let (data, encoding) = encode_bytes(&data);
+                            match stream {
+                                proto::Stream::Stdout => ExecEvent::Stdout { data, encoding },
+                                proto::Stream::Stderr => ExecEvent::Stderr { data, encoding },
+                            }
+                        }
+                        Some(proto::Response::Exited(r)) => {
+                            guard.armed = false;
+                            let _ = tx
+                                .send(ExecEvent::End {
+                                    exit_code: r.exit_code,
+                                    signal: r.signal,
+                                    timed_out: r.timed_out,
+                                    truncated: r.stdout_truncated || r.stderr_truncated,
+                                    duration_ms: r.duration_ms,
+                                })
+                                .await;
+                            return;
+                        }
+                        Some(other) => {
+                            guard.armed = false;
+                            let e = unexpected(other);
+                            let _ = tx
+                                .send(ExecEvent::Error {
+                                    code: e.code(),
+                                    message: e.public_message(),
+                                })
+                                .await;
+                            return;
+                        }
+                        None => {
+                            guard.armed = false;
+                            let _ = tx
+                                .send(ExecEvent::Error {
+                                    code: ErrorCode::Unavailable,
+                                    message: "the sandbox's agent went away during the call".into(),
+                                })
+                                .await;
+                            return;
+                        }
+                    };
+                    // A closed receiver means the client left: the guard cancels the call.
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(out)
+        }
+        .await;
+        self.audit(caller, "sandbox.exec", id_or_name, &r).await;
+        r
     }
 
     pub async fn start_process(
         &self,
+        caller: &Caller,
         id_or_name: &str,
         req: StartProcessRequest,
     ) -> Result<ProcessInfo> {
-        let command = command_of(req.command, req.shell)?;
-        validate_env(&req.env)?;
-        if let Some(cwd) = &req.cwd {
-            validate_path(cwd)?;
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            let command = command_of(req.command, req.shell)?;
+            validate_env(&req.env)?;
+            if let Some(cwd) = &req.cwd {
+                validate_path(cwd)?;
+            }
+            let cmd_vec = command_vec(&command);
+            let spec = proto::BackgroundSpec {
+                command,
+                env: req.env,
+                cwd: req.cwd,
+                user: run_as(req.user),
+                max_log: proto::DEFAULT_MAX_OUTPUT,
+            };
+            match self
+                .call(
+                    caller,
+                    id_or_name,
+                    true,
+                    proto::Request::BackgroundStart(spec),
+                )
+                .await?
+            {
+                proto::Response::BackgroundStarted { bg_id, pid } => Ok(ProcessInfo {
+                    id: bg_id,
+                    pid,
+                    command: cmd_vec,
+                    running: true,
+                    exit_code: None,
+                    signal: None,
+                    started_at: rfc3339(now_ms()),
+                }),
+                other => Err(unexpected(other)),
+            }
         }
-        let cmd_vec = command_vec(&command);
-        let spec = proto::BackgroundSpec {
-            command,
-            env: req.env,
-            cwd: req.cwd,
-            user: run_as(req.user),
-            max_log: proto::DEFAULT_MAX_OUTPUT,
-        };
-        match self
-            .call(id_or_name, proto::Request::BackgroundStart(spec))
-            .await?
-        {
-            proto::Response::BackgroundStarted { bg_id, pid } => Ok(ProcessInfo {
-                id: bg_id,
-                pid,
-                command: cmd_vec,
-                running: true,
-                exit_code: None,
-                signal: None,
-                started_at: rfc3339(now_ms()),
-            }),
-            other => Err(unexpected(other)),
-        }
+        .await;
+        self.audit(caller, "process.start", id_or_name, &r).await;
+        r
     }
 
-    pub async fn list_processes(&self, id_or_name: &str) -> Result<ProcessList> {
+    pub async fn list_processes(&self, caller: &Caller, id_or_name: &str) -> Result<ProcessList> {
+        caller.require(Scope::SandboxesWrite)?;
+
         match self
-            .call(id_or_name, proto::Request::BackgroundList)
+            .call(caller, id_or_name, false, proto::Request::BackgroundList)
             .await?
         {
             proto::Response::BackgroundList { processes } => Ok(ProcessList {
@@ -1033,10 +1192,19 @@ impl Manager {
         }
     }
 
-    pub async fn process_logs(&self, id_or_name: &str, process_id: u64) -> Result<ProcessLogs> {
+    pub async fn process_logs(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        process_id: u64,
+    ) -> Result<ProcessLogs> {
+        caller.require(Scope::SandboxesWrite)?;
+
         match self
             .call(
+                caller,
                 id_or_name,
+                false,
                 proto::Request::BackgroundLogs { bg_id: process_id },
             )
             .await?
@@ -1069,36 +1237,54 @@ impl Manager {
 
     pub async fn kill_process(
         &self,
+        caller: &Caller,
         id_or_name: &str,
         process_id: u64,
         signal: Option<i32>,
     ) -> Result<()> {
-        if let Some(s) = signal {
-            if !(1..=64).contains(&s) {
-                return Err(CoreError::InvalidArgument(
-                    "signal must be between 1 and 64".into(),
-                ));
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            if let Some(s) = signal {
+                if !(1..=64).contains(&s) {
+                    return Err(CoreError::InvalidArgument(
+                        "signal must be between 1 and 64".into(),
+                    ));
+                }
+            }
+            match self
+                .call(
+                    caller,
+                    id_or_name,
+                    false,
+                    proto::Request::BackgroundKill {
+                        bg_id: process_id,
+                        signal,
+                    },
+                )
+                .await?
+            {
+                proto::Response::Done => Ok(()),
+                other => Err(unexpected(other)),
             }
         }
-        match self
-            .call(
-                id_or_name,
-                proto::Request::BackgroundKill {
-                    bg_id: process_id,
-                    signal,
-                },
-            )
-            .await?
-        {
-            proto::Response::Done => Ok(()),
-            other => Err(unexpected(other)),
-        }
+        .await;
+        self.audit(caller, "process.kill", id_or_name, &r).await;
+        r
     }
 
     /// Reads a file; the stream yields chunks until the end of the file.
-    pub async fn read_file(&self, id_or_name: &str, path: &str, user: User) -> Result<ByteStream> {
+    pub async fn read_file(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        path: &str,
+        user: User,
+    ) -> Result<ByteStream> {
+        caller.require(Scope::SandboxesWrite)?;
+
         validate_path(path)?;
-        let (conn, inflight) = self.running_conn(id_or_name).await?;
+        let (conn, inflight) = self.running_conn(caller, id_or_name, false).await?;
         let path = path.to_string();
         let user = run_as(user);
         let first = conn
@@ -1161,94 +1347,113 @@ impl Manager {
     /// a failed upload never leaves a half-written file in place of the old one.
     pub async fn write_file(
         &self,
+        caller: &Caller,
         id_or_name: &str,
         path: &str,
         user: User,
         mut body: ByteSink,
     ) -> Result<u64> {
-        validate_path(path)?;
-        if path.ends_with('/') {
-            return Err(CoreError::InvalidArgument("path names a directory".into()));
-        }
-        let (conn, _inflight) = self.running_conn(id_or_name).await?;
-        let user = run_as(user);
-        let (dir, name) = match path.rfind('/') {
-            Some(i) => (&path[..=i], &path[i + 1..]),
-            None => ("", path),
-        };
-        let tmp = format!("{dir}.{name}.tb-upload-{}", uuid::Uuid::new_v4().simple());
-        let mut written: u64 = 0;
-        let mut first = true;
-        let mut pending: Vec<u8> = Vec::new();
-        let result: Result<()> = async {
-            loop {
-                let next = body.next().await;
-                let done = next.is_none();
-                if let Some(chunk) = next {
-                    let chunk = chunk.map_err(|e| {
-                        CoreError::InvalidArgument(format!("upload interrupted: {e}"))
-                    })?;
-                    pending.extend_from_slice(&chunk);
-                }
-                while pending.len() as u64 >= FILE_CHUNK || (done && (first || !pending.is_empty()))
-                {
-                    let take = pending.len().min(FILE_CHUNK as usize);
-                    let data: Vec<u8> = pending.drain(..take).collect();
-                    let n = data.len() as u64;
-                    let r = conn
-                        .call(proto::Request::FileWrite {
-                            path: tmp.clone(),
-                            user,
-                            data,
-                            append: !first,
-                            mode: None,
-                            make_parents: first,
-                        })
-                        .await?;
-                    match r {
-                        proto::Response::Done => {}
-                        other => return Err(unexpected(other)),
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            validate_path(path)?;
+            if path.ends_with('/') {
+                return Err(CoreError::InvalidArgument("path names a directory".into()));
+            }
+            let (conn, _inflight) = self.running_conn(caller, id_or_name, true).await?;
+            let user = run_as(user);
+            let (dir, name) = match path.rfind('/') {
+                Some(i) => (&path[..=i], &path[i + 1..]),
+                None => ("", path),
+            };
+            let tmp = format!("{dir}.{name}.tb-upload-{}", uuid::Uuid::new_v4().simple());
+            let mut written: u64 = 0;
+            let mut first = true;
+            let mut pending: Vec<u8> = Vec::new();
+            let result: Result<()> = async {
+                loop {
+                    let next = body.next().await;
+                    let done = next.is_none();
+                    if let Some(chunk) = next {
+                        let chunk = chunk.map_err(|e| {
+                            CoreError::InvalidArgument(format!("upload interrupted: {e}"))
+                        })?;
+                        pending.extend_from_slice(&chunk);
                     }
-                    first = false;
-                    written += n;
+                    while pending.len() as u64 >= FILE_CHUNK
+                        || (done && (first || !pending.is_empty()))
+                    {
+                        let take = pending.len().min(FILE_CHUNK as usize);
+                        let data: Vec<u8> = pending.drain(..take).collect();
+                        let n = data.len() as u64;
+                        let r = conn
+                            .call(proto::Request::FileWrite {
+                                path: tmp.clone(),
+                                user,
+                                data,
+                                append: !first,
+                                mode: None,
+                                make_parents: first,
+                            })
+                            .await?;
+                        match r {
+                            proto::Response::Done => {}
+                            other => return Err(unexpected(other)),
+                        }
+                        first = false;
+                        written += n;
+                    }
+                    if done {
+                        break;
+                    }
                 }
-                if done {
-                    break;
+                match conn
+                    .call(proto::Request::Rename {
+                        from: tmp.clone(),
+                        to: path.to_string(),
+                        user,
+                    })
+                    .await?
+                {
+                    proto::Response::Done => Ok(()),
+                    other => Err(unexpected(other)),
                 }
             }
-            match conn
-                .call(proto::Request::Rename {
-                    from: tmp.clone(),
-                    to: path.to_string(),
-                    user,
-                })
-                .await?
-            {
-                proto::Response::Done => Ok(()),
-                other => Err(unexpected(other)),
+            .await;
+            if let Err(e) = result {
+                if !first {
+                    let _ = conn
+                        .call(proto::Request::Remove {
+                            path: tmp,
+                            user,
+                            recursive: false,
+                        })
+                        .await;
+                }
+                return Err(e);
             }
+            Ok(written)
         }
         .await;
-        if let Err(e) = result {
-            if !first {
-                let _ = conn
-                    .call(proto::Request::Remove {
-                        path: tmp,
-                        user,
-                        recursive: false,
-                    })
-                    .await;
-            }
-            return Err(e);
-        }
-        Ok(written)
+        self.audit(caller, "file.write", id_or_name, &r).await;
+        r
     }
 
-    pub async fn list_files(&self, id_or_name: &str, path: &str, user: User) -> Result<FileList> {
+    pub async fn list_files(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        path: &str,
+        user: User,
+    ) -> Result<FileList> {
+        caller.require(Scope::SandboxesWrite)?;
+
         validate_path(path)?;
         match self
             .call(
+                caller,
                 id_or_name,
+                false,
                 proto::Request::FileList {
                     path: path.into(),
                     user: run_as(user),
@@ -1263,11 +1468,21 @@ impl Manager {
         }
     }
 
-    pub async fn stat_file(&self, id_or_name: &str, path: &str, user: User) -> Result<FileEntry> {
+    pub async fn stat_file(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        path: &str,
+        user: User,
+    ) -> Result<FileEntry> {
+        caller.require(Scope::SandboxesWrite)?;
+
         validate_path(path)?;
         match self
             .call(
+                caller,
                 id_or_name,
+                false,
                 proto::Request::FileStat {
                     path: path.into(),
                     user: run_as(user),
@@ -1282,54 +1497,79 @@ impl Manager {
 
     pub async fn mkdir(
         &self,
+        caller: &Caller,
         id_or_name: &str,
         path: &str,
         user: User,
         parents: bool,
     ) -> Result<()> {
-        validate_path(path)?;
-        match self
-            .call(
-                id_or_name,
-                proto::Request::Mkdir {
-                    path: path.into(),
-                    user: run_as(user),
-                    parents,
-                },
-            )
-            .await?
-        {
-            proto::Response::Done => Ok(()),
-            other => Err(unexpected(other)),
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            validate_path(path)?;
+            match self
+                .call(
+                    caller,
+                    id_or_name,
+                    true,
+                    proto::Request::Mkdir {
+                        path: path.into(),
+                        user: run_as(user),
+                        parents,
+                    },
+                )
+                .await?
+            {
+                proto::Response::Done => Ok(()),
+                other => Err(unexpected(other)),
+            }
         }
+        .await;
+        self.audit(caller, "file.mkdir", id_or_name, &r).await;
+        r
     }
 
     pub async fn remove_file(
         &self,
+        caller: &Caller,
         id_or_name: &str,
         path: &str,
         user: User,
         recursive: bool,
     ) -> Result<()> {
-        validate_path(path)?;
-        match self
-            .call(
-                id_or_name,
-                proto::Request::Remove {
-                    path: path.into(),
-                    user: run_as(user),
-                    recursive,
-                },
-            )
-            .await?
-        {
-            proto::Response::Done => Ok(()),
-            other => Err(unexpected(other)),
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+
+            validate_path(path)?;
+            match self
+                .call(
+                    caller,
+                    id_or_name,
+                    false,
+                    proto::Request::Remove {
+                        path: path.into(),
+                        user: run_as(user),
+                        recursive,
+                    },
+                )
+                .await?
+            {
+                proto::Response::Done => Ok(()),
+                other => Err(unexpected(other)),
+            }
         }
+        .await;
+        self.audit(caller, "file.remove", id_or_name, &r).await;
+        r
     }
 
-    pub async fn selftest(&self, id_or_name: &str) -> Result<SelftestReport> {
-        match self.call(id_or_name, proto::Request::Selftest).await? {
+    pub async fn selftest(&self, caller: &Caller, id_or_name: &str) -> Result<SelftestReport> {
+        caller.require(Scope::SandboxesWrite)?;
+
+        match self
+            .call(caller, id_or_name, false, proto::Request::Selftest)
+            .await?
+        {
             proto::Response::Selftest { checks } => Ok(SelftestReport {
                 ok: checks.iter().all(|c| c.ok),
                 checks: checks
@@ -1346,31 +1586,43 @@ impl Manager {
     }
 
     /// CPU time the sandbox has used so far, microseconds (from its cgroup).
-    pub async fn cpu_usage_usec(&self, id_or_name: &str) -> Result<u64> {
-        let row = self.resolve(id_or_name).await?;
+    pub async fn cpu_usage_usec(&self, caller: &Caller, id_or_name: &str) -> Result<u64> {
+        caller.require(Scope::SandboxesRead)?;
+
+        let row = self.resolve(caller, id_or_name).await?;
         let d = self.driver.clone();
         blocking(move || d.cpu_usage_usec(&row.id)).await
     }
 
-    pub async fn add_image(&self, req: AddImageRequest) -> Result<Image> {
-        images::validate_image_name(&req.name)?;
-        let path = images::validate_rootfs(&req.path)?;
-        let row = ImageRow {
-            name: req.name,
-            kind: "rootfs".into(),
-            path: Some(path.display().to_string()),
-            created_at: now_ms(),
-        };
-        self.store.insert_image(&row).await?;
-        Ok(Image {
-            name: row.name,
-            kind: row.kind,
-            path: row.path,
-            created_at: rfc3339(row.created_at),
-        })
+    pub async fn add_image(&self, caller: &Caller, req: AddImageRequest) -> Result<Image> {
+        let target = req.name.clone();
+        let r = async {
+            caller.require(Scope::Admin)?;
+
+            images::validate_image_name(&req.name)?;
+            let path = images::validate_rootfs(&req.path)?;
+            let row = ImageRow {
+                name: req.name,
+                kind: "rootfs".into(),
+                path: Some(path.display().to_string()),
+                created_at: now_ms(),
+            };
+            self.store.insert_image(&row).await?;
+            Ok(Image {
+                name: row.name,
+                kind: row.kind,
+                path: row.path,
+                created_at: rfc3339(row.created_at),
+            })
+        }
+        .await;
+        self.audit(caller, "image.add", &target, &r).await;
+        r
     }
 
-    pub async fn list_images(&self) -> Result<ImageList> {
+    pub async fn list_images(&self, caller: &Caller) -> Result<ImageList> {
+        caller.require(Scope::SandboxesRead)?;
+
         Ok(ImageList {
             images: self
                 .store

@@ -49,6 +49,8 @@ impl State {
 #[derive(Debug, Clone)]
 pub struct SandboxRow {
     pub id: String,
+    /// The tenant that owns the sandbox; names are unique per tenant.
+    pub tenant: String,
     pub name: Option<String>,
     pub state: State,
     pub labels: BTreeMap<String, String>,
@@ -56,6 +58,8 @@ pub struct SandboxRow {
     pub memory_bytes: u64,
     pub cpus: f64,
     pub pids: u32,
+    /// Size of the sandbox's disk image; 0 = no quota (created before quotas).
+    pub disk_bytes: u64,
     pub idle_pause_secs: Option<u64>,
     pub ttl_secs: Option<u64>,
     pub ttl_action: TtlAction,
@@ -75,7 +79,7 @@ pub struct ImageRow {
 
 #[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pub(crate) pool: SqlitePool,
 }
 
 pub fn now_ms() -> i64 {
@@ -97,6 +101,7 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
     let ttl_action: String = r.try_get("ttl_action")?;
     Ok(SandboxRow {
         id: r.try_get("id")?,
+        tenant: r.try_get("tenant")?,
         name: r.try_get("name")?,
         state: State::parse(&r.try_get::<String, _>("state")?)?,
         labels: serde_json::from_str(&labels)
@@ -105,6 +110,7 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
         memory_bytes: r.try_get::<i64, _>("memory_bytes")? as u64,
         cpus: r.try_get("cpus")?,
         pids: r.try_get::<i64, _>("pids")? as u32,
+        disk_bytes: r.try_get::<i64, _>("disk_bytes")? as u64,
         idle_pause_secs: r
             .try_get::<Option<i64>, _>("idle_pause_secs")?
             .map(|v| v as u64),
@@ -144,7 +150,9 @@ impl Store {
     /// Inserts a new sandbox in state `creating`, allocating the lowest free uid slot in
     /// the same transaction. Fails with `Conflict` when the name is taken.
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<u32> {
-        let mut tx = self.pool.begin().await?;
+        // IMMEDIATE: a deferred transaction that reads, then writes, fails at once with
+        // SQLITE_BUSY (no busy wait) when another connection wrote in between.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let used: Vec<i64> = sqlx::query_scalar("SELECT slot FROM sandboxes ORDER BY slot")
             .fetch_all(&mut *tx)
             .await?;
@@ -160,11 +168,13 @@ impl Store {
         let labels =
             serde_json::to_string(&row.labels).map_err(|e| CoreError::Internal(e.to_string()))?;
         let res = sqlx::query(
-            "INSERT INTO sandboxes (id, name, state, labels, image, memory_bytes, cpus, pids, \
-             idle_pause_secs, ttl_secs, ttl_action, slot, agent_pid, created_at, last_active_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)",
+            "INSERT INTO sandboxes (id, tenant, name, state, labels, image, memory_bytes, cpus, pids, \
+             idle_pause_secs, ttl_secs, ttl_action, slot, agent_pid, created_at, last_active_at, \
+             disk_bytes) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
         )
         .bind(&row.id)
+        .bind(&row.tenant)
         .bind(&row.name)
         .bind(row.state.as_str())
         .bind(labels)
@@ -178,6 +188,7 @@ impl Store {
         .bind(slot)
         .bind(row.created_at)
         .bind(row.last_active_at)
+        .bind(row.disk_bytes as i64)
         .execute(&mut *tx)
         .await;
         match res {
@@ -194,8 +205,11 @@ impl Store {
         Ok(slot as u32)
     }
 
-    pub async fn get_sandbox(&self, id_or_name: &str) -> Result<Option<SandboxRow>> {
-        let r = sqlx::query("SELECT * FROM sandboxes WHERE (id = ? OR name = ?) AND state != 'deleting' ORDER BY id = ? DESC LIMIT 1")
+    /// A sandbox of `tenant` by id or name. Another tenant's sandbox is not found, exactly
+    /// like one that does not exist.
+    pub async fn get_sandbox(&self, tenant: &str, id_or_name: &str) -> Result<Option<SandboxRow>> {
+        let r = sqlx::query("SELECT * FROM sandboxes WHERE tenant = ? AND (id = ? OR name = ?) AND state != 'deleting' ORDER BY id = ? DESC LIMIT 1")
+            .bind(tenant)
             .bind(id_or_name)
             .bind(id_or_name)
             .bind(id_or_name)

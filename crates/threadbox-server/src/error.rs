@@ -113,7 +113,10 @@ impl From<PathRejection> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status(), axum::Json(self.body())).into_response()
+        let mut resp = (self.status(), axum::Json(self.body())).into_response();
+        // For the error counter of /metrics.
+        resp.extensions_mut().insert(self.code);
+        resp
     }
 }
 

@@ -1,12 +1,17 @@
 //! The threadbox daemon: the axum router ([`app`]), its OpenAPI document and [`serve`].
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod error;
+mod gov_routes;
+pub mod mcp;
+pub mod metrics;
 pub mod openapi;
 pub mod routes;
 pub mod serve;
 
 pub use error::ApiError;
+pub use mcp::McpOptions;
 pub use openapi::{openapi_json, ApiDoc};
 pub use routes::{app, AppState, DEFAULT_MAX_UPLOAD_BYTES, MAX_JSON_BODY_BYTES};
 pub use serve::{serve, ServeError, ServeOptions, DEFAULT_LISTEN, PID_FILE_NAME, SOCKET_NAME};

@@ -1,6 +1,6 @@
 //! The OpenAPI document, generated from the handlers and the `threadbox-api` types.
 
-use crate::routes;
+use crate::{gov_routes, routes};
 use std::sync::OnceLock;
 use threadbox_api::*;
 use utoipa::OpenApi;
@@ -39,6 +39,15 @@ use utoipa::OpenApi;
         routes::selftest,
         routes::list_images,
         routes::add_image,
+        gov_routes::create_key,
+        gov_routes::list_keys,
+        gov_routes::revoke_key,
+        gov_routes::get_quota,
+        gov_routes::set_quota,
+        gov_routes::usage,
+        gov_routes::audit_list,
+        gov_routes::audit_verify,
+        gov_routes::metrics,
     ),
     components(schemas(
         ErrorCode, ErrorBody, ErrorResponse, SandboxState, TtlAction, LimitsRequest, Limits,
@@ -46,6 +55,9 @@ use utoipa::OpenApi;
         ExecEvent, StartProcessRequest, ProcessInfo, ProcessList, ProcessLogs,
         KillProcessRequest, FileKind, FileEntry, FileList, PostureCheck, SelftestReport,
         Health, AddImageRequest, Image, ImageList,
+        Scope, CreateKeyRequest, CreatedKey, ApiKeyInfo, ApiKeyList, Quota, QuotaUse,
+        TenantQuota, SandboxUsage, TenantUsage, UsageReport, AuditEntry, AuditList,
+        AuditVerification,
     )),
     tags(
         (name = "meta", description = "Health and this document"),
@@ -54,6 +66,7 @@ use utoipa::OpenApi;
         (name = "processes", description = "Background processes"),
         (name = "files", description = "Files inside a sandbox"),
         (name = "images", description = "Root filesystem images"),
+        (name = "governance", description = "API keys, quotas, usage, the audit log"),
     )
 )]
 pub struct ApiDoc;

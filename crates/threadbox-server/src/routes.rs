@@ -1,6 +1,12 @@
 //! The REST routes: thin translators from HTTP to one [`Manager`] call each.
 
+use crate::auth::{self, Auth};
 use crate::error::ApiError;
+use crate::gov_routes;
+use crate::mcp::{
+    self, Backend, BackendError, ManagerBackend, McpOptions, ResolveBackend, ThreadboxMcp,
+};
+use crate::metrics::{self, Metrics};
 use crate::openapi;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, RawQuery, State};
@@ -9,12 +15,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures::StreamExt;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::StreamableHttpService;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use threadbox_api::*;
-use threadbox_core::Manager;
+use threadbox_core::{Caller, Manager};
 use utoipa::{IntoParams, ToSchema};
 
 /// Bound on JSON request bodies.
@@ -28,6 +36,8 @@ pub struct AppState {
     pub manager: Arc<Manager>,
     /// Bound on one file upload, in bytes.
     pub max_upload_bytes: u64,
+    /// Host/Origin checks of `/mcp`.
+    pub mcp: McpOptions,
 }
 
 impl AppState {
@@ -35,6 +45,7 @@ impl AppState {
         AppState {
             manager,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            mcp: McpOptions::default(),
         }
     }
 }
@@ -44,24 +55,40 @@ impl AppState {
 pub(crate) struct Shared {
     manager: Option<Arc<Manager>>,
     max_upload_bytes: u64,
+    mcp: McpOptions,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl Shared {
-    fn manager(&self) -> Result<&Manager, ApiError> {
+    pub(crate) fn manager(&self) -> Result<&Manager, ApiError> {
         self.manager.as_deref().ok_or_else(|| {
             ApiError::new(ErrorCode::Unavailable, "the sandbox manager is not running")
         })
     }
 }
 
-type St = State<Arc<Shared>>;
+pub(crate) type St = State<Arc<Shared>>;
 
 /// The daemon's HTTP application.
 pub fn app(state: AppState) -> Router {
     router(Shared {
         manager: Some(state.manager),
         max_upload_bytes: state.max_upload_bytes,
+        mcp: state.mcp,
+        metrics: Arc::default(),
     })
+}
+
+/// [`app_without_manager`] reached through a TCP door that requires API keys.
+#[cfg(test)]
+pub(crate) fn app_without_manager_tcp() -> Router {
+    router(Shared {
+        manager: None,
+        max_upload_bytes: 1024,
+        mcp: McpOptions::default(),
+        metrics: Arc::default(),
+    })
+    .layer(axum::Extension(auth::Door::Tcp))
 }
 
 /// The HTTP layer without a manager: every call that needs one answers `unavailable`.
@@ -70,12 +97,41 @@ pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
     router(Shared {
         manager: None,
         max_upload_bytes,
+        mcp: McpOptions::default(),
+        metrics: Arc::default(),
     })
+    // As if through the operator's socket: these tests are about the HTTP layer.
+    .layer(axum::Extension(auth::Door::Socket))
+}
+
+/// `/mcp`: the MCP tools over Streamable HTTP, one manager call per tool call.
+///
+/// Auth: `/mcp` is a route of this router, so its layers run first: the auth layer
+/// answers 401 without a valid key, else puts the [`Caller`] in the request's
+/// extensions, and each tool call acts for that caller. No caller (which the auth layer
+/// never lets through) fails closed.
+fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSessionManager> {
+    let manager = shared.manager.clone();
+    let resolve: ResolveBackend = Arc::new(move |parts| {
+        let caller = parts
+            .and_then(|p| p.extensions.get::<Caller>().cloned())
+            .ok_or_else(|| BackendError::new(ErrorCode::Unauthenticated, "missing API key"))?;
+        let backend: Arc<dyn Backend> = match &manager {
+            Some(m) => Arc::new(ManagerBackend::new(m.clone(), caller)),
+            None => Arc::new(ManagerBackend::unavailable()),
+        };
+        Ok(backend)
+    });
+    mcp::http_service(resolve, &shared.mcp)
 }
 
 fn router(shared: Shared) -> Router {
+    let mcp = mcp_service(&shared);
+    let shared = Arc::new(shared);
     Router::new()
         .route("/healthz", get(healthz))
+        // Stateless Streamable HTTP: POST only (GET and DELETE answer 405).
+        .route_service("/mcp", mcp)
         .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
         .route(
@@ -109,6 +165,22 @@ fn router(shared: Shared) -> Router {
         .route("/v1/sandboxes/{sandbox}/files/mkdir", post(mkdir))
         .route("/v1/sandboxes/{sandbox}/selftest", get(selftest))
         .route("/v1/images", get(list_images).post(add_image))
+        .route(
+            "/v1/keys",
+            post(gov_routes::create_key).get(gov_routes::list_keys),
+        )
+        .route(
+            "/v1/keys/{key_id}",
+            axum::routing::delete(gov_routes::revoke_key),
+        )
+        .route(
+            "/v1/quotas/{tenant}",
+            get(gov_routes::get_quota).put(gov_routes::set_quota),
+        )
+        .route("/v1/usage", get(gov_routes::usage))
+        .route("/v1/audit", get(gov_routes::audit_list))
+        .route("/v1/audit/verify", get(gov_routes::audit_verify))
+        .route("/metrics", get(gov_routes::metrics))
         // Must come after the routes: it is installed on each existing method router.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(route_not_found)
@@ -118,7 +190,16 @@ fn router(shared: Shared) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             panic_response,
         ))
-        .with_state(Arc::new(shared))
+        // Every route but /healthz and /v1/openapi.json needs a caller (see auth.rs).
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            auth::authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.metrics.clone(),
+            metrics::count_errors,
+        ))
+        .with_state(shared)
 }
 
 // ---- extractors whose rejections use the one error shape ------------------------------
@@ -329,6 +410,7 @@ pub(crate) async fn openapi_document() -> Response {
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn create_sandbox(
     State(st): St,
+    Auth(caller): Auth,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
 ) -> Result<(StatusCode, ApiJson<Sandbox>), ApiError> {
     if let Some(name) = &req.name {
@@ -336,7 +418,7 @@ pub(crate) async fn create_sandbox(
             return Err(ApiError::invalid("`name` must not be empty"));
         }
     }
-    let (sandbox, created) = st.manager()?.create(req).await?;
+    let (sandbox, created) = st.manager()?.create(&caller, req).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -355,10 +437,11 @@ pub(crate) async fn create_sandbox(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn list_sandboxes(
     State(st): St,
+    Auth(caller): Auth,
     RawQuery(raw): RawQuery,
 ) -> Result<ApiJson<SandboxList>, ApiError> {
     let (labels, state) = parse_list_query(raw.as_deref())?;
-    let sandboxes = st.manager()?.list(&labels, state).await?;
+    let sandboxes = st.manager()?.list(&caller, &labels, state).await?;
     Ok(ApiJson(SandboxList { sandboxes }))
 }
 
@@ -369,9 +452,10 @@ pub(crate) async fn list_sandboxes(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn get_sandbox(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.get(&sandbox).await?))
+    Ok(ApiJson(st.manager()?.get(&caller, &sandbox).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{sandbox}", tag = "sandboxes",
@@ -381,11 +465,12 @@ pub(crate) async fn get_sandbox(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn delete_sandbox(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
     st.manager()?
-        .delete(&sandbox, q.force.unwrap_or(false))
+        .delete(&caller, &sandbox, q.force.unwrap_or(false))
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -397,9 +482,10 @@ pub(crate) async fn delete_sandbox(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn pause_sandbox(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.pause(&sandbox).await?))
+    Ok(ApiJson(st.manager()?.pause(&caller, &sandbox).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/resume", tag = "sandboxes",
@@ -409,9 +495,10 @@ pub(crate) async fn pause_sandbox(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn resume_sandbox(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.resume(&sandbox).await?))
+    Ok(ApiJson(st.manager()?.resume(&caller, &sandbox).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/stop", tag = "sandboxes",
@@ -421,9 +508,10 @@ pub(crate) async fn resume_sandbox(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn stop_sandbox(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.stop(&sandbox).await?))
+    Ok(ApiJson(st.manager()?.stop(&caller, &sandbox).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/start", tag = "sandboxes",
@@ -433,9 +521,10 @@ pub(crate) async fn stop_sandbox(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn start_sandbox(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.start(&sandbox).await?))
+    Ok(ApiJson(st.manager()?.start(&caller, &sandbox).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec", tag = "exec",
@@ -446,11 +535,15 @@ pub(crate) async fn start_sandbox(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn exec(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<ApiJson<ExecResponse>, ApiError> {
     check_exec(&req)?;
-    Ok(ApiJson(st.manager()?.exec(&sandbox, req).await?))
+    let started = std::time::Instant::now();
+    let result = st.manager()?.exec(&caller, &sandbox, req).await?;
+    st.metrics.record_exec(started.elapsed());
+    Ok(ApiJson(result))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec/stream", tag = "exec",
@@ -462,11 +555,12 @@ pub(crate) async fn exec(
         (status = "default", description = "Error before the process started", body = ErrorResponse)))]
 pub(crate) async fn exec_stream(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<Response, ApiError> {
     check_exec(&req)?;
-    let rx = st.manager()?.exec_stream(&sandbox, req).await?;
+    let rx = st.manager()?.exec_stream(&caller, &sandbox, req).await?;
     // Stops after the terminal event; a channel that closes without one ends with an
     // `error` event, so a client never mistakes a cut stream for a finished process.
     let lines = futures::stream::unfold((rx, false), |(mut rx, finished)| async move {
@@ -521,11 +615,12 @@ fn ndjson_line(event: &ExecEvent) -> Bytes {
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn start_process(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiJson(req): ApiJson<StartProcessRequest>,
 ) -> Result<(StatusCode, ApiJson<ProcessInfo>), ApiError> {
     check_command(&req.command, &req.shell)?;
-    let info = st.manager()?.start_process(&sandbox, req).await?;
+    let info = st.manager()?.start_process(&caller, &sandbox, req).await?;
     Ok((StatusCode::CREATED, ApiJson(info)))
 }
 
@@ -536,9 +631,12 @@ pub(crate) async fn start_process(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn list_processes(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<ProcessList>, ApiError> {
-    Ok(ApiJson(st.manager()?.list_processes(&sandbox).await?))
+    Ok(ApiJson(
+        st.manager()?.list_processes(&caller, &sandbox).await?,
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/processes/{process_id}/logs", tag = "processes",
@@ -550,10 +648,13 @@ pub(crate) async fn list_processes(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn process_logs(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath((sandbox, process_id)): ApiPath<(String, u64)>,
 ) -> Result<ApiJson<ProcessLogs>, ApiError> {
     Ok(ApiJson(
-        st.manager()?.process_logs(&sandbox, process_id).await?,
+        st.manager()?
+            .process_logs(&caller, &sandbox, process_id)
+            .await?,
     ))
 }
 
@@ -567,6 +668,7 @@ pub(crate) async fn process_logs(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn kill_process(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath((sandbox, process_id)): ApiPath<(String, u64)>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
@@ -584,7 +686,7 @@ pub(crate) async fn kill_process(
         }
     }
     st.manager()?
-        .kill_process(&sandbox, process_id, req.signal)
+        .kill_process(&caller, &sandbox, process_id, req.signal)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -596,12 +698,16 @@ pub(crate) async fn kill_process(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn read_file(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<Response, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
-    let chunks = st.manager()?.read_file(&sandbox, path, user).await?;
+    let chunks = st
+        .manager()?
+        .read_file(&caller, &sandbox, path, user)
+        .await?;
     let body = chunks.map(|chunk| {
         chunk.map(Bytes::from).map_err(|err| {
             // Headers are gone already: the client sees a cut body.
@@ -628,6 +734,7 @@ pub(crate) async fn read_file(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn write_file(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<FileQuery>,
     headers: HeaderMap,
@@ -665,7 +772,9 @@ pub(crate) async fn write_file(
             Err(err) => Err(format!("reading the request body failed: {err}")),
         })
         .boxed();
-    let result = manager.write_file(&sandbox, path, user, body).await;
+    let result = manager
+        .write_file(&caller, &sandbox, path, user, body)
+        .await;
     if exceeded.load(Ordering::Relaxed) {
         return Err(too_large());
     }
@@ -680,13 +789,14 @@ pub(crate) async fn write_file(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn remove_file(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<RemoveFileQuery>,
 ) -> Result<StatusCode, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
     st.manager()?
-        .remove_file(&sandbox, path, user, q.recursive.unwrap_or(false))
+        .remove_file(&caller, &sandbox, path, user, q.recursive.unwrap_or(false))
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -698,13 +808,16 @@ pub(crate) async fn remove_file(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn list_files(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<ApiJson<FileList>, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
     Ok(ApiJson(
-        st.manager()?.list_files(&sandbox, path, user).await?,
+        st.manager()?
+            .list_files(&caller, &sandbox, path, user)
+            .await?,
     ))
 }
 
@@ -715,13 +828,16 @@ pub(crate) async fn list_files(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn stat_file(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<ApiJson<FileEntry>, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
     Ok(ApiJson(
-        st.manager()?.stat_file(&sandbox, path, user).await?,
+        st.manager()?
+            .stat_file(&caller, &sandbox, path, user)
+            .await?,
     ))
 }
 
@@ -732,13 +848,14 @@ pub(crate) async fn stat_file(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn mkdir(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<MkdirQuery>,
 ) -> Result<StatusCode, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
     st.manager()?
-        .mkdir(&sandbox, path, user, q.parents.unwrap_or(false))
+        .mkdir(&caller, &sandbox, path, user, q.parents.unwrap_or(false))
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -750,17 +867,21 @@ pub(crate) async fn mkdir(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn selftest(
     State(st): St,
+    Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<SelftestReport>, ApiError> {
-    Ok(ApiJson(st.manager()?.selftest(&sandbox).await?))
+    Ok(ApiJson(st.manager()?.selftest(&caller, &sandbox).await?))
 }
 
 #[utoipa::path(get, path = "/v1/images", tag = "images",
     responses(
         (status = 200, description = "Known images", body = ImageList),
         (status = "default", description = "Error", body = ErrorResponse)))]
-pub(crate) async fn list_images(State(st): St) -> Result<ApiJson<ImageList>, ApiError> {
-    Ok(ApiJson(st.manager()?.list_images().await?))
+pub(crate) async fn list_images(
+    State(st): St,
+    Auth(caller): Auth,
+) -> Result<ApiJson<ImageList>, ApiError> {
+    Ok(ApiJson(st.manager()?.list_images(&caller).await?))
 }
 
 #[utoipa::path(post, path = "/v1/images", tag = "images",
@@ -770,6 +891,7 @@ pub(crate) async fn list_images(State(st): St) -> Result<ApiJson<ImageList>, Api
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn add_image(
     State(st): St,
+    Auth(caller): Auth,
     ApiJson(req): ApiJson<AddImageRequest>,
 ) -> Result<(StatusCode, ApiJson<Image>), ApiError> {
     if req.name.is_empty() {
@@ -780,6 +902,6 @@ pub(crate) async fn add_image(
             "`path` must be an absolute path on the daemon's host",
         ));
     }
-    let image = st.manager()?.add_image(req).await?;
+    let image = st.manager()?.add_image(&caller, req).await?;
     Ok((StatusCode::CREATED, ApiJson(image)))
 }

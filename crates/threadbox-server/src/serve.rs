@@ -1,7 +1,9 @@
 //! `threadbox serve`: opens the manager and answers on a unix socket and on loopback TCP
 //! until SIGTERM or SIGINT.
 
+use crate::auth::Door;
 use crate::error::ErrorChain;
+use crate::mcp::McpOptions;
 use crate::routes::{app, AppState, DEFAULT_MAX_UPLOAD_BYTES};
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -29,6 +31,10 @@ pub struct ServeOptions {
     pub max_upload_bytes: u64,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
+    /// Host/Origin checks of `/mcp`.
+    pub mcp: McpOptions,
+    /// Serve TCP without API keys (loopback only): every TCP client is the operator.
+    pub insecure_no_auth: bool,
 }
 
 impl ServeOptions {
@@ -40,6 +46,8 @@ impl ServeOptions {
             helper_path,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             shutdown_grace: Duration::from_secs(10),
+            mcp: McpOptions::default(),
+            insecure_no_auth: false,
         }
     }
 }
@@ -47,8 +55,8 @@ impl ServeOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(
-        "refusing to listen on {0}: only loopback addresses are allowed until the daemon \
-         supports API keys (use 127.0.0.1 or [::1])"
+        "refusing to listen on {0} with --insecure-no-auth: without API keys only loopback \
+         addresses are allowed (use 127.0.0.1 or [::1], or drop --insecure-no-auth)"
     )]
     NotLoopback(SocketAddr),
     #[error("cannot create the root directory {}", .path.display())]
@@ -79,7 +87,7 @@ pub enum ServeError {
 
 /// Runs the daemon until SIGTERM or SIGINT. Sandboxes keep running after it returns.
 pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
-    if !opts.listen.ip().is_loopback() {
+    if opts.insecure_no_auth && !opts.listen.ip().is_loopback() {
         return Err(ServeError::NotLoopback(opts.listen));
     }
     std::fs::create_dir_all(&opts.root).map_err(|source| ServeError::CreateRoot {
@@ -126,19 +134,30 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
 
     let mut state = AppState::new(manager.clone());
     state.max_upload_bytes = opts.max_upload_bytes;
+    state.mcp = opts.mcp.clone();
     let router = app(state);
+    let tcp_door = if opts.insecure_no_auth {
+        tracing::warn!(
+            "!!! --insecure-no-auth: TCP clients on {tcp_addr} need NO API key and act as the \
+             operator (every scope, any tenant). Use only on a trusted single-user host. !!!"
+        );
+        Door::TcpInsecure
+    } else {
+        tracing::info!("TCP clients on {tcp_addr} need an API key (threadbox keys create)");
+        Door::Tcp
+    };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let mut tcp_task = tokio::spawn(
-        axum::serve(tcp, router.clone())
+        axum::serve(tcp, router.clone().layer(axum::Extension(tcp_door)))
             .with_graceful_shutdown(stopped(stop_rx.clone()))
             .into_future(),
     );
     let mut unix_task = tokio::spawn(
-        axum::serve(unix, router)
+        axum::serve(unix, router.layer(axum::Extension(Door::Socket)))
             .with_graceful_shutdown(stopped(stop_rx))
             .into_future(),
     );

@@ -243,3 +243,32 @@ fn list_query_parses_repeated_labels() {
     assert_eq!(labels.get("c").map(String::as_str), Some("d=e"));
     assert_eq!(state, Some(threadbox_api::SandboxState::Paused));
 }
+
+#[tokio::test]
+async fn tcp_without_a_key_is_401_but_health_and_openapi_are_open() {
+    let app = crate::routes::app_without_manager_tcp();
+    for (uri, expected) in [
+        ("/healthz", StatusCode::OK),
+        ("/v1/openapi.json", StatusCode::OK),
+        ("/v1/sandboxes", StatusCode::UNAUTHORIZED),
+        ("/v1/keys", StatusCode::UNAUTHORIZED),
+        ("/metrics", StatusCode::UNAUTHORIZED),
+        ("/no/such/route", StatusCode::UNAUTHORIZED),
+    ] {
+        let resp = app.clone().oneshot(get(uri)).await.unwrap();
+        let status = resp.status();
+        assert_eq!(status, expected, "{uri}");
+        if expected == StatusCode::UNAUTHORIZED {
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(error_code(status, &body), ErrorCode::Unauthenticated);
+        }
+    }
+    let bad = Request::get("/v1/sandboxes")
+        .header(header::AUTHORIZATION, "Basic Zm9vOmJhcg==")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        app.oneshot(bad).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+}

@@ -30,6 +30,9 @@ pub struct ChildPolicy {
     pub cgroup_procs: Option<OwnedFd>,
     pub landlock: Option<Arc<Ruleset>>,
     pub seccomp: Arc<Vec<sock_filter>>,
+    /// Test-only weakenings (positive controls of the security suite).
+    #[cfg(feature = "insecure-test-hooks")]
+    pub weaken: crate::testhooks::Weaken,
 }
 
 const OOM_SCORE_ADJ: &CStr = c"/proc/self/oom_score_adj";
@@ -122,6 +125,11 @@ impl ChildPolicy {
             }
         }
 
+        #[cfg(feature = "insecure-test-hooks")]
+        if self.weaken.has("keep-caps") {
+            return self.enter_keeping_caps();
+        }
+
         // SAFETY: integer arguments only.
         let rc = unsafe {
             libc::prctl(
@@ -178,12 +186,55 @@ impl ChildPolicy {
             check(unsafe { libc::chdir(cwd.as_ptr()) } as libc::c_long)?;
         }
 
-        // SAFETY: integer arguments only.
-        check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
-        if let Some(rs) = &self.landlock {
+        self.restrict()
+    }
+
+    /// no_new_privs, Landlock, seccomp.
+    fn restrict(&self) -> io::Result<()> {
+        #[cfg(feature = "insecure-test-hooks")]
+        let nnp = !self.weaken.has("suid");
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let nnp = true;
+        if nnp {
+            // SAFETY: integer arguments only.
+            check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
+        }
+        #[cfg(feature = "insecure-test-hooks")]
+        let landlock = if self.weaken.has("no-landlock") {
+            None
+        } else {
+            self.landlock.as_ref()
+        };
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let landlock = self.landlock.as_ref();
+        if let Some(rs) = landlock {
             rs.restrict_self()?;
         }
+        #[cfg(feature = "insecure-test-hooks")]
+        if self.weaken.has("no-seccomp") {
+            return Ok(());
+        }
         crate::seccomp::apply(&self.seccomp)
+    }
+
+    /// Test-only: ids are still set, but no capability is dropped.
+    #[cfg(feature = "insecure-test-hooks")]
+    fn enter_keeping_caps(&self) -> io::Result<()> {
+        // SAFETY: integer arguments only; KEEP_CAPS keeps the permitted set across setresuid.
+        unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) };
+        // SAFETY: `groups` is a live slice of gid_t of the given length.
+        check(unsafe {
+            libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr())
+        })?;
+        // SAFETY: integer arguments only.
+        check(unsafe { libc::syscall(libc::SYS_setresgid, self.gid, self.gid, self.gid) })?;
+        // SAFETY: integer arguments only.
+        check(unsafe { libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid) })?;
+        if let Some(cwd) = &self.cwd {
+            // SAFETY: NUL-terminated string owned by `self`.
+            check(unsafe { libc::chdir(cwd.as_ptr()) } as libc::c_long)?;
+        }
+        self.restrict()
     }
 }
 

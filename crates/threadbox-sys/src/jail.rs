@@ -44,10 +44,22 @@ pub struct JailSpec {
     pub lower: Vec<PathBuf>,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// The sandbox's disk image (ext4): mounted by the helper, in the sandbox's mount
+    /// namespace only, on the parent directory of `upper` and `work` (ADR 0007).
+    #[serde(default)]
+    pub disk_image: Option<PathBuf>,
+    /// Host uid/gid that owns `home/user` when the helper creates a fresh upper.
+    #[serde(default)]
+    pub home_owner: u32,
     /// Empty directory the overlay is mounted on.
     pub rootfs: PathBuf,
     pub binds: Vec<Bind>,
     pub agent_path: PathBuf,
+    /// A sealed memfd holding the agent, made once by the daemon and shared by every
+    /// sandbox (`/proc/<daemon>/fd/<n>`): saves a copy of the agent per boot, in time and
+    /// in memory. Without it (or if it is not sealed) the helper copies `agent_path`.
+    #[serde(default)]
+    pub agent_memfd: Option<PathBuf>,
     /// Host path where the agent's listening socket is created.
     pub socket_path: PathBuf,
     /// `cgroup.procs` files the sandbox joins.
@@ -58,6 +70,20 @@ pub struct JailSpec {
     pub tmpfs_bytes: u64,
     /// Open-file limit of every sandbox process.
     pub nofile: u64,
+    /// Test-only weakenings (see `testhooks`); absent from release builds.
+    #[cfg(feature = "insecure-test-hooks")]
+    #[serde(default)]
+    pub test_weaken: Vec<String>,
+}
+
+#[cfg(feature = "insecure-test-hooks")]
+fn weakened(spec: &JailSpec, w: &str) -> bool {
+    spec.test_weaken.iter().any(|x| x == w)
+}
+
+#[cfg(not(feature = "insecure-test-hooks"))]
+fn weakened(_spec: &JailSpec, _w: &str) -> bool {
+    false
 }
 
 /// What the helper prints on stdout (one JSON line).
@@ -191,7 +217,7 @@ fn bind_ro(src: &Path, target: &Path) -> Result<()> {
 
 /// Copies the agent binary into a sealed memfd, so nothing in a sandbox can ever write
 /// to the copy it executes (nor, through /proc/self/exe, to the host's file).
-fn sealed_agent(path: &Path) -> Result<OwnedFd> {
+pub fn sealed_agent(path: &Path) -> Result<OwnedFd> {
     let bytes =
         fs::read(path).map_err(|e| SysError::os(format!("read agent {}", path.display()), e))?;
     let name = cstr("threadbox-agent")?;
@@ -209,6 +235,17 @@ fn sealed_agent(path: &Path) -> Result<OwnedFd> {
     let ret = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) };
     check(ret, || "seal agent memfd".into())?;
     Ok(OwnedFd::from(file))
+}
+
+/// Opens an agent memfd made by [`sealed_agent`] (through `/proc/<pid>/fd/<n>`), only if
+/// it is sealed against any write, shrink or growth: a sandbox's agent never runs from a
+/// file that can change.
+fn open_sealed(path: &Path) -> Option<OwnedFd> {
+    let file = fs::File::open(path).ok()?;
+    // SAFETY: fcntl on a valid fd with an integer command.
+    let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    (seals >= 0 && seals & need == need).then(|| OwnedFd::from(file))
 }
 
 /// Creates the agent's listening socket at a host path outside the sandbox root.
@@ -244,7 +281,10 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
         fs::write(procs, "0")
             .map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
     }
-    let agent = sealed_agent(&spec.agent_path)?;
+    let agent = match spec.agent_memfd.as_deref().and_then(open_sealed) {
+        Some(fd) => fd,
+        None => sealed_agent(&spec.agent_path)?,
+    };
     let listener = listen_socket(&spec.socket_path)?;
     let cgroup_fd = match &spec.cgroup_dir {
         Some(dir) => {
@@ -258,10 +298,12 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
     // Only the PID namespace is entered here (it applies to the next child); the child
     // makes the others, so the helper stays in the host's mount namespace and can write
     // the child's id maps through the host's /proc.
-    // SAFETY: unshare takes integer flags; this process is single-threaded.
-    check(unsafe { libc::unshare(libc::CLONE_NEWPID) }, || {
-        "unshare pid namespace".into()
-    })?;
+    if !weakened(spec, "shared-pidns") {
+        // SAFETY: unshare takes integer flags; this process is single-threaded.
+        check(unsafe { libc::unshare(libc::CLONE_NEWPID) }, || {
+            "unshare pid namespace".into()
+        })?;
+    }
 
     // child -> parent: "the user namespace exists, write my maps"; then errors, if any.
     let (ready_r, ready_w) = pipe()?;
@@ -306,11 +348,13 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
                 )))
             }
         }
-        let map = format!("0 {} {}\n", spec.id_base, ID_RANGE);
-        fs::write(format!("/proc/{pid}/uid_map"), &map)
-            .map_err(|e| SysError::os("write uid_map", e))?;
-        fs::write(format!("/proc/{pid}/gid_map"), &map)
-            .map_err(|e| SysError::os("write gid_map", e))?;
+        if !weakened(spec, "host-userns") {
+            let map = format!("0 {} {}\n", spec.id_base, ID_RANGE);
+            fs::write(format!("/proc/{pid}/uid_map"), &map)
+                .map_err(|e| SysError::os("write uid_map", e))?;
+            fs::write(format!("/proc/{pid}/gid_map"), &map)
+                .map_err(|e| SysError::os("write gid_map", e))?;
+        }
         let mut gf = fs::File::from(go_w);
         gf.write_all(b"g")
             .map_err(|e| SysError::os("signal the sandbox init", e))?;
@@ -354,24 +398,30 @@ fn sandbox_init(
         .append(true)
         .open(&log_path)
         .map_err(|e| SysError::os(format!("open {}", log_path.display()), e))?;
-    let flags = libc::CLONE_NEWNS
-        | libc::CLONE_NEWNET
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWCGROUP;
+    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP;
+    if !weakened(spec, "shared-netns") {
+        flags |= libc::CLONE_NEWNET;
+    }
+    if !weakened(spec, "shared-ipcns") {
+        flags |= libc::CLONE_NEWIPC;
+    }
     // SAFETY: unshare takes integer flags; this process is single-threaded.
     check(unsafe { libc::unshare(flags) }, || {
         "unshare namespaces".into()
     })?;
     build_root(spec)?;
     set_hostname(&spec.hostname)?;
-    loopback_up()?;
+    if !weakened(spec, "shared-netns") {
+        loopback_up()?;
+    }
     pivot(&spec.rootfs)?;
 
-    // SAFETY: unshare with an integer flag; this process is single-threaded.
-    check(unsafe { libc::unshare(libc::CLONE_NEWUSER) }, || {
-        "unshare user namespace".into()
-    })?;
+    if !weakened(spec, "host-userns") {
+        // SAFETY: unshare with an integer flag; this process is single-threaded.
+        check(unsafe { libc::unshare(libc::CLONE_NEWUSER) }, || {
+            "unshare user namespace".into()
+        })?;
+    }
     let mut w = fs::File::from(ready_w);
     w.write_all(b"r")
         .map_err(|e| SysError::os("signal the helper", e))?;
@@ -406,7 +456,13 @@ fn sandbox_init(
     dup_to(log_fd, 1)?;
     dup_to(log_fd, 2)?;
     dup_to(listen_fd, 3)?;
+    #[allow(unused_mut)]
     let mut args: Vec<CString> = vec![cstr("threadbox-agent")?, cstr("--listen-fd")?, cstr("3")?];
+    #[cfg(feature = "insecure-test-hooks")]
+    if !spec.test_weaken.is_empty() {
+        args.push(cstr("--test-weaken")?);
+        args.push(cstr(spec.test_weaken.join(","))?);
+    }
     if let Some(cg) = cg_fd {
         dup_to(cg, 4)?;
         args.push(cstr("--cgroup-fd")?);
@@ -492,6 +548,120 @@ fn inside(root: &Path, p: &Path) -> PathBuf {
     root.join(p.strip_prefix("/").unwrap_or(p))
 }
 
+/// `struct loop_config` of LOOP_CONFIGURE (linux/loop.h).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: [u8; 232],
+    reserved: [u64; 8],
+}
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+/// Offset of `lo_flags` in `struct loop_info64`.
+const LO_FLAGS_OFFSET: usize = 52;
+
+/// Attaches `image` to a free loop device with autoclear: the device is released as soon
+/// as its last user (our mount, in the sandbox's mount namespace) is gone.
+fn attach_loop(image: &Path) -> Result<(OwnedFd, PathBuf)> {
+    let backing = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| SysError::os(format!("open {}", image.display()), e))?;
+    let ctl = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")
+        .map_err(|e| SysError::os("open /dev/loop-control", e))?;
+    // Another helper may take the same free device between GET_FREE and CONFIGURE.
+    for _ in 0..32 {
+        // SAFETY: ioctl with an integer request and no argument on an fd we own.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        check(n, || "LOOP_CTL_GET_FREE".into())?;
+        let dev = PathBuf::from(format!("/dev/loop{n}"));
+        let loopf = match fs::OpenOptions::new().read(true).write(true).open(&dev) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(SysError::os(format!("open {}", dev.display()), e)),
+        };
+        let mut cfg = LoopConfig {
+            fd: backing.as_raw_fd() as u32,
+            block_size: 0,
+            info: [0; 232],
+            reserved: [0; 8],
+        };
+        cfg.info[LO_FLAGS_OFFSET..LO_FLAGS_OFFSET + 4]
+            .copy_from_slice(&LO_FLAGS_AUTOCLEAR.to_ne_bytes());
+        // SAFETY: `cfg` is a valid loop_config that lives for the call; the kernel only
+        // reads it.
+        let rc = unsafe { libc::ioctl(loopf.as_raw_fd(), LOOP_CONFIGURE, &cfg) };
+        if rc == 0 {
+            return Ok((OwnedFd::from(loopf), dev));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EBUSY) {
+            return Err(SysError::os(format!("LOOP_CONFIGURE {}", dev.display()), err));
+        }
+    }
+    Err(SysError::Other("no free loop device".into()))
+}
+
+/// Mounts the sandbox's disk image on the parent of `upper` (in this, the sandbox's, mount
+/// namespace) and prepares upper/work inside it.
+fn mount_disk(image: &Path, spec: &JailSpec) -> Result<()> {
+    let target = spec
+        .upper
+        .parent()
+        .ok_or_else(|| SysError::Other("upper has no parent".into()))?;
+    let (loopfd, dev) = attach_loop(image)?;
+    mount(
+        Some(&dev),
+        target,
+        Some("ext4"),
+        libc::MS_NOSUID | libc::MS_NODEV,
+        None,
+    )?;
+    // The mount holds the device now; autoclear detaches it when the mount goes away.
+    drop(loopfd);
+    // A previous agent's workdir may hold leftovers overlayfs refuses to reuse.
+    if spec.work.exists() {
+        fs::remove_dir_all(&spec.work)
+            .map_err(|e| SysError::os(format!("clear {}", spec.work.display()), e))?;
+    }
+    mkdir_p(&spec.work)?;
+    if !spec.upper.exists() {
+        let home = spec.upper.join("home/user");
+        mkdir_p(&home)?;
+        std::os::unix::fs::chown(&home, Some(spec.home_owner), Some(spec.home_owner))
+            .map_err(|e| SysError::os("chown home/user", e))?;
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&home, fs::Permissions::from_mode(0o755))
+            .map_err(|e| SysError::os("chmod home/user", e))?;
+    }
+    Ok(())
+}
+
+/// `target` as a path relative to `base` (both absolute), using `..` where needed.
+fn relative_to(base: &Path, target: &Path) -> PathBuf {
+    let b: Vec<_> = base.components().collect();
+    let t: Vec<_> = target.components().collect();
+    let common = b.iter().zip(&t).take_while(|(x, y)| x == y).count();
+    let mut out = PathBuf::new();
+    for _ in common..b.len() {
+        out.push("..");
+    }
+    for c in &t[common..] {
+        out.push(c);
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
 fn build_root(spec: &JailSpec) -> Result<()> {
     let root = &spec.rootfs;
     // Nothing we mount here may propagate back to the host.
@@ -503,23 +673,37 @@ fn build_root(spec: &JailSpec) -> Result<()> {
         None,
     )?;
 
+    if let Some(image) = &spec.disk_image {
+        mount_disk(image, spec)?;
+    }
+
+    // The options are mounted relative to the sandbox's directory: overlayfs shows them
+    // verbatim in /proc/self/mountinfo, which must not reveal host paths.
+    let base = spec.upper.parent().unwrap_or(Path::new("/"));
+    std::env::set_current_dir(base)
+        .map_err(|e| SysError::os(format!("chdir {}", base.display()), e))?;
     let lower = spec
         .lower
         .iter()
-        .map(|p| p.display().to_string())
+        .map(|p| relative_to(base, p).display().to_string())
         .collect::<Vec<_>>()
         .join(":");
     let opts = format!(
         "lowerdir={},upperdir={},workdir={}",
         lower,
-        spec.upper.display(),
-        spec.work.display()
+        relative_to(base, &spec.upper).display(),
+        relative_to(base, &spec.work).display()
     );
+    let overlay_flags = if weakened(spec, "suid") {
+        libc::MS_NODEV
+    } else {
+        libc::MS_NOSUID | libc::MS_NODEV
+    };
     mount(
         Some(Path::new("overlay")),
         root,
         Some("overlay"),
-        libc::MS_NOSUID | libc::MS_NODEV,
+        overlay_flags,
         Some(&opts),
     )?;
 
@@ -546,13 +730,14 @@ fn build_root(spec: &JailSpec) -> Result<()> {
         libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
         None,
     )?;
-    for name in READONLY_PROC {
+    let mask_proc = !weakened(spec, "no-proc-mask");
+    for name in READONLY_PROC.iter().filter(|_| mask_proc) {
         let p = proc_dir.join(name);
         if p.exists() {
             bind_ro(&p, &p)?;
         }
     }
-    for name in MASKED_PROC {
+    for name in MASKED_PROC.iter().filter(|_| mask_proc) {
         let p = proc_dir.join(name);
         match fs::symlink_metadata(&p) {
             Ok(m) if m.is_dir() => mount(
@@ -636,6 +821,27 @@ fn build_root(spec: &JailSpec) -> Result<()> {
         Some("size=64k,mode=755"),
     )?;
 
+    if weakened(spec, "host-dev") {
+        mount(
+            Some(Path::new("/dev")),
+            &dev,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )?;
+    }
+    if weakened(spec, "bind-host-tmp") {
+        let t = root.join("host-tmp");
+        mkdir_p(&t)?;
+        mount(
+            Some(Path::new("/tmp")),
+            &t,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )?;
+    }
+
     // /tmp: writable, charged to the sandbox's memory limit.
     let tmp = root.join("tmp");
     mkdir_p(&tmp)?;
@@ -707,6 +913,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn relative_paths() {
+        let r = |a: &str, b: &str| relative_to(Path::new(a), Path::new(b));
+        assert_eq!(
+            r("/r/sandboxes/x", "/r/sandboxes/x/upper"),
+            Path::new("upper")
+        );
+        assert_eq!(
+            r("/r/sandboxes/x", "/r/images/host"),
+            Path::new("../../images/host")
+        );
+        assert_eq!(r("/r/sandboxes/x", "/usr"), Path::new("../../../usr"));
+        assert_eq!(r("/a", "/a"), Path::new("."));
+    }
+
+    #[test]
     fn spec_round_trips_as_json() {
         let spec = JailSpec {
             hostname: "t".into(),
@@ -714,17 +935,22 @@ mod tests {
             lower: vec!["/a".into()],
             upper: "/u".into(),
             work: "/w".into(),
+            disk_image: None,
+            home_owner: 0,
             rootfs: "/r".into(),
             binds: vec![Bind {
                 source: "/usr".into(),
                 target: "/usr".into(),
             }],
             agent_path: "/x".into(),
+            agent_memfd: None,
             socket_path: "/s".into(),
             cgroup_procs: vec![],
             cgroup_dir: None,
             tmpfs_bytes: 1,
             nofile: 1024,
+            #[cfg(feature = "insecure-test-hooks")]
+            test_weaken: vec![],
         };
         let back: JailSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
         assert_eq!(back, spec);

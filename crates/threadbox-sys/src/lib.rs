@@ -7,6 +7,8 @@ pub mod child;
 pub mod jail;
 pub mod landlock;
 pub mod seccomp;
+#[cfg(feature = "insecure-test-hooks")]
+pub mod testhooks;
 
 /// Errors of system calls and system files, naming what was being done.
 #[derive(Debug, thiserror::Error)]

@@ -12,7 +12,8 @@ use std::path::PathBuf;
         Start the daemon with `threadbox serve`; every other command is a client of it. \
         The daemon is found through --url, else THREADBOX_URL, else the local socket \
         <THREADBOX_ROOT or /var/lib/threadbox>/threadbox.sock, else http://127.0.0.1:7420. \
-        THREADBOX_API_KEY is sent as a bearer token when set.",
+        THREADBOX_API_KEY is sent as a bearer token when set; THREADBOX_TENANT makes the \
+        operator (or an admin key) act for that tenant.",
     propagate_version = true
 )]
 pub struct Cli {
@@ -63,6 +64,26 @@ pub enum Command {
     Image(ImageCommand),
     /// Print the daemon's OpenAPI document (no daemon needed).
     Openapi,
+    /// API keys (admin).
+    #[command(subcommand)]
+    Keys(crate::gov_cmd::KeysCommand),
+    /// Per-tenant quotas and spend caps (admin).
+    #[command(subcommand)]
+    Quota(crate::gov_cmd::QuotaCommand),
+    /// Metered use: CPU-seconds, memory GiB-seconds, disk, running/paused time.
+    Usage(crate::gov_cmd::UsageArgs),
+    /// The hash-chained audit log (admin).
+    #[command(subcommand)]
+    Audit(crate::gov_cmd::AuditCommand),
+    /// Serve the sandbox tools over MCP on stdin/stdout, calling the daemon (for Claude
+    /// Desktop, MultiServerMCPClient and other MCP clients).
+    #[command(
+        long_about = "Serve the sandbox tools over MCP (Model Context Protocol) on \
+        stdin/stdout. Each tool call goes to the daemon found through --url, THREADBOX_URL \
+        or the local socket, authenticated with THREADBOX_API_KEY when set. The daemon \
+        also serves the same tools over Streamable HTTP at /mcp."
+    )]
+    Mcp,
     /// Internal: the single-threaded jail launch helper (dispatched before parsing).
     #[command(name = "__jail-launch", hide = true)]
     JailLaunch,
@@ -73,10 +94,10 @@ pub struct ServeArgs {
     /// Root of the daemon's state.
     #[arg(long, env = "THREADBOX_ROOT", value_name = "DIR")]
     pub root: Option<PathBuf>,
-    /// TCP address to listen on (loopback only) [default: 127.0.0.1:7420].
+    /// TCP address to listen on [default: 127.0.0.1:7420]; TCP clients need an API key.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// JSON configuration file: {"root", "listen", "agent", "max_upload"}; flags win.
+    /// JSON configuration file: {"root", "listen", "agent", "max_upload", "mcp_allowed_hosts", "mcp_allowed_origins"}; flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The threadbox-agent binary [default: threadbox-agent next to this binary].
@@ -85,6 +106,18 @@ pub struct ServeArgs {
     /// Largest accepted file upload, e.g. 1G, 512M [default: 1G].
     #[arg(long, value_name = "SIZE")]
     pub max_upload: Option<String>,
+    /// Serve TCP WITHOUT API keys: every TCP client acts as the operator. Loopback
+    /// addresses only; logged loudly at start. Without it, TCP requires a key.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+    /// Also accept this Host on /mcp (repeatable; `*` accepts any): a hostname (any
+    /// port) or host:port. localhost, 127.0.0.1 and ::1 are always accepted.
+    #[arg(long = "mcp-allowed-host", value_name = "HOST")]
+    pub mcp_allowed_hosts: Vec<String>,
+    /// Accept browser requests to /mcp from this Origin, e.g. https://app.example.com:443
+    /// (repeatable; `*` accepts any). Requests without an Origin always pass.
+    #[arg(long = "mcp-allowed-origin", value_name = "ORIGIN")]
+    pub mcp_allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -121,6 +154,9 @@ pub struct CreateArgs {
     /// Maximum number of processes and threads.
     #[arg(long, value_name = "N")]
     pub pids: Option<u32>,
+    /// Size of the sandbox's writable disk: 1G, 512M... [default: 10G].
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<String>,
     /// Pause after this many seconds without API activity.
     #[arg(long, value_name = "SECS")]
     pub idle_pause: Option<u64>,

@@ -21,6 +21,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::JailLaunch => bail!("__jail-launch must be the first argument"),
+        Command::Mcp => crate::mcp_cmd::run(url).await.map(|()| 0),
+        Command::Keys(cmd) => crate::gov_cmd::keys(&client(url)?, cmd).await,
+        Command::Quota(cmd) => crate::gov_cmd::quota(&client(url)?, cmd).await,
+        Command::Usage(args) => crate::gov_cmd::usage(&client(url)?, args).await,
+        Command::Audit(cmd) => crate::gov_cmd::audit(&client(url)?, cmd).await,
         Command::Create(args) => create(&client(url)?, args).await,
         Command::Ls(args) => ls(&client(url)?, args).await,
         Command::Info(a) => {
@@ -112,7 +117,7 @@ fn client(url: Option<&str>) -> anyhow::Result<Client> {
 
 // ---- output helpers -------------------------------------------------------------------
 
-fn write_stdout(bytes: &[u8]) -> std::io::Result<()> {
+pub(crate) fn write_stdout(bytes: &[u8]) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(bytes)?;
     out.flush()
@@ -125,7 +130,7 @@ fn write_stderr(bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Prints exactly one JSON document.
-fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     let mut text = serde_json::to_string_pretty(value)?;
     text.push('\n');
     write_stdout(text.as_bytes())?;
@@ -133,7 +138,7 @@ fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
 }
 
 /// Left-aligned columns separated by two spaces; the last column is not padded.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -248,6 +253,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
             memory_bytes,
             cpus: args.cpus,
             pids: args.pids,
+            disk_bytes: args.disk.as_deref().map(parse_size).transpose()?,
         },
         idle_pause_secs: args.idle_pause,
         ttl_secs: args.ttl,

@@ -3,6 +3,8 @@
 
 mod cli;
 mod commands;
+mod gov_cmd;
+mod mcp_cmd;
 mod parse;
 mod serve_cmd;
 

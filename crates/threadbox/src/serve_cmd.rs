@@ -19,6 +19,12 @@ struct ConfigFile {
     agent: Option<PathBuf>,
     /// e.g. "1G".
     max_upload: Option<String>,
+    /// Extra hosts accepted on /mcp (added to the loopback names).
+    #[serde(default)]
+    mcp_allowed_hosts: Vec<String>,
+    /// Browser origins accepted on /mcp.
+    #[serde(default)]
+    mcp_allowed_origins: Vec<String>,
 }
 
 fn read_config(path: &Path) -> anyhow::Result<ConfigFile> {
@@ -72,6 +78,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(size) = args.max_upload.or(config.max_upload) {
         opts.max_upload_bytes = parse_size(&size)?;
     }
+    // Flags add to the config file's lists.
+    let mut hosts = config.mcp_allowed_hosts;
+    hosts.extend(args.mcp_allowed_hosts);
+    let mut origins = config.mcp_allowed_origins;
+    origins.extend(args.mcp_allowed_origins);
+    opts.mcp = threadbox_server::McpOptions::default().with_extra_hosts(hosts);
+    opts.mcp.allowed_origins = origins;
+    opts.insecure_no_auth = args.insecure_no_auth;
     threadbox_server::serve(opts).await?;
     Ok(())
 }

@@ -46,11 +46,12 @@ fn openapi_subcommand_prints_the_document() {
 }
 
 #[test]
-fn serve_refuses_non_loopback_addresses() {
+fn serve_refuses_non_loopback_addresses_without_keys() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(common::threadbox_bin())
         .args([
             "serve",
+            "--insecure-no-auth",
             "--listen",
             "0.0.0.0:7999",
             "--agent",

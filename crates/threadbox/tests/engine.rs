@@ -616,3 +616,62 @@ fn get_or_create_by_name_is_idempotent_under_concurrency() {
     );
     assert_eq!(d.sh("same", "echo ok")["stdout"], "ok\n");
 }
+
+#[test]
+fn a_debian_rootfs_directory_works_as_an_image() {
+    require_root!();
+    // scripts/test.sh builds one with mmdebstrap; without it there is nothing to test.
+    let Ok(rootfs) = std::env::var("THREADBOX_TEST_ROOTFS") else {
+        eprintln!("skipped: THREADBOX_TEST_ROOTFS is not set (scripts/test.sh sets it)");
+        return;
+    };
+    let d = Daemon::start();
+    // Bad input changes nothing.
+    assert!(!d
+        .tb(&["image", "add", "bad", "relative/path"])
+        .status
+        .success());
+    assert!(!d
+        .tb(&["image", "add", "bad", "/nonexistent-dir"])
+        .status
+        .success());
+    assert!(!d.tb(&["image", "add", "../x", &rootfs]).status.success());
+    assert!(!d
+        .tb(&["create", "--image", "no-such-image"])
+        .status
+        .success());
+    assert_eq!(
+        d.json(&["ls", "--json"])["sandboxes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+
+    d.ok(&["image", "add", "debian", &rootfs]);
+    let id = d.create(&["--image", "debian"]);
+    let r = d.sh(
+        &id,
+        "cat /etc/debian_version; python3 -c 'print(6*7)'; id -u",
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.contains("42\n1000\n"), "{out}");
+    assert_eq!(d.json(&["selftest", &id, "--json"])["ok"], true);
+    // The image stays read-only: a write as root inside lands in the sandbox's layer.
+    let before = std::fs::read(Path::new(&rootfs).join("etc/debian_version")).unwrap();
+    let _ = d.tb(&[
+        "exec",
+        &id,
+        "--user",
+        "root",
+        "--",
+        "sh",
+        "-c",
+        "echo x > /etc/debian_version",
+    ]);
+    assert_eq!(
+        std::fs::read(Path::new(&rootfs).join("etc/debian_version")).unwrap(),
+        before
+    );
+}

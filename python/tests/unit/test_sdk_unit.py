@@ -109,6 +109,8 @@ def test_get_or_create_existing_is_not_created() -> None:
         (404, "not_found", "/v1/sandboxes/x", SandboxNotFound),
         (404, "not_found", "/v1/sandboxes/x/files", FileNotFound),
         (404, "not_found", "/v1/sandboxes/x/processes/3/logs", ProcessNotFound),
+        (404, "not_found", "/v1/sandboxes/x/exec", SandboxNotFound),
+        (404, "not_found", "/v1/sandboxes/x/exec/stream", SandboxNotFound),
         (429, "quota_exceeded", "/v1/sandboxes", QuotaExceeded),
         (409, "sandbox_not_running", "/v1/sandboxes/x/exec", SandboxNotRunning),
         (401, "unauthenticated", "/v1/sandboxes", threadbox.Unauthenticated),

@@ -108,9 +108,11 @@ impl Daemon {
             .tempdir()
             .expect("temp root");
         let port = free_port();
+        // The CLI talks through the operator's socket: TCP requires API keys.
+        let url = format!("unix://{}", root.path().join("threadbox.sock").display());
         let mut daemon = Daemon {
             child: None,
-            url: format!("http://127.0.0.1:{port}"),
+            url,
             root,
             port,
         };

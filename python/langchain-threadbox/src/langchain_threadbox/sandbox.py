@@ -93,6 +93,7 @@ class ThreadboxSandbox(BaseSandbox):
         max_output_bytes: Capture bound per stream passed to the daemon.
     """
 
+    # deepagents >= 0.7: keep execute output inline (no capture-to-file shell wrapper).
     enable_capture_offload = False
 
     def __init__(

@@ -184,7 +184,9 @@ def _not_found_class(path: str, message: str) -> type[ThreadboxError]:
         return FileNotFound
     if resource == "processes" and len(parts) > 4:
         return ProcessNotFound
-    if resource in ("pause", "resume", "stop", "start", "selftest"):
+    # A program missing inside the sandbox is an exec *result* (exit code 127), so
+    # not_found on exec can only mean the sandbox itself.
+    if resource in ("exec", "pause", "resume", "stop", "start", "selftest"):
         return SandboxNotFound
     return NotFound
 

@@ -429,7 +429,9 @@ class Sandbox:
             stdin: Data written to the process's standard input.
             max_output_bytes: Bound on captured stdout and stderr, each.
 
-        A non-zero exit is not an exception: check ``result.exit_code``.
+        A non-zero exit is not an exception: check ``result.exit_code``. A program
+        that does not exist is a result too (exit code 127, ``command not found`` in
+        stderr; 126 when it cannot be executed), as a shell reports it.
         """
         body = c.exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes

@@ -1,0 +1,104 @@
+//! Deliberate weakenings of the sandbox, for the security suite's positive controls only.
+//!
+//! This module exists only with the `insecure-test-hooks` cargo feature; release and
+//! default builds contain none of it (and no code that reads `THREADBOX_TEST_WEAKEN`).
+//! Each weakening removes exactly one layer, so a test that still passes against it
+//! proves nothing about that layer.
+
+/// Environment variable read by a daemon built with the feature.
+pub const ENV: &str = "THREADBOX_TEST_WEAKEN";
+
+/// Every weakening and what it removes.
+pub const KNOWN: &[(&str, &str)] = &[
+    (
+        "no-seccomp",
+        "sandbox processes run without the seccomp filter",
+    ),
+    (
+        "no-landlock",
+        "sandbox processes run without the Landlock ruleset",
+    ),
+    (
+        "keep-caps",
+        "sandbox processes keep their capabilities (no drop, no secure bits)",
+    ),
+    (
+        "host-userns",
+        "no user namespace: sandbox uid 0 is host root",
+    ),
+    (
+        "shared-pidns",
+        "the sandbox shares the host's PID namespace",
+    ),
+    (
+        "shared-netns",
+        "the sandbox shares the host's network namespace",
+    ),
+    (
+        "shared-ipcns",
+        "the sandbox shares the host's IPC namespace",
+    ),
+    ("no-proc-mask", "/proc is neither masked nor read-only"),
+    ("host-dev", "the host's /dev is bound into the sandbox"),
+    (
+        "bind-host-tmp",
+        "the host's /tmp is bound read-write at /host-tmp",
+    ),
+    (
+        "no-cgroup-kill",
+        "timeouts kill only the process group, not the call's cgroup",
+    ),
+    ("no-output-cap", "captured output is not bounded"),
+    (
+        "files-follow",
+        "the file API follows magic links and opens kernel files",
+    ),
+    ("no-pids-limit", "the sandbox's cgroup has no pids limit"),
+    (
+        "no-memory-limit",
+        "the sandbox's cgroup has no memory limit (and /tmp no size)",
+    ),
+    (
+        "no-disk-quota",
+        "new sandboxes get a plain upper directory on the host's disk",
+    ),
+    (
+        "suid",
+        "no no_new_privs, and the root overlay honours setuid bits",
+    ),
+];
+
+/// A set of weakenings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Weaken(Vec<String>);
+
+impl Weaken {
+    /// Parses a comma-separated list; unknown names are refused.
+    pub fn parse(list: &str) -> Result<Weaken, String> {
+        let mut out = Vec::new();
+        for w in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            if !KNOWN.iter().any(|(k, _)| *k == w) {
+                return Err(format!("unknown test weakening {w:?}"));
+            }
+            out.push(w.to_string());
+        }
+        Ok(Weaken(out))
+    }
+
+    /// Reads [`ENV`] (empty when unset).
+    pub fn from_env() -> Result<Weaken, String> {
+        Weaken::parse(&std::env::var(ENV).unwrap_or_default())
+    }
+
+    pub fn has(&self, w: &str) -> bool {
+        self.0.iter().any(|x| x == w)
+    }
+
+    pub fn list(&self) -> &[String] {
+        &self.0
+    }
+
+    pub fn to_arg(&self) -> String {
+        self.0.join(",")
+    }
+}

@@ -1,0 +1,145 @@
+//! `threadbox mcp`: the MCP tools on stdio, backed by the daemon's REST API (the same
+//! tool code as the daemon's `/mcp`, over a different [`Backend`]).
+
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use threadbox_api::{
+    CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
+    User,
+};
+use threadbox_client::{Client, ClientError};
+use threadbox_server::mcp::{read_bounded, Backend, BackendError, BackendResult};
+
+/// The tools' backend in `threadbox mcp`: one REST call (or two) per tool call.
+pub struct ClientBackend {
+    client: Client,
+}
+
+impl ClientBackend {
+    pub fn new(client: Client) -> Self {
+        ClientBackend { client }
+    }
+}
+
+/// A client error as the tools report it: the daemon's code and message when it
+/// answered, else `unavailable` with what went wrong on the way.
+fn backend_error(err: ClientError) -> BackendError {
+    match err {
+        ClientError::Api { code, message, .. } => BackendError::new(code, message),
+        ClientError::InvalidUrl { .. } => {
+            BackendError::new(ErrorCode::InvalidArgument, describe(&err))
+        }
+        other => BackendError::new(ErrorCode::Unavailable, describe(&other)),
+    }
+}
+
+fn describe(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+        source = e.source();
+    }
+    s
+}
+
+#[async_trait]
+impl Backend for ClientBackend {
+    async fn create(&self, req: CreateSandboxRequest) -> BackendResult<(Sandbox, bool)> {
+        self.client.create(&req).await.map_err(backend_error)
+    }
+
+    async fn list(
+        &self,
+        labels: BTreeMap<String, String>,
+        state: Option<SandboxState>,
+    ) -> BackendResult<Vec<Sandbox>> {
+        self.client
+            .list(&labels, state)
+            .await
+            .map(|l| l.sandboxes)
+            .map_err(backend_error)
+    }
+
+    async fn get(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        self.client.get(sandbox).await.map_err(backend_error)
+    }
+
+    async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        self.client.pause(sandbox).await.map_err(backend_error)
+    }
+
+    async fn resume(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        self.client.resume(sandbox).await.map_err(backend_error)
+    }
+
+    async fn start(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        self.client.start(sandbox).await.map_err(backend_error)
+    }
+
+    async fn delete(&self, sandbox: &str, force: bool) -> BackendResult<()> {
+        self.client
+            .delete(sandbox, force)
+            .await
+            .map_err(backend_error)
+    }
+
+    async fn exec(&self, sandbox: &str, req: ExecRequest) -> BackendResult<ExecResponse> {
+        self.client.exec(sandbox, &req).await.map_err(backend_error)
+    }
+
+    async fn read_file(
+        &self,
+        sandbox: &str,
+        path: &str,
+        user: User,
+        limit: u64,
+    ) -> BackendResult<(Vec<u8>, bool)> {
+        use futures::StreamExt;
+        let stream = self
+            .client
+            .read_file(sandbox, path, user)
+            .await
+            .map_err(backend_error)?;
+        let chunks = stream.map(|c| c.map(|b| b.to_vec()).map_err(backend_error));
+        read_bounded(chunks, limit).await
+    }
+
+    async fn write_file(
+        &self,
+        sandbox: &str,
+        path: &str,
+        user: User,
+        data: Vec<u8>,
+    ) -> BackendResult<()> {
+        self.client
+            .write_file(sandbox, path, user, data)
+            .await
+            .map_err(backend_error)
+    }
+
+    async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
+        self.client
+            .list_files(sandbox, path, user)
+            .await
+            .map_err(backend_error)
+    }
+}
+
+/// Serves MCP on stdin/stdout until the client closes it. Logs go to stderr only: stdout
+/// carries the protocol.
+pub async fn run(url: Option<&str>) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    // The daemon is reached lazily, per tool call: an MCP client can list the tools
+    // (and get a clear tool error) even while the daemon is down.
+    let client = Client::from_env(url)?;
+    threadbox_server::mcp::serve_stdio(Arc::new(ClientBackend::new(client))).await?;
+    Ok(())
+}

@@ -1,0 +1,754 @@
+//! The security suite (docs/security.md): hostile programs in C, Python and shell run inside
+//! real sandboxes; the host judges. Every escape case also runs against a deliberately
+//! weakened jail (binaries built with the `insecure-test-hooks` feature into a separate
+//! target dir) and must then report the escape: its positive control.
+//!
+//! Needs root and `cargo build --workspace --bins` first.
+
+mod cases;
+mod harness;
+mod robustness;
+
+use base64::Engine;
+use cases::{Case, Extra, Lang};
+use harness::*;
+use std::collections::BTreeMap;
+use std::net::{TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use threadbox_api::{Encoding, ExecRequest, LimitsRequest, StartProcessRequest, User};
+
+const PRELUDE: &str = include_str!("prelude.h");
+
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("skipped: the security suite needs root");
+            return;
+        }
+    };
+}
+
+/// How a case ended, as judged from the host.
+#[derive(Debug)]
+pub enum Verdict {
+    Held,
+    Escaped(Vec<String>),
+    /// The case could not do its job (did not compile, did not finish): never a pass.
+    Broken(String),
+}
+
+/// Host-side listeners that count what reaches them.
+struct Sinks {
+    tcp_port: u16,
+    tcp_hits: Arc<AtomicUsize>,
+    udp: UdpSocket,
+}
+
+impl Sinks {
+    fn new() -> Sinks {
+        let l = TcpListener::bind("0.0.0.0:0").expect("tcp sink");
+        let tcp_port = l.local_addr().expect("addr").port();
+        let tcp_hits = Arc::new(AtomicUsize::new(0));
+        let hits = tcp_hits.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                if c.is_ok() {
+                    hits.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        let udp = UdpSocket::bind("0.0.0.0:0").expect("udp sink");
+        udp.set_nonblocking(true).expect("nonblocking");
+        Sinks {
+            tcp_port,
+            tcp_hits,
+            udp,
+        }
+    }
+
+    fn udp_received(&self) -> usize {
+        let mut n = 0;
+        let mut buf = [0u8; 64];
+        while self.udp.recv_from(&mut buf).is_ok() {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// Class C's victim: a sandbox with a marker process, an abstract socket, SysV IPC, a file.
+struct Victim {
+    marker: String,
+    abstract_name: String,
+    shm_key: u32,
+}
+
+const VICTIM_PY: &str = r##"
+import ctypes, socket, sys
+marker = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind('\0tb-victim-' + marker); s.listen(8)
+libc = ctypes.CDLL(None)
+key = int(sys.argv[2])
+shm = libc.shmget(key, 4096, 0o1666)
+libc.shmat.restype = ctypes.c_void_p
+addr = libc.shmat(shm, None, 0)
+ctypes.memmove(addr, b'VICTIMSECRET' + marker.encode(), 12 + len(marker))
+libc.msgget(key, 0o1666); libc.semget(key, 1, 0o1666)
+open('/tmp/victim-ready', 'w').close()
+while True:
+    c, _ = s.accept(); c.sendall(b'VICTIMSECRET' + marker.encode()); c.close()
+"##;
+
+fn start_victim(d: &Daemon) -> Victim {
+    let marker = random_hex()[..12].to_string();
+    let shm_key = u32::from_str_radix(&random_hex()[..6], 16).expect("hex") + 1;
+    let id = d.create(LimitsRequest::default());
+    d.write(
+        &id,
+        &format!("/home/user/victim-{marker}.txt"),
+        User::Root,
+        format!("VICTIMSECRET{marker}").as_bytes(),
+    );
+    let req = StartProcessRequest {
+        command: Some(vec![
+            "python3".into(),
+            "-c".into(),
+            VICTIM_PY.into(),
+            marker.clone(),
+            shm_key.to_string(),
+        ]),
+        ..Default::default()
+    };
+    let p = block(d.client.start_process(&id, &req)).expect("victim process");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while d.sh(&id, User::User, "test -f /tmp/victim-ready").exit_code != Some(0) {
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "the victim did not start: {:?}",
+                block(d.client.process_logs(&id, p.id))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Victim {
+        abstract_name: format!("tb-victim-{marker}"),
+        marker,
+        shm_key,
+    }
+}
+
+/// Everything a run of cases shares.
+struct Ctx {
+    flag: Flag,
+    sinks: Sinks,
+    host_ip: Option<String>,
+    victim: Option<Victim>,
+}
+
+fn decode(s: &str, enc: Encoding) -> Vec<u8> {
+    match enc {
+        Encoding::Utf8 => s.as_bytes().to_vec(),
+        Encoding::Base64 => base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .unwrap_or_default(),
+    }
+}
+
+fn daemon_rss_kib(d: &Daemon) -> u64 {
+    let pid = d.pid().expect("daemon running");
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs one case in a fresh sandbox and judges it from the host.
+fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
+    let mut log = String::new();
+    let mut escaped: Vec<String> = Vec::new();
+    let mut broken: Option<String> = None;
+    let limits = case
+        .limits
+        .map(|(m, p)| LimitsRequest {
+            memory_bytes: Some(m),
+            pids: Some(p),
+            ..Default::default()
+        })
+        .unwrap_or_default();
+    let limits = LimitsRequest {
+        disk_bytes: case.disk,
+        ..limits
+    };
+    if case.extra == Extra::Victim && ctx.victim.is_none() {
+        ctx.victim = Some(start_victim(d));
+    }
+    let id = d.create(limits);
+    let watched = [d.bins.agent.clone(), ctx.flag.path()];
+    let watched: Vec<&std::path::Path> = watched.iter().map(|p| p.as_path()).collect();
+    let hashes = host_hashes(&watched);
+    let flag_before = ctx.flag.snapshot();
+    let tcp_before = ctx.sinks.tcp_hits.load(Ordering::SeqCst);
+    ctx.sinks.udp_received();
+
+    let mut env = BTreeMap::new();
+    let flag_dir = ctx
+        .flag
+        .dir
+        .path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    env.insert("FLAG_DIR".to_string(), flag_dir);
+    env.insert("DAEMON_PORT".into(), d.port.to_string());
+    env.insert(
+        "DAEMON_SOCK".into(),
+        d.root_path().join("threadbox.sock").display().to_string(),
+    );
+    env.insert("TCP_PORT".into(), ctx.sinks.tcp_port.to_string());
+    env.insert(
+        "UDP_PORT".into(),
+        ctx.sinks
+            .udp
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or(0)
+            .to_string(),
+    );
+    env.insert("HOST_IP".into(), ctx.host_ip.clone().unwrap_or_default());
+    if let Some(v) = &ctx.victim {
+        env.insert("VICTIM_MARKER".into(), v.marker.clone());
+        env.insert("VICTIM_ABSTRACT".into(), v.abstract_name.clone());
+        env.insert("SHM_KEY".into(), v.shm_key.to_string());
+    }
+
+    // A directory owned by sandbox root (the image's own directories are not).
+    block(d.client.mkdir(&id, "/home/user/rootdir", User::Root, false)).expect("mkdir rootdir");
+    if let Some(setup) = case.setup {
+        let r = d.sh(&id, User::Root, setup);
+        if r.exit_code != Some(0) {
+            broken = Some(format!("setup failed: {}{}", r.stdout, r.stderr));
+        }
+    }
+    let (path, argv): (&str, Vec<String>) = match case.lang {
+        Lang::Sh => ("/tmp/case.sh", vec!["sh".into(), "/tmp/case.sh".into()]),
+        Lang::Py => (
+            "/tmp/case.py",
+            vec!["python3".into(), "/tmp/case.py".into()],
+        ),
+        Lang::C => ("/tmp/case.c", vec!["/tmp/case".into()]),
+    };
+    let source = match case.lang {
+        Lang::C => format!("{PRELUDE}\n{}", case.code),
+        _ => case.code.to_string(),
+    };
+    d.write(&id, path, User::Root, source.as_bytes());
+    if case.lang == Lang::C {
+        let r = d.sh(&id, case.user, "gcc -O0 -w -o /tmp/case /tmp/case.c");
+        if r.exit_code != Some(0) {
+            broken = Some(format!("gcc failed: {}{}", r.stdout, r.stderr));
+        }
+    }
+    if case.extra == Extra::PauseResumeRestart {
+        block(d.client.pause(&id)).expect("pause");
+        block(d.client.resume(&id)).expect("resume");
+        d.kill9();
+        d.restart();
+    }
+    let rss_before = daemon_rss_kib(d);
+
+    let mut text = String::new();
+    let req = ExecRequest {
+        command: Some(argv.clone()),
+        env: env.clone(),
+        user: case.user,
+        timeout_secs: Some(case.timeout),
+        max_output_bytes: case.max_output,
+        ..Default::default()
+    };
+    if broken.is_none() {
+        match case.extra {
+            Extra::BackgroundKill => {
+                let p = block(d.client.start_process(
+                    &id,
+                    &StartProcessRequest {
+                        shell: Some(case.code.to_string()),
+                        user: case.user,
+                        ..Default::default()
+                    },
+                ))
+                .expect("start background process");
+                wait_for("the background tree", Duration::from_secs(20), || {
+                    d.sh(&id, User::Root, "for c in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $c | grep -q '^sleep 7774' && exit 0; done; exit 1")
+                        .exit_code
+                        == Some(0)
+                });
+                block(d.client.kill_process(&id, p.id, None)).expect("kill");
+                text.push_str("END\n");
+            }
+            Extra::FileApiRace => {
+                let swapper = block(d.client.start_process(
+                    &id,
+                    &StartProcessRequest {
+                        shell: Some(case.code.to_string()),
+                        user: case.user,
+                        ..Default::default()
+                    },
+                ))
+                .expect("swapper");
+                let marker = format!("TBMARK{}", random_hex());
+                for _ in 0..150 {
+                    let _ = block(d.client.write_file(
+                        &id,
+                        "/tmp/h3",
+                        User::Root,
+                        marker.clone().into_bytes(),
+                    ));
+                    if let Ok(b) = block(d.client.read_file_bytes(&id, "/tmp/h3", User::Root)) {
+                        let s = String::from_utf8_lossy(&b);
+                        if s.contains("threadbox-agent") {
+                            escaped.push("read the host's agent log through the race".into());
+                        }
+                    }
+                }
+                let _ = block(d.client.kill_process(&id, swapper.id, None));
+                let agent_log = d.root_path().join(format!("sandboxes/{id}/run/agent.log"));
+                let logtext = std::fs::read_to_string(&agent_log).unwrap_or_default();
+                if logtext.contains(&marker) || logtext.is_empty() {
+                    escaped.push("wrote into the host's agent log through the race".into());
+                }
+                text.push_str("END\n");
+            }
+            _ => {
+                let r = match block(d.client.exec(&id, &req)) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = block(d.client.delete(&id, true));
+                        return (Verdict::Broken(format!("exec failed: {e}")), log);
+                    }
+                };
+                let out = decode(&r.stdout, r.encoding);
+                let err = decode(&r.stderr, r.encoding);
+                log.push_str(&format!(
+                    "exit {:?} signal {:?} timed_out {} truncated {}\n",
+                    r.exit_code, r.signal, r.timed_out, r.truncated
+                ));
+                if case.expect_timeout && !r.timed_out {
+                    broken = Some("expected the timeout to end it".into());
+                }
+                // Ended by the expected timeout, or cut at the bound: ran as far as it could.
+                let finished = (case.expect_timeout && r.timed_out)
+                    || (case.max_output.is_some() && r.exit_code == Some(0));
+                if let Some(max) = case.max_output {
+                    if out.len() as u64 > max || err.len() as u64 > max {
+                        escaped.push(format!(
+                            "output not bounded: {} / {} bytes over {max}",
+                            out.len(),
+                            err.len()
+                        ));
+                    } else if !r.truncated && case.id != "G4" {
+                        broken = Some("output was not marked truncated".into());
+                    }
+                }
+                if case.id == "G4" {
+                    if r.encoding != Encoding::Base64 || out != b"a\0b\xff\xfeEND\n" {
+                        broken = Some(format!("not byte-exact: {:?} {:?}", r.encoding, out));
+                    }
+                    text.push_str("END\n");
+                }
+                if case.id == "G5" {
+                    // Repeat the flood; the daemon must not keep what it cut off.
+                    for _ in 0..4 {
+                        d.exec(&id, &req);
+                    }
+                    let grown = daemon_rss_kib(d).saturating_sub(rss_before);
+                    log.push_str(&format!("daemon RSS grew {grown} KiB\n"));
+                    if grown > 64 * 1024 {
+                        escaped.push(format!("daemon RSS grew by {grown} KiB"));
+                    }
+                }
+                if case.max_output.is_none() {
+                    text.push_str(&String::from_utf8_lossy(&out));
+                    text.push_str(&String::from_utf8_lossy(&err));
+                }
+                if finished && case.post.is_none() {
+                    text.push_str("END\n");
+                }
+            }
+        }
+    }
+    match case.extra {
+        Extra::FileApiMagicLink if case.id == "H2" => {
+            let marker = format!("TBMARK{}", random_hex());
+            for p in ["/tmp/h2", "/home/user/rootdir/h2"] {
+                if let Ok(b) = block(d.client.read_file_bytes(&id, p, User::Root)) {
+                    if String::from_utf8_lossy(&b).contains("threadbox-agent") {
+                        escaped.push(format!("read the host's agent log through {p}"));
+                    }
+                }
+
+                let _ = block(
+                    d.client
+                        .write_file(&id, p, User::Root, marker.clone().into_bytes()),
+                );
+            }
+            let agent_log = d.root_path().join(format!("sandboxes/{id}/run/agent.log"));
+            let logtext = std::fs::read_to_string(&agent_log).unwrap_or_default();
+            if logtext.contains(&marker) || logtext.is_empty() {
+                escaped.push("wrote into the host's agent log".into());
+            }
+        }
+        Extra::FileApiMagicLink => {
+            // H4: the user's file API must not pass through to a root-only file.
+            if let Ok(b) = block(d.client.read_file_bytes(&id, "/home/user/h4", User::User)) {
+                escaped.push(format!(
+                    "user read a root-only file: {}",
+                    String::from_utf8_lossy(&b)
+                ));
+            }
+            let _ = block(
+                d.client
+                    .write_file(&id, "/home/user/h4", User::User, "pwned"),
+            );
+            let secret = block(d.client.read_file_bytes(
+                &id,
+                "/home/user/rootdir/secret",
+                User::Root,
+            ));
+            match secret {
+                Ok(b) if b == b"rootonly-secret\n" => {}
+                other => escaped.push(format!("the root-only file changed: {other:?}")),
+            }
+        }
+        Extra::FileApiSpecial => {
+            for p in [
+                "/tmp/fifo",
+                "/tmp/zero",
+                "/tmp/mem",
+                "/dev/zero",
+                "/proc/self/environ",
+            ] {
+                match block(d.client.read_file_bytes(&id, p, User::Root)) {
+                    Ok(b) => escaped.push(format!("file API read {} bytes from {p}", b.len())),
+                    Err(e) => log.push_str(&format!("refused {p}: {e}\n")),
+                }
+            }
+        }
+        Extra::FileApiPaths => {
+            let flag_dir = ctx
+                .flag
+                .dir
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let long = "a/".repeat(3000);
+            let paths = [
+                format!("../../../../../../tmp/{flag_dir}/flag"),
+                format!("/home/user/../../../tmp/{flag_dir}/flag"),
+                format!("/host-tmp/{flag_dir}/flag"),
+                format!("/home/user/../../host-tmp/{flag_dir}/flag"),
+                format!("/proc/1/root/tmp/{flag_dir}/flag"),
+                format!("/proc/self/root/../../tmp/{flag_dir}/flag"),
+                "/proc/1/environ".to_string(),
+                "/proc/kcore".to_string(),
+                "/etc/passwd\0/../../flag".to_string(),
+                long,
+            ];
+            for p in &paths {
+                match block(d.client.read_file_bytes(&id, p, User::Root)) {
+                    Ok(b) => {
+                        let s = String::from_utf8_lossy(&b);
+                        if s.contains(&ctx.flag.secret) {
+                            escaped.push(format!("file API read the host flag via {p}"));
+                        }
+                        log.push_str(&format!("read {p}: {} bytes\n", b.len()));
+                    }
+                    Err(e) => log.push_str(&format!("refused {p}: {e}\n")),
+                }
+                let _ = block(d.client.write_file(&id, p, User::Root, "pwned"));
+            }
+        }
+        _ => {}
+    }
+    if case.extra == Extra::Reboot {
+        let booted = block(d.client.stop(&id)).and_then(|_| block(d.client.start(&id)));
+        match booted {
+            Ok(_) if d.sh(&id, User::User, "echo up").stdout == "up\n" => {}
+            other => broken = Some(format!("the sandbox does not boot after the case: {other:?}")),
+        }
+    }
+    if let Some(post) = case.post {
+        let r = d.sh(&id, User::Root, post);
+        text.push_str(&r.stdout);
+        text.push_str(&r.stderr);
+    }
+
+    // ---- judgement from the host
+    for l in text.lines().filter(|l| l.contains("ESCAPE")) {
+        escaped.push(l.to_string());
+    }
+    if text.contains(&ctx.flag.secret) {
+        escaped.push("the host flag was read".into());
+    }
+    let root_name = d
+        .root_path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if text.contains(&root_name) {
+        escaped.push(format!("a host path ({root_name}) is visible inside"));
+    }
+    if let Some(v) = &ctx.victim {
+        if text.contains(&format!("VICTIMSECRET{}", v.marker)) {
+            escaped.push("read the victim's data".into());
+        }
+        if case.extra == Extra::Victim && host_pids_with(&v.marker).is_empty() {
+            escaped.push("the victim's process was killed".into());
+            ctx.victim = None;
+        }
+    }
+    let after = host_hashes(&watched);
+    for (k, v) in &hashes {
+        if after.get(k) != Some(v) {
+            escaped.push(format!("host file {k} changed"));
+        }
+    }
+    if ctx.flag.snapshot() != flag_before {
+        escaped.push("the host flag directory changed".into());
+        let _ = std::fs::remove_file(ctx.flag.dir.path().join("pwned"));
+    }
+    let outside = processes_outside_cgroups();
+    if !outside.is_empty() {
+        escaped.push(format!("processes outside the cgroups: {outside:?}"));
+    }
+    if ctx.sinks.tcp_hits.load(Ordering::SeqCst) != tcp_before {
+        escaped.push("a TCP connection reached the host".into());
+    }
+    if ctx.sinks.udp_received() > 0 {
+        escaped.push("a UDP datagram reached the host".into());
+    }
+    if case.extra == Extra::MemoryPeak {
+        let (limit, _) = case.limits.unwrap_or((u64::MAX, 0));
+        match memory_peak(&id) {
+            Some(peak) if peak > limit => {
+                escaped.push(format!("memory peak {peak} over the limit {limit}"))
+            }
+            Some(peak) => log.push_str(&format!("memory peak {peak}\n")),
+            None => broken = Some("no memory peak file".into()),
+        }
+    }
+    if !d.healthy() {
+        escaped.push("the daemon stopped answering".into());
+    }
+    if !text.contains("END") && broken.is_none() {
+        broken = Some("the program did not run to its end".into());
+    }
+    log.push_str(&text);
+    let _ = block(d.client.delete(&id, true));
+    escaped.dedup();
+    escaped.truncate(8);
+    let verdict = if !escaped.is_empty() {
+        Verdict::Escaped(escaped)
+    } else if let Some(b) = broken {
+        Verdict::Broken(b)
+    } else {
+        Verdict::Held
+    };
+    (verdict, log)
+}
+
+fn new_ctx() -> Ctx {
+    Ctx {
+        flag: Flag::new(),
+        sinks: Sinks::new(),
+        host_ip: host_ipv4(),
+        victim: None,
+    }
+}
+
+/// A neighbour sandbox running execs in a loop while cases run.
+struct Neighbour {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicUsize>,
+    failed: Arc<std::sync::Mutex<Vec<String>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Neighbour {
+    fn start(d: &Daemon) -> Neighbour {
+        let id = d.create(LimitsRequest::default());
+        let client = d.client.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, o, f) = (stop.clone(), ok.clone(), failed.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                let req = ExecRequest {
+                    command: Some(vec!["echo".into(), "alive".into()]),
+                    timeout_secs: Some(60.0),
+                    ..Default::default()
+                };
+                let health = block(client.health());
+                match (block(client.exec(&id, &req)), health) {
+                    (Ok(r), Ok(_)) if r.exit_code == Some(0) && r.stdout == "alive\n" => {
+                        o.fetch_add(1, Ordering::SeqCst);
+                    }
+                    (r, h) => f
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(format!("{r:?} / {h:?}")),
+                }
+            }
+        });
+        Neighbour {
+            stop,
+            ok,
+            failed,
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until the neighbour has completed `n` more execs.
+    fn progressed(&self, n: usize, what: &str) {
+        let start = self.ok.load(Ordering::SeqCst);
+        wait_for(what, Duration::from_secs(60), || {
+            self.ok.load(Ordering::SeqCst) >= start + n
+        });
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let f = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        f.clone()
+    }
+}
+
+#[test]
+fn every_case_holds_against_the_real_jail() {
+    require_root!();
+    let _s = serial();
+    let mut d = Daemon::start(&normal_bins(), None);
+    let mut ctx = new_ctx();
+    let cases = cases::all();
+    let mut per_class: BTreeMap<char, usize> = BTreeMap::new();
+    for c in &cases {
+        *per_class
+            .entry(c.id.chars().next().unwrap_or('?'))
+            .or_default() += 1;
+    }
+    for class in "ABCDEFGH".chars() {
+        assert!(
+            per_class.get(&class).copied().unwrap_or(0) >= 5,
+            "class {class} has fewer than five cases: {per_class:?}"
+        );
+    }
+    // Class E runs with a neighbour sandbox exec'ing in a loop: it must keep succeeding.
+    let mut neighbour: Option<Neighbour> = None;
+    let mut failures = Vec::new();
+    for case in &cases {
+        let is_e = case.id.starts_with('E');
+        if is_e && neighbour.is_none() {
+            neighbour = Some(Neighbour::start(&d));
+        }
+        if !is_e {
+            if let Some(n) = neighbour.take() {
+                let f = n.finish();
+                assert!(f.is_empty(), "the neighbour failed during class E: {f:#?}");
+            }
+        }
+        let (v, log) = run_case(&mut d, &mut ctx, case);
+        eprintln!("{} {:?}", case.id, v);
+        match v {
+            Verdict::Held => {}
+            other => failures.push(format!("{} ({}): {:?}\n{}", case.id, case.what, other, log)),
+        }
+        if let Some(n) = &neighbour {
+            n.progressed(
+                2,
+                &format!("the neighbour to keep running after {}", case.id),
+            );
+        }
+    }
+    if let Some(n) = neighbour.take() {
+        let f = n.finish();
+        assert!(f.is_empty(), "the neighbour failed during class E: {f:#?}");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn positive_controls_detect_every_escape() {
+    require_root!();
+    let weak = weakened_bins();
+    let _s = serial();
+    let mut groups: BTreeMap<&str, Vec<Case>> = BTreeMap::new();
+    for c in cases::all() {
+        if let Some(w) = c.control {
+            groups.entry(w).or_default().push(c);
+        }
+    }
+    let mut failures = Vec::new();
+    for (weaken, cases) in &groups {
+        let mut d = Daemon::start(&weak, Some(weaken));
+        let mut ctx = new_ctx();
+        for case in cases {
+            let (v, log) = run_case(&mut d, &mut ctx, case);
+            eprintln!("control {} [{weaken}] {:?}", case.id, v);
+            if !matches!(v, Verdict::Escaped(_)) {
+                failures.push(format!(
+                    "{} did not detect the escape under {weaken}: {:?}\n{}",
+                    case.id, v, log
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn default_binaries_contain_no_test_hooks() {
+    require_root!();
+    let _s = serial();
+    let bins = normal_bins();
+    for b in [&bins.threadbox, &bins.agent] {
+        let bytes = std::fs::read(b).expect("read binary");
+        for needle in [
+            &b"THREADBOX_TEST_WEAKEN"[..],
+            b"--test-weaken",
+            b"INSECURE TEST BUILD",
+        ] {
+            assert!(
+                !bytes.windows(needle.len()).any(|w| w == needle),
+                "{} contains {:?}",
+                b.display(),
+                String::from_utf8_lossy(needle)
+            );
+        }
+    }
+    // And a default daemon given the variable still builds the full jail.
+    let d = Daemon::start(
+        &bins,
+        Some("no-seccomp,keep-caps,host-userns,shared-netns,no-proc-mask"),
+    );
+    let id = d.create(LimitsRequest::default());
+    let r = d.sh(
+        &id,
+        User::Root,
+        "grep -E '^(Seccomp|CapEff|NoNewPrivs):' /proc/self/status; cat /proc/self/uid_map; wc -l < /proc/net/dev",
+    );
+    let out = r.stdout;
+    assert!(out.contains("Seccomp:\t2"), "{out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    assert!(!out.contains(" 0 4294967295"), "{out}");
+    assert!(out.trim_end().ends_with('3'), "only lo expected: {out}");
+}
