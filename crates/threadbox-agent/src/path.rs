@@ -17,7 +17,10 @@ pub enum PathError {
     Nul,
     TooLong,
     /// Under one of [`FORBIDDEN_ROOTS`].
-    Forbidden { path: PathBuf, root: &'static str },
+    Forbidden {
+        path: PathBuf,
+        root: &'static str,
+    },
 }
 
 /// Absolute (or relative to `home`), without `.`/`..`/empty components. `..` at `/` stays

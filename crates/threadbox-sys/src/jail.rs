@@ -603,7 +603,10 @@ fn attach_loop(image: &Path) -> Result<(OwnedFd, PathBuf)> {
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EBUSY) {
-            return Err(SysError::os(format!("LOOP_CONFIGURE {}", dev.display()), err));
+            return Err(SysError::os(
+                format!("LOOP_CONFIGURE {}", dev.display()),
+                err,
+            ));
         }
     }
     Err(SysError::Other("no free loop device".into()))
@@ -626,6 +629,14 @@ fn mount_disk(image: &Path, spec: &JailSpec) -> Result<()> {
     )?;
     // The mount holds the device now; autoclear detaches it when the mount goes away.
     drop(loopfd);
+    // Inodes held back for this boot: ext4 reserves blocks for root but no inodes, and
+    // overlayfs needs a few in its workdir at mount time, even when the sandbox has
+    // used up every other inode. Refilled by `refill_inode_reserve` after the mount.
+    let reserve = target.join(INODE_RESERVE_DIR);
+    if reserve.is_dir() {
+        fs::remove_dir_all(&reserve)
+            .map_err(|e| SysError::os(format!("clear {}", reserve.display()), e))?;
+    }
     // A previous agent's workdir may hold leftovers overlayfs refuses to reuse.
     if spec.work.exists() {
         fs::remove_dir_all(&spec.work)
@@ -642,6 +653,27 @@ fn mount_disk(image: &Path, spec: &JailSpec) -> Result<()> {
             .map_err(|e| SysError::os("chmod home/user", e))?;
     }
     Ok(())
+}
+
+/// Directory in the root of a sandbox's disk image (outside upper/work, so invisible
+/// inside) holding placeholder files whose inodes the next boot may use.
+const INODE_RESERVE_DIR: &str = "inode-reserve";
+const INODE_RESERVE: usize = 32;
+
+/// Best effort: takes back up to [`INODE_RESERVE`] inodes for the next boot.
+fn refill_inode_reserve(spec: &JailSpec) {
+    let Some(disk) = spec.upper.parent() else {
+        return;
+    };
+    let reserve = disk.join(INODE_RESERVE_DIR);
+    if fs::create_dir_all(&reserve).is_err() {
+        return;
+    }
+    for i in 0..INODE_RESERVE {
+        if fs::write(reserve.join(i.to_string()), b"").is_err() {
+            return;
+        }
+    }
 }
 
 /// `target` as a path relative to `base` (both absolute), using `..` where needed.
@@ -706,6 +738,9 @@ fn build_root(spec: &JailSpec) -> Result<()> {
         overlay_flags,
         Some(&opts),
     )?;
+    if spec.disk_image.is_some() {
+        refill_inode_reserve(spec);
+    }
 
     for b in &spec.binds {
         let t = inside(root, &b.target);

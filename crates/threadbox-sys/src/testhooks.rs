@@ -59,6 +59,10 @@ pub const KNOWN: &[(&str, &str)] = &[
         "the sandbox's cgroup has no memory limit (and /tmp no size)",
     ),
     (
+        "files-as-root",
+        "the file API ignores the requested user (the agent's own identity)",
+    ),
+    (
         "no-disk-quota",
         "new sandboxes get a plain upper directory on the host's disk",
     ),

@@ -54,8 +54,17 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
             4 => v.truncate(rng.below(v.len() + 1)),
             _ => {
                 let i = rng.below(v.len() + 1);
-                let tok: &[u8] = [&b"../"[..], b"/", b"\0", b"{", b"}", b"\"", b"[", b"1e999", b"\xff"]
-                    [rng.below(9)];
+                let tok: &[u8] = [
+                    &b"../"[..],
+                    b"/",
+                    b"\0",
+                    b"{",
+                    b"}",
+                    b"\"",
+                    b"[",
+                    b"1e999",
+                    b"\xff",
+                ][rng.below(9)];
                 v.splice(i..i, tok.iter().copied());
             }
         }
@@ -109,7 +118,10 @@ fn path_resolver_never_leaves_the_root() {
         "//proc",
         "./.././../proc",
     ];
-    run(seeds.iter().map(|s| s.as_bytes().to_vec()).collect(), path_resolver::run);
+    run(
+        seeds.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        path_resolver::run,
+    );
     // Over-long paths are refused, not truncated.
     let long = "a/".repeat(3000);
     assert!(threadbox_agent::path::normalize(&long, "/home/user").is_err());
@@ -125,5 +137,8 @@ fn api_json_parses_or_refuses_cleanly() {
         r#"[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]"#,
         r#"{"ttl_action":"delete","ttl_secs":18446744073709551616}"#,
     ];
-    run(seeds.iter().map(|s| s.as_bytes().to_vec()).collect(), api_json::run);
+    run(
+        seeds.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        api_json::run,
+    );
 }

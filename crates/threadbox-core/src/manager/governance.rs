@@ -497,7 +497,8 @@ impl Manager {
         let live = matches!(row.state, State::Running | State::Paused);
         let driver = self.driver.clone();
         let id = row.id.clone();
-        let upper = self.driver.paths(&row.id).upper;
+        let paths = self.driver.paths(&row.id);
+        let (upper, image) = (paths.upper, paths.disk_image);
         let (cpu, mem, disk) = blocking(move || {
             let cpu = if live {
                 driver.cpu_usage_usec(&id).ok()
@@ -510,7 +511,13 @@ impl Manager {
                 None
             };
             let disk = if with_disk {
-                Some(disk_usage(&upper))
+                // A quota'd sandbox's writable layer lives in its disk image (ADR 0007):
+                // what it occupies on the host is the image's allocated size.
+                use std::os::unix::fs::MetadataExt;
+                Some(match std::fs::metadata(&image) {
+                    Ok(m) if m.is_file() => m.blocks().saturating_mul(512),
+                    _ => disk_usage(&upper),
+                })
             } else {
                 None
             };

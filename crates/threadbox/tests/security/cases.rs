@@ -752,7 +752,7 @@ except (ValueError, OSError) as e:
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 fds = []
 try:
-    while True: fds.append(os.open('/dev/null', os.O_RDONLY))
+    while len(fds) < 70000: fds.append(os.open('/dev/null', os.O_RDONLY))
 except OSError as e:
     print('stopped after', len(fds), e)
 if len(fds) > 65536: print('ESCAPE opened', len(fds))
@@ -1019,6 +1019,7 @@ done
             what: "file API as user never reads or writes a root-only file through a planted symlink",
             setup: Some("echo rootonly-secret > /home/user/rootdir/secret && chmod 600 /home/user/rootdir/secret && chmod 700 /home/user/rootdir"),
             code: "ln -sf /home/user/rootdir/secret /home/user/h4 && echo END",
+            control: Some("files-as-root"),
             extra: Extra::FileApiMagicLink,
             ..BASE
         },

@@ -479,7 +479,11 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
         let booted = block(d.client.stop(&id)).and_then(|_| block(d.client.start(&id)));
         match booted {
             Ok(_) if d.sh(&id, User::User, "echo up").stdout == "up\n" => {}
-            other => broken = Some(format!("the sandbox does not boot after the case: {other:?}")),
+            other => {
+                broken = Some(format!(
+                    "the sandbox does not boot after the case: {other:?}"
+                ))
+            }
         }
     }
     if let Some(post) = case.post {

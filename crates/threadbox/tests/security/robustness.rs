@@ -175,7 +175,11 @@ fn traces(d: &Daemon, id: &str) -> Vec<String> {
     if d.root_path().join("sandboxes").join(id).exists() {
         out.push("disk".into());
     }
-    for e in std::fs::read_dir("/sys/block").into_iter().flatten().flatten() {
+    for e in std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let f = e.path().join("loop/backing_file");
         if std::fs::read_to_string(&f).is_ok_and(|b| b.contains(id)) {
             out.push(format!("loop device {}", e.path().display()));
