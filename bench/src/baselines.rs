@@ -209,6 +209,8 @@ impl Oci {
     pub fn start_sleeper(&mut self) -> Result<String> {
         let id = self.next_id();
         write_bundle(&self.bundle, &["sleep", "infinity"], &id)?;
+        // The container inherits runc's stdio: a pipe would never reach EOF.
+        let errf = self.bundle.join("detach.err");
         let st = self
             .cmd()
             .args(["run", "--detach", "--bundle"])
@@ -216,13 +218,13 @@ impl Oci {
             .arg(&id)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()?;
-        if !st.status.success() {
+            .stderr(std::fs::File::create(&errf)?)
+            .status()?;
+        if !st.success() {
             bail!(
                 "{} run --detach failed: {}",
                 self.name,
-                String::from_utf8_lossy(&st.stderr).trim()
+                std::fs::read_to_string(&errf).unwrap_or_default().trim()
             );
         }
         self.live.push(id.clone());

@@ -111,6 +111,13 @@ fn num(v: Option<f64>) -> String {
 }
 
 /// The human table (plain text).
+/// "base" for a row other rows of its figure are compared with, "-" for a row compared
+/// with nothing.
+fn is_base(rows: &[Row], r: &Row) -> bool {
+    rows.iter()
+        .any(|o| o.figure == r.figure && o.baseline.as_deref() == Some(r.contender.as_str()))
+}
+
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
         "{:<46} {:<26} {:>8} {:>9} {:>9} {:>9} {:>8}  {}\n",
@@ -120,7 +127,8 @@ pub fn table(rows: &[Row]) -> String {
         let ratio = match (&r.skipped, r.ratio) {
             (Some(_), _) => "skipped".to_string(),
             (None, Some(x)) => format!("{x:.2}x"),
-            (None, None) => "base".into(),
+            (None, None) if is_base(rows, r) => "base".into(),
+            (None, None) => "-".into(),
         };
         let note = r
             .skipped
@@ -151,7 +159,8 @@ pub fn markdown(rows: &[Row]) -> String {
         let ratio = match (&r.skipped, r.ratio) {
             (Some(_), _) => "skipped".to_string(),
             (None, Some(x)) => format!("{x:.2}×"),
-            (None, None) => "base".into(),
+            (None, None) if is_base(rows, r) => "base".into(),
+            (None, None) => "-".into(),
         };
         let note = r
             .skipped

@@ -779,7 +779,9 @@ echo spinning; wait
             what: "a classic shell fork bomb is contained and cleaned up by the timeout",
             code: r##"
 bomb() { bomb | bomb & }; bomb
-sleep 100
+# exec, not a fork: once the bomb fills the pids limit the main shell could not fork a
+# sleep, and would end before the timeout this case is about.
+exec sleep 100
 "##,
             timeout: 3.0,
             expect_timeout: true,
