@@ -54,6 +54,14 @@ fn smoke_run_completes_and_emits_json() {
             assert!(r["p50"].as_f64().is_some(), "no value for {figure}: {r}");
         }
     }
+    // Time to interactive is also measured against a daemon with a warm pool.
+    assert!(
+        rows.iter()
+            .any(|r| r["figure"] == "create→first result (echo ok)"
+                && r["contender"] == "threadbox jail, warm pool"
+                && r["p50"].is_number()),
+        "no warm-pool row for time to interactive"
+    );
     // Every row either has a value or says why it was skipped.
     for r in rows {
         assert!(r["p50"].is_number() || r["skipped"].is_string(), "{r}");

@@ -83,9 +83,14 @@ impl Caller {
     }
 }
 
-/// Tenant names: 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.'.
+/// The reserved tenant that owns the warm pool's pre-booted sandboxes: no key, caller or
+/// listing ever names it.
+pub const POOL_TENANT: &str = "__pool";
+
+/// Tenant names: 1-64 characters of a-z, A-Z, 0-9, '-', '_', '.' (not [`POOL_TENANT`]).
 pub fn validate_tenant(tenant: &str) -> Result<()> {
-    let ok = !tenant.is_empty()
+    let ok = tenant != POOL_TENANT
+        && !tenant.is_empty()
         && tenant.len() <= 64
         && tenant
             .chars()
@@ -103,6 +108,13 @@ pub fn validate_tenant(tenant: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_tenant_is_reserved() {
+        assert!(validate_tenant("team-a").is_ok());
+        assert!(validate_tenant("__pool2").is_ok());
+        assert!(validate_tenant(POOL_TENANT).is_err());
+    }
 
     #[test]
     fn admin_implies_every_scope_and_others_do_not() {

@@ -374,12 +374,17 @@ impl Store {
 
     /// Tenants that have any metered use or sandbox.
     pub async fn metered_tenants(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
+        let tenants: Vec<String> = sqlx::query_scalar(
             "SELECT tenant FROM usage_daily UNION SELECT tenant FROM sandboxes \
              UNION SELECT tenant FROM sandbox_usage ORDER BY 1",
         )
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        // The warm pool's sandboxes belong to no one.
+        Ok(tenants
+            .into_iter()
+            .filter(|t| t != crate::caller::POOL_TENANT)
+            .collect())
     }
 
     pub async fn apply_usage(&self, d: &UsageDelta) -> Result<()> {

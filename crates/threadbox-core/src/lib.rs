@@ -40,6 +40,9 @@ pub struct Config {
     pub reaper_interval: std::time::Duration,
     /// How often usage is sampled (CPU, memory, disk) and the daily CPU cap enforced.
     pub meter_interval: std::time::Duration,
+    /// Pre-booted sandboxes (default image, default limits) kept ready for `create`;
+    /// 0 = no warm pool (ADR 0010).
+    pub warm_pool: usize,
 }
 
 impl Config {
@@ -55,6 +58,7 @@ impl Config {
             default_disk_bytes: 10 << 30,
             reaper_interval: std::time::Duration::from_secs(1),
             meter_interval: std::time::Duration::from_secs(2),
+            warm_pool: 0,
         }
     }
 }

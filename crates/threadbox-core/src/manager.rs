@@ -8,11 +8,12 @@
 //! pause, and a pause never waits for an exec.
 
 mod governance;
+mod pool;
 
 pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
 use crate::agent::{AgentConn, CancelGuard};
-use crate::caller::{Caller, Scope};
+use crate::caller::{Caller, Scope, POOL_TENANT};
 use crate::driver::{Driver, JailDriver, LaunchRequest};
 use crate::error::{CoreError, Result};
 use crate::images::{self, ImageSpec, HOST_IMAGE};
@@ -49,7 +50,7 @@ const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
 /// Runtime state of one sandbox that is not in the store.
 #[derive(Default)]
 struct Live {
-    lifecycle: tokio::sync::Mutex<()>,
+    lifecycle: Arc<tokio::sync::Mutex<()>>,
     conn: Mutex<Option<Arc<AgentConn>>>,
     inflight: AtomicUsize,
     last_active: AtomicI64,
@@ -73,6 +74,9 @@ pub struct Manager {
     create_lock: tokio::sync::Mutex<()>,
     stop_tx: tokio::sync::watch::Sender<bool>,
     gov: GovState,
+    /// Wakes the warm pool's refill task (an adoption, a discarded pooled sandbox).
+    pool_wake: Arc<tokio::sync::Notify>,
+    pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 fn rfc3339(ms: i64) -> String {
@@ -381,9 +385,12 @@ impl Manager {
             create_lock: tokio::sync::Mutex::new(()),
             stop_tx,
             gov: GovState::default(),
+            pool_wake: Arc::new(tokio::sync::Notify::new()),
+            pool_task: Mutex::new(None),
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());
+        mgr.spawn_pool(mgr.stop_tx.subscribe());
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.config.reaper_interval;
         tokio::spawn(async move {
@@ -426,6 +433,8 @@ impl Manager {
     /// re-adopted, dead ones are marked stopped with their disk kept, half-done creates
     /// and deletes are finished.
     async fn reconcile(&self) -> Result<()> {
+        // Pooled sandboxes left by a crash are not trusted: destroyed, the pool refills.
+        self.drain_pool().await?;
         for row in self.store.all_sandboxes().await? {
             let id = row.id.clone();
             let driver = self.driver.clone();
@@ -487,6 +496,9 @@ impl Manager {
     async fn enforce_idle_and_ttl(&self) -> Result<()> {
         let now = now_ms();
         for row in self.store.all_sandboxes().await? {
+            if row.tenant == POOL_TENANT {
+                continue;
+            }
             if let Some(ttl) = row.ttl_secs {
                 if now - row.created_at >= (ttl as i64) * 1000 {
                     let system = Caller::system(&row.tenant);
@@ -722,6 +734,20 @@ impl Manager {
                 self.forget(&id);
                 return Err(e);
             }
+            // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE.
+            match self.adopt_from_pool(&row).await {
+                Ok(Some(adopted)) => {
+                    self.forget(&id);
+                    let row = self.reload(&adopted).await?;
+                    tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
+                    return Ok((to_api(&row), true));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.forget(&id);
+                    return Err(e);
+                }
+            }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
             g
@@ -951,10 +977,33 @@ impl Manager {
         id_or_name: &str,
         work: bool,
     ) -> Result<(Arc<AgentConn>, Inflight)> {
-        let row = self.resolve(caller, id_or_name).await?;
-        let live = self.live(&row.id);
-        let _g = live.lifecycle.lock().await;
-        let row = self.reload(&row.id).await?;
+        // Fast path: an id this daemon already tracks is locked first, then read once
+        // under its lock (tenancy and current state in one query). Live entries are keyed
+        // by id and names never start with "sb-", so the key names this very sandbox.
+        let known = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id_or_name)
+            .cloned();
+        let fast = match known {
+            Some(live) => {
+                let g = live.lifecycle.clone().lock_owned().await;
+                let row = self.resolve(caller, id_or_name).await?;
+                (row.id == id_or_name).then_some((row, live, g))
+            }
+            None => None,
+        };
+        let (row, live, _g) = match fast {
+            Some(locked) => locked,
+            None => {
+                let row = self.resolve(caller, id_or_name).await?;
+                let live = self.live(&row.id);
+                let g = live.lifecycle.clone().lock_owned().await;
+                let row = self.reload(&row.id).await?;
+                (row, live, g)
+            }
+        };
         match row.state {
             State::Running if work => self.admit(&row.tenant, Admit::Work).await?,
             State::Running => {}
@@ -1639,9 +1688,22 @@ impl Manager {
         })
     }
 
-    /// Stops background tasks and closes the store. Sandboxes keep running.
+    /// Stops background tasks, destroys the warm pool and closes the store. Users'
+    /// sandboxes keep running.
     pub async fn shutdown(&self) {
         let _ = self.stop_tx.send(true);
+        let task = self
+            .pool_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        // Pooled sandboxes belong to no one: they do not outlive the daemon.
+        if let Err(e) = self.drain_pool().await {
+            tracing::warn!("warm pool: cannot remove the pool at shutdown: {e}");
+        }
         self.store.close().await;
     }
 

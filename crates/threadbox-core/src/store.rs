@@ -218,6 +218,58 @@ impl Store {
         r.as_ref().map(row_to_sandbox).transpose()
     }
 
+    /// The oldest running sandbox of the warm pool that has `image` and a disk of
+    /// `disk_bytes`, if any.
+    pub async fn pool_candidate(&self, image: &str, disk_bytes: u64) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM sandboxes WHERE tenant = ? AND state = 'running' AND image = ? \
+             AND disk_bytes = ? ORDER BY created_at, id LIMIT 1",
+        )
+        .bind(crate::caller::POOL_TENANT)
+        .bind(image)
+        .bind(disk_bytes as i64)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Hands the pooled sandbox `id` to `row.tenant` in one statement: tenant, name,
+    /// labels, limits, idle/TTL settings and times of `row`. False when `id` is no longer
+    /// a running pooled sandbox; `Conflict` when the name is taken.
+    pub async fn adopt_pooled(&self, id: &str, row: &SandboxRow) -> Result<bool> {
+        let labels =
+            serde_json::to_string(&row.labels).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let res = sqlx::query(
+            "UPDATE sandboxes SET tenant = ?, name = ?, labels = ?, memory_bytes = ?, cpus = ?, \
+             pids = ?, idle_pause_secs = ?, ttl_secs = ?, ttl_action = ?, created_at = ?, \
+             last_active_at = ? WHERE id = ? AND tenant = ? AND state = 'running'",
+        )
+        .bind(&row.tenant)
+        .bind(&row.name)
+        .bind(labels)
+        .bind(row.memory_bytes as i64)
+        .bind(row.cpus)
+        .bind(row.pids as i64)
+        .bind(row.idle_pause_secs.map(|v| v as i64))
+        .bind(row.ttl_secs.map(|v| v as i64))
+        .bind(ttl_str(row.ttl_action))
+        .bind(row.created_at)
+        .bind(row.last_active_at)
+        .bind(id)
+        .bind(crate::caller::POOL_TENANT)
+        .execute(&self.pool)
+        .await;
+        match res {
+            Ok(r) => Ok(r.rows_affected() == 1),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(CoreError::Conflict(format!(
+                    "a sandbox named {:?} already exists",
+                    row.name.as_deref().unwrap_or("")
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub async fn get_by_id_any(&self, id: &str) -> Result<Option<SandboxRow>> {
         let r = sqlx::query("SELECT * FROM sandboxes WHERE id = ?")
             .bind(id)

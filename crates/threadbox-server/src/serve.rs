@@ -35,6 +35,8 @@ pub struct ServeOptions {
     pub mcp: McpOptions,
     /// Serve TCP without API keys (loopback only): every TCP client is the operator.
     pub insecure_no_auth: bool,
+    /// Pre-booted sandboxes kept ready for `create` (0 = none; ADR 0010).
+    pub warm_pool: usize,
 }
 
 impl ServeOptions {
@@ -48,6 +50,7 @@ impl ServeOptions {
             shutdown_grace: Duration::from_secs(10),
             mcp: McpOptions::default(),
             insecure_no_auth: false,
+            warm_pool: 0,
         }
     }
 }
@@ -112,13 +115,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let tcp_addr = tcp.local_addr().unwrap_or(opts.listen);
     let unix = bind_unix_socket(&socket_path).await?;
 
-    let manager = Manager::open(Config::new(
+    let mut config = Config::new(
         opts.root.clone(),
         opts.agent_path.clone(),
         opts.helper_path.clone(),
-    ))
-    .await
-    .map_err(|err| {
+    );
+    config.warm_pool = opts.warm_pool;
+    let manager = Manager::open(config).await.map_err(|err| {
         let _ = std::fs::remove_file(&socket_path);
         ServeError::Manager(err)
     })?;

@@ -97,7 +97,7 @@ pub struct ServeArgs {
     /// TCP address to listen on [default: 127.0.0.1:7420]; TCP clients need an API key.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// JSON configuration file: {"root", "listen", "agent", "max_upload", "mcp_allowed_hosts", "mcp_allowed_origins"}; flags win.
+    /// JSON configuration file: {"root", "listen", "agent", "max_upload", "warm_pool", "mcp_allowed_hosts", "mcp_allowed_origins"}; flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The threadbox-agent binary [default: threadbox-agent next to this binary].
@@ -106,6 +106,10 @@ pub struct ServeArgs {
     /// Largest accepted file upload, e.g. 1G, 512M [default: 1G].
     #[arg(long, value_name = "SIZE")]
     pub max_upload: Option<String>,
+    /// Keep N sandboxes of the default image and limits booted ahead of time, so a
+    /// create they satisfy returns at once (hostname = sandbox id) [default: 0].
+    #[arg(long, value_name = "N")]
+    pub warm_pool: Option<usize>,
     /// Serve TCP WITHOUT API keys: every TCP client acts as the operator. Loopback
     /// addresses only; logged loudly at start. Without it, TCP requires a key.
     #[arg(long)]

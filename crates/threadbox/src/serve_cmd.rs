@@ -19,6 +19,8 @@ struct ConfigFile {
     agent: Option<PathBuf>,
     /// e.g. "1G".
     max_upload: Option<String>,
+    /// Pre-booted sandboxes kept ready for create (0 = none).
+    warm_pool: Option<usize>,
     /// Extra hosts accepted on /mcp (added to the loopback names).
     #[serde(default)]
     mcp_allowed_hosts: Vec<String>,
@@ -86,6 +88,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     opts.mcp = threadbox_server::McpOptions::default().with_extra_hosts(hosts);
     opts.mcp.allowed_origins = origins;
     opts.insecure_no_auth = args.insecure_no_auth;
+    opts.warm_pool = args.warm_pool.or(config.warm_pool).unwrap_or(0);
+    if opts.warm_pool > 1024 {
+        bail!("--warm-pool must be at most 1024");
+    }
     threadbox_server::serve(opts).await?;
     Ok(())
 }

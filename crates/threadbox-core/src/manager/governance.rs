@@ -28,6 +28,17 @@ pub(crate) struct GovState {
     meter_lock: tokio::sync::Mutex<()>,
     /// Serializes the quota check with the transition it admits (create, resume, start).
     pub(crate) admission: tokio::sync::Mutex<()>,
+    /// Quotas per tenant as last read from the store (None: the tenant has none), so the
+    /// admission of every exec does not read them again. Only this daemon writes quotas
+    /// (`set_quota`), which drops the entry after its commit.
+    quotas: std::sync::Mutex<QuotaCache>,
+}
+
+#[derive(Default)]
+struct QuotaCache {
+    /// Bumped by every `set_quota`: a read that started before it is not cached.
+    generation: u64,
+    by_tenant: std::collections::HashMap<String, Option<Quota>>,
 }
 
 /// What a quota check is about.
@@ -378,7 +389,13 @@ impl Manager {
                 }
             }
             let entry = self.audit_entry(caller, "quota.set", tenant, "ok");
-            self.store.set_quota(tenant, &q, now_ms(), &entry).await?;
+            let written = self.store.set_quota(tenant, &q, now_ms(), &entry).await;
+            {
+                let mut cache = self.gov.quotas.lock().unwrap_or_else(|p| p.into_inner());
+                cache.generation += 1;
+                cache.by_tenant.remove(tenant);
+            }
+            written?;
             tracing::info!(tenant, quota = ?q, "quota set");
             Ok(())
         }
@@ -390,9 +407,26 @@ impl Manager {
         self.get_quota(caller, tenant).await
     }
 
+    /// The quota of `tenant` (None: none), from the cache when it holds it.
+    async fn cached_quota(&self, tenant: &str) -> Result<Option<Quota>> {
+        let generation = {
+            let cache = self.gov.quotas.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(q) = cache.by_tenant.get(tenant) {
+                return Ok(q.clone());
+            }
+            cache.generation
+        };
+        let q = self.store.get_quota(tenant).await?;
+        let mut cache = self.gov.quotas.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.generation == generation {
+            cache.by_tenant.insert(tenant.to_string(), q.clone());
+        }
+        Ok(q)
+    }
+
     /// Refuses with `quota_exceeded` when `what` would exceed a quota of `tenant`.
     pub(crate) async fn admit(&self, tenant: &str, what: Admit) -> Result<()> {
-        let Some(q) = self.store.get_quota(tenant).await? else {
+        let Some(q) = self.cached_quota(tenant).await? else {
             return Ok(());
         };
         let exceeded = |quota: &'static str, used: String, limit: String, extra: &str| {
@@ -562,6 +596,9 @@ impl Manager {
     /// Samples every running or paused sandbox, then enforces the daily CPU caps.
     pub(crate) async fn meter_all(&self) -> Result<()> {
         for row in self.store.all_sandboxes().await? {
+            if row.tenant == crate::caller::POOL_TENANT {
+                continue;
+            }
             if matches!(row.state, State::Running | State::Paused) {
                 self.meter(&row, true).await;
             }
@@ -723,7 +760,7 @@ impl Manager {
             .map(|s| (s.to_string(), 0))
             .collect();
         for row in self.store.all_sandboxes().await? {
-            if row.state != State::Deleting {
+            if row.state != State::Deleting && row.tenant != crate::caller::POOL_TENANT {
                 *counts.entry(row.state.as_str().to_string()).or_default() += 1;
             }
         }

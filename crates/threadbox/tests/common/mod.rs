@@ -93,10 +93,17 @@ pub struct Daemon {
     pub root: tempfile::TempDir,
     pub port: u16,
     pub url: String,
+    /// Extra `serve` arguments, kept across restarts.
+    serve_args: Vec<String>,
 }
 
 impl Daemon {
     pub fn start() -> Daemon {
+        Self::start_with(&[])
+    }
+
+    /// Starts a daemon with extra `serve` arguments (e.g. `--warm-pool 2`).
+    pub fn start_with(serve_args: &[&str]) -> Daemon {
         let agent = agent_bin();
         assert!(
             agent.is_file(),
@@ -115,6 +122,7 @@ impl Daemon {
             url,
             root,
             port,
+            serve_args: serve_args.iter().map(|a| a.to_string()).collect(),
         };
         daemon.spawn();
         daemon
@@ -146,6 +154,7 @@ impl Daemon {
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--agent")
             .arg(agent_bin())
+            .args(&self.serve_args)
             .env("RUST_LOG", "info,threadbox=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))

@@ -1,0 +1,227 @@
+//! The warm pool (ADR 0010): `Config::warm_pool` sandboxes of the default image with the
+//! default limits, booted ahead of time under the reserved tenant [`POOL_TENANT`] and
+//! handed to a `create` that they satisfy in one UPDATE of the store. The pool is refilled
+//! in the background after every adoption; its sandboxes never show in lists, usage or
+//! quotas, and are destroyed on shutdown and on the next start after a crash.
+
+use super::{blocking, Live, Manager};
+use crate::caller::POOL_TENANT;
+use crate::driver::Driver;
+use crate::error::Result;
+use crate::images::HOST_IMAGE;
+use crate::store::{now_ms, SandboxRow, State};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use threadbox_api::TtlAction;
+
+/// Wait after a failed refill before trying again.
+const REFILL_BACKOFF: Duration = Duration::from_secs(1);
+/// Wait after a wake-up (an adoption) before booting a replacement, so the boot (disk
+/// image, helper, mounts) does not compete for the CPU with the adopter's first commands.
+const REFILL_DELAY: Duration = Duration::from_millis(50);
+
+impl Manager {
+    /// Starts the refill task when the pool is enabled.
+    pub(super) fn spawn_pool(self: &Arc<Self>, mut stop_rx: tokio::sync::watch::Receiver<bool>) {
+        if self.config.warm_pool == 0 {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let wake = self.pool_wake.clone();
+        let handle = tokio::spawn(async move {
+            loop {
+                if *stop_rx.borrow() {
+                    break;
+                }
+                let Some(mgr) = weak.upgrade() else { break };
+                let res = mgr.fill_pool_once().await;
+                drop(mgr);
+                match res {
+                    Ok(true) => continue,
+                    Ok(false) => {
+                        tokio::select! {
+                            _ = wake.notified() => {}
+                            _ = stop_rx.changed() => break,
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(REFILL_DELAY) => {}
+                            _ = stop_rx.changed() => break,
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("warm pool: refill failed: {e}");
+                        tokio::select! {
+                            _ = tokio::time::sleep(REFILL_BACKOFF) => {}
+                            _ = stop_rx.changed() => break,
+                        }
+                    }
+                }
+            }
+        });
+        *self.pool_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    }
+
+    /// Boots one pooled sandbox if the pool is short; false when it is full.
+    async fn fill_pool_once(&self) -> Result<bool> {
+        let (_, total) = self.store.count_sandboxes(POOL_TENANT).await?;
+        if total as usize >= self.config.warm_pool {
+            return Ok(false);
+        }
+        self.boot_pooled().await?;
+        Ok(true)
+    }
+
+    async fn boot_pooled(&self) -> Result<()> {
+        let created = now_ms();
+        let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
+        let mut row = SandboxRow {
+            id: id.clone(),
+            tenant: POOL_TENANT.to_string(),
+            name: None,
+            state: State::Creating,
+            labels: BTreeMap::new(),
+            image: HOST_IMAGE.to_string(),
+            memory_bytes: self.config.default_memory_bytes,
+            cpus: self.config.default_cpus,
+            pids: self.config.default_pids,
+            disk_bytes: self.config.default_disk_bytes,
+            idle_pause_secs: None,
+            ttl_secs: None,
+            ttl_action: TtlAction::Stop,
+            slot: 0,
+            agent_pid: None,
+            created_at: created,
+            last_active_at: created,
+        };
+        let live = self.live(&id);
+        let _g = live.lifecycle.lock().await;
+        row.slot = match self.store.insert_sandbox(&row).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.forget(&id);
+                return Err(e);
+            }
+        };
+        let result: Result<i32> = async {
+            let d = self.driver.clone();
+            let (i, slot, disk) = (id.clone(), row.slot, row.disk_bytes);
+            blocking(move || d.prepare(&i, slot, disk)).await?;
+            self.boot(&row, &live).await
+        }
+        .await;
+        match result {
+            Ok(pid) => {
+                self.store.set_state(&id, State::Running, Some(pid)).await?;
+                tracing::info!(sandbox = %id, agent_pid = pid, "warm pool: sandbox ready");
+                Ok(())
+            }
+            Err(e) => {
+                self.discard_pooled(&id, &live).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Destroys a pooled sandbox and its row. Caller holds its lifecycle lock.
+    pub(super) async fn discard_pooled(&self, id: &str, live: &Live) {
+        let _ = self.store.set_state(id, State::Deleting, None).await;
+        Self::take_conn(live);
+        let d = self.driver.clone();
+        let i = id.to_string();
+        if let Err(e) = blocking(move || d.destroy(&i)).await {
+            tracing::warn!(sandbox = %id, "warm pool: cannot destroy a pooled sandbox: {e}");
+            return;
+        }
+        if let Err(e) = self.store.delete_sandbox(id).await {
+            tracing::warn!(sandbox = %id, "warm pool: cannot delete a pooled sandbox's row: {e}");
+        }
+        self.forget(id);
+    }
+
+    /// Destroys every pooled sandbox (shutdown; start after a crash).
+    pub(super) async fn drain_pool(&self) -> Result<()> {
+        for row in self.store.all_sandboxes().await? {
+            if row.tenant != POOL_TENANT {
+                continue;
+            }
+            let live = self.live(&row.id);
+            let _g = live.lifecycle.lock().await;
+            self.discard_pooled(&row.id, &live).await;
+            tracing::info!(sandbox = %row.id, "warm pool: removed a pooled sandbox");
+        }
+        Ok(())
+    }
+
+    /// Hands a pooled sandbox to the create request `row` when one satisfies it: default
+    /// image and the pool's disk size; memory, CPU and pids limits other than the defaults
+    /// are applied to its cgroup first. Returns the adopted sandbox's id. Caller holds the
+    /// create and admission locks and has admitted the request.
+    pub(super) async fn adopt_from_pool(&self, row: &SandboxRow) -> Result<Option<String>> {
+        if self.config.warm_pool == 0
+            || row.image != HOST_IMAGE
+            || row.disk_bytes != self.config.default_disk_bytes
+        {
+            return Ok(None);
+        }
+        let Some(id) = self
+            .store
+            .pool_candidate(&row.image, row.disk_bytes)
+            .await?
+        else {
+            tracing::debug!("warm pool: empty, cold boot");
+            return Ok(None);
+        };
+        let live = self.live(&id);
+        let _g = live.lifecycle.lock().await;
+        let answering = live
+            .conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|c| !c.is_closed());
+        if !answering {
+            tracing::warn!(sandbox = %id, "warm pool: agent gone, discarding");
+            self.discard_pooled(&id, &live).await;
+            self.pool_wake.notify_one();
+            return Ok(None);
+        }
+        let defaults = (
+            self.config.default_memory_bytes,
+            self.config.default_cpus,
+            self.config.default_pids,
+        );
+        if (row.memory_bytes, row.cpus, row.pids) != defaults {
+            let limits = threadbox_sys::cgroup::Limits {
+                memory_bytes: row.memory_bytes,
+                cpus: row.cpus,
+                pids: row.pids,
+            };
+            let d = self.driver.clone();
+            let i = id.clone();
+            let set = blocking(move || Ok(d.cgroup(&i).set_limits(&limits)?)).await;
+            if let Err(e) = set {
+                tracing::warn!(sandbox = %id, "warm pool: cannot apply limits ({e}), discarding");
+                self.discard_pooled(&id, &live).await;
+                self.pool_wake.notify_one();
+                return Ok(None);
+            }
+        }
+        match self.store.adopt_pooled(&id, row).await {
+            Ok(true) => {
+                self.pool_wake.notify_one();
+                Ok(Some(id))
+            }
+            Ok(false) => {
+                tracing::warn!(sandbox = %id, "warm pool: sandbox changed during adoption");
+                Ok(None)
+            }
+            Err(e) => {
+                // Its cgroup may carry the request's limits now: never reuse it.
+                self.discard_pooled(&id, &live).await;
+                self.pool_wake.notify_one();
+                Err(e)
+            }
+        }
+    }
+}
