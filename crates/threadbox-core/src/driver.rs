@@ -61,7 +61,7 @@ pub struct SandboxPaths {
     pub work: PathBuf,
     pub rootfs: PathBuf,
     pub run: PathBuf,
-    /// The sandbox's disk image (ADR 0007) and where the helper mounts it (in the
+    /// The sandbox's disk image (ADR 0011) and where the helper mounts it (in the
     /// sandbox's mount namespace only); upper and work then live inside it.
     pub disk_image: PathBuf,
     pub disk_mount: PathBuf,
@@ -119,7 +119,7 @@ impl JailDriver {
     }
 }
 
-/// Creates a sparse file of `bytes` and an ext4 file system on it (ADR 0007). 1% of the
+/// Creates a sparse file of `bytes` and an ext4 file system on it (ADR 0011). 1% of the
 /// blocks stay reserved for host root: a sandbox that filled its disk can still be booted
 /// (overlayfs needs room in its workdir at mount time).
 fn make_disk_image(path: &Path, bytes: u64) -> Result<()> {

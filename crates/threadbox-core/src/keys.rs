@@ -1,6 +1,6 @@
 //! API keys: `tbk_<id>_<secret>`, the secret 32 random bytes (256 bits) from the kernel's
 //! CSPRNG. Only SHA-256 of the whole key is stored (a fast hash is enough for a random
-//! 256-bit secret: there is nothing to brute-force; see ADR 0007), and the comparison is
+//! 256-bit secret: there is nothing to brute-force; see ADR 0008), and the comparison is
 //! constant-time. The id in the key finds its row without searching by hash.
 
 use crate::error::{CoreError, Result};

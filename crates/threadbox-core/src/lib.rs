@@ -34,7 +34,7 @@ pub struct Config {
     pub default_memory_bytes: u64,
     pub default_cpus: f64,
     pub default_pids: u32,
-    /// Disk quota of a sandbox unless its create request names one (ADR 0007).
+    /// Disk quota of a sandbox unless its create request names one (ADR 0011).
     pub default_disk_bytes: u64,
     /// How often idle pause and TTL are checked.
     pub reaper_interval: std::time::Duration,

@@ -1046,6 +1046,20 @@ impl Manager {
         conn.call(req).await
     }
 
+    /// [`Self::call`] for requests whose only success answer is `Done`.
+    async fn call_done(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        work: bool,
+        req: proto::Request,
+    ) -> Result<()> {
+        match self.call(caller, id_or_name, work, req).await? {
+            proto::Response::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub async fn exec(
         &self,
         caller: &Caller,
@@ -1301,21 +1315,16 @@ impl Manager {
                     ));
                 }
             }
-            match self
-                .call(
-                    caller,
-                    id_or_name,
-                    false,
-                    proto::Request::BackgroundKill {
-                        bg_id: process_id,
-                        signal,
-                    },
-                )
-                .await?
-            {
-                proto::Response::Done => Ok(()),
-                other => Err(unexpected(other)),
-            }
+            self.call_done(
+                caller,
+                id_or_name,
+                false,
+                proto::Request::BackgroundKill {
+                    bg_id: process_id,
+                    signal,
+                },
+            )
+            .await
         }
         .await;
         self.audit(caller, "process.kill", id_or_name, &r).await;
@@ -1556,22 +1565,17 @@ impl Manager {
             caller.require(Scope::SandboxesWrite)?;
 
             validate_path(path)?;
-            match self
-                .call(
-                    caller,
-                    id_or_name,
-                    true,
-                    proto::Request::Mkdir {
-                        path: path.into(),
-                        user: run_as(user),
-                        parents,
-                    },
-                )
-                .await?
-            {
-                proto::Response::Done => Ok(()),
-                other => Err(unexpected(other)),
-            }
+            self.call_done(
+                caller,
+                id_or_name,
+                true,
+                proto::Request::Mkdir {
+                    path: path.into(),
+                    user: run_as(user),
+                    parents,
+                },
+            )
+            .await
         }
         .await;
         self.audit(caller, "file.mkdir", id_or_name, &r).await;
@@ -1590,22 +1594,17 @@ impl Manager {
             caller.require(Scope::SandboxesWrite)?;
 
             validate_path(path)?;
-            match self
-                .call(
-                    caller,
-                    id_or_name,
-                    false,
-                    proto::Request::Remove {
-                        path: path.into(),
-                        user: run_as(user),
-                        recursive,
-                    },
-                )
-                .await?
-            {
-                proto::Response::Done => Ok(()),
-                other => Err(unexpected(other)),
-            }
+            self.call_done(
+                caller,
+                id_or_name,
+                false,
+                proto::Request::Remove {
+                    path: path.into(),
+                    user: run_as(user),
+                    recursive,
+                },
+            )
+            .await
         }
         .await;
         self.audit(caller, "file.remove", id_or_name, &r).await;

@@ -45,7 +45,7 @@ pub struct JailSpec {
     pub upper: PathBuf,
     pub work: PathBuf,
     /// The sandbox's disk image (ext4): mounted by the helper, in the sandbox's mount
-    /// namespace only, on the parent directory of `upper` and `work` (ADR 0007).
+    /// namespace only, on the parent directory of `upper` and `work` (ADR 0011).
     #[serde(default)]
     pub disk_image: Option<PathBuf>,
     /// Host uid/gid that owns `home/user` when the helper creates a fresh upper.

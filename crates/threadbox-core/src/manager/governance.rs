@@ -545,7 +545,7 @@ impl Manager {
                 None
             };
             let disk = if with_disk {
-                // A quota'd sandbox's writable layer lives in its disk image (ADR 0007):
+                // A quota'd sandbox's writable layer lives in its disk image (ADR 0011):
                 // what it occupies on the host is the image's allocated size.
                 use std::os::unix::fs::MetadataExt;
                 Some(match std::fs::metadata(&image) {
