@@ -7,6 +7,7 @@ pub mod child;
 pub mod jail;
 pub mod landlock;
 pub mod seccomp;
+pub mod sparse;
 #[cfg(feature = "insecure-test-hooks")]
 pub mod testhooks;
 
