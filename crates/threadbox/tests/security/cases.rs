@@ -778,7 +778,11 @@ echo spinning; wait
             id: "E7",
             what: "a classic shell fork bomb is contained and cleaned up by the timeout",
             code: r##"
-bomb() { bomb | bomb & }; bomb
+bomb() { bomb | bomb & }
+# The main shell forks exactly once, before any bomb process exists: dash forks every
+# element of a background pipeline from the calling shell, so calling `bomb` here directly
+# raced its own children for the pids limit and could end early with "Cannot fork".
+(bomb) &
 # exec, not a fork: once the bomb fills the pids limit the main shell could not fork a
 # sleep, and would end before the timeout this case is about.
 exec sleep 100
