@@ -121,6 +121,18 @@ impl Agent {
 
     /// Reaps every terminated child: statuses go to their waiters; orphans are just reaped.
     pub fn reap(&self) {
+        if crate::testhooks::has("no-reaper") {
+            // Positive control of the zombie case: only the children we wait for.
+            let pids: Vec<i32> = self.waiters.borrow().keys().copied().collect();
+            for pid in pids {
+                if let Ok(Some((pid, status))) = syschild::reap_pid(pid) {
+                    if let Some(tx) = self.waiters.borrow_mut().remove(&pid) {
+                        let _ = tx.send(status);
+                    }
+                }
+            }
+            return;
+        }
         loop {
             match syschild::reap_any() {
                 Ok(Some((pid, status))) => {

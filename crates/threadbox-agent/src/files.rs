@@ -83,7 +83,7 @@ fn regular_file(fd: OwnedFd, p: &Path) -> Result<File> {
             format!("{}: is a directory", shown(p)),
         ));
     }
-    if !meta.is_file() {
+    if !meta.is_file() && !crate::testhooks::has("files-any-type") {
         return Err(AgentError::invalid(format!(
             "{}: not a regular file",
             shown(p)

@@ -15,6 +15,10 @@ use threadbox_sys::jail::{JailSpec, LaunchReport, ID_RANGE, SANDBOX_USER_ID};
 /// First host uid given to sandboxes: far above the ranges distributions hand out in
 /// /etc/subuid (100000..) and never 0.
 pub const ID_BASE_START: u32 = 1_000_000;
+/// RLIMIT_NOFILE (soft = hard) of every sandbox process, or the daemon's hard limit when
+/// that is lower. Below the hard limits hosts commonly give a root daemon (20000 on our CI
+/// machine kind, 524288 under systemd), so the limit in force is ours, not the host's.
+pub const SANDBOX_NOFILE: u64 = 16384;
 
 /// What one sandbox needs from a driver, whatever isolates it.
 pub trait Driver: Send + Sync {
@@ -250,6 +254,9 @@ impl Driver for JailDriver {
             if weaken.has("no-memory-limit") {
                 limits.memory_bytes = 1 << 40;
             }
+            if weaken.has("no-cpu-limit") {
+                limits.cpus = 64.0;
+            }
         }
         cg.create(&limits, Some((base, base)))?;
         // Held until the helper has exited, so the fd it opens stays valid.
@@ -277,7 +284,7 @@ impl Driver for JailDriver {
             cgroup_procs: cg.procs_files(),
             cgroup_dir: Some(cg.v2_dir()),
             tmpfs_bytes: limits.memory_bytes,
-            nofile: 65536,
+            nofile: SANDBOX_NOFILE,
             #[cfg(feature = "insecure-test-hooks")]
             test_weaken: weaken.list().to_vec(),
         };

@@ -287,10 +287,19 @@ pub enum WaitStatus {
 /// Reaps one terminated child of any pid without blocking: `Ok(None)` when none is
 /// waiting (or there are no children).
 pub fn reap_any() -> io::Result<Option<(i32, WaitStatus)>> {
+    reap(-1)
+}
+
+/// Like [`reap_any`], but only for the child `pid` (other children stay unreaped).
+pub fn reap_pid(pid: i32) -> io::Result<Option<(i32, WaitStatus)>> {
+    reap(pid)
+}
+
+fn reap(which: i32) -> io::Result<Option<(i32, WaitStatus)>> {
     loop {
         let mut status = 0;
         // SAFETY: `status` is a valid out-pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        let pid = unsafe { libc::waitpid(which, &mut status, libc::WNOHANG) };
         if pid == 0 {
             return Ok(None);
         }

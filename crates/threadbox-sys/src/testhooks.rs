@@ -67,6 +67,26 @@ pub const KNOWN: &[(&str, &str)] = &[
         "new sandboxes get a plain upper directory on the host's disk",
     ),
     (
+        "no-nofile-limit",
+        "the sandbox keeps the daemon's RLIMIT_NOFILE instead of ours",
+    ),
+    (
+        "no-cpu-limit",
+        "the sandbox's cgroup gets a CPU quota of 64 cores (no limit on this host)",
+    ),
+    (
+        "no-reaper",
+        "the agent (PID 1) waits only for its own children and never reaps orphans",
+    ),
+    (
+        "files-any-type",
+        "the file API reads and writes FIFOs and devices, not only regular files",
+    ),
+    (
+        "lossy-output",
+        "exec output that is not UTF-8 is returned lossily as UTF-8 instead of base64",
+    ),
+    (
         "suid",
         "no no_new_privs, and the root overlay honours setuid bits",
     ),
