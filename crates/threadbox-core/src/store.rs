@@ -135,8 +135,12 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(std::time::Duration::from_secs(5))
             .foreign_keys(true);
+        // No ping before each acquire: the database is a local file, a connection cannot
+        // go stale, and the ping is one more round trip to sqlx's worker thread on every
+        // query (measurable on every exec).
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;

@@ -8,26 +8,27 @@
 //!
 //! The compiled program (x86_64 only) is:
 //!
-//! 1. our own prefix: a wrong architecture (i386 `int 0x80`) or an x32 system call number
+//! 1. a prefix: a wrong architecture (i386 `int 0x80`) or an x32 system call number
 //!    (bit 30 set) kills the process;
-//! 2. the refusal section ([`DENY`] and the argument rules of [`CONDITIONAL`]), compiled by
-//!    `seccompiler` with "match → EPERM, mismatch → allow", with its final "no syscall
-//!    matched" return removed so that control falls through to
-//! 3. the allowlist ([`ALLOW`]), compiled by `seccompiler` with "match → allow, mismatch →
-//!    ENOSYS".
+//! 2. a binary search over the system call number: the numbers 0..2^30 are cut into runs
+//!    with one action each ([`ALLOW`] → allow, [`DENY`] → EPERM, [`NOT_IMPLEMENTED`] and
+//!    unnamed numbers → ENOSYS, each [`CONDITIONAL`] call → its own argument check), and
+//!    the program tests `nr >= start of a run` down a balanced tree of those runs.
 //!
-//! `seccompiler` emits only relative forward jumps that stay inside each section, so
-//! concatenating sections is sound; [`sandbox_filter`] checks the one instruction it removes.
+//! Why a tree and not a chain of `jeq`s (what `seccompiler` emits, ~1800 instructions for
+//! this policy): the kernel prepares every new filter by emulating it for every system
+//! call number (the per-filter allow cache) and checks and translates each instruction, so
+//! loading cost grows with chain length, and the filter is loaded once per process we
+//! start. The tree is ~4× shorter and each path ~9 tests deep; loading it is what made an
+//! exec round trip ~1 ms slower than it needed to be (docs/performance.md).
 
 use crate::{Result, SysError};
-use seccompiler::{
-    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
-};
-use std::collections::BTreeMap;
 use std::io;
 
-pub use seccompiler::{sock_filter, BpfProgram};
+pub use seccompiler::sock_filter;
+
+/// A classic BPF program.
+pub type BpfProgram = Vec<sock_filter>;
 
 /// One system call of the policy.
 #[derive(Debug, Clone, Copy)]
@@ -546,28 +547,29 @@ pub struct Conditional {
     /// When the call is refused, in words.
     pub refused_when: &'static str,
     pub reason: &'static str,
-    rules: fn() -> std::result::Result<Vec<SeccompRule>, seccompiler::BackendError>,
+    refuse: Refuse,
+}
+
+/// When a [`Conditional`] call is refused, as a test of the low 32 bits of one argument.
+#[derive(Debug, Clone, Copy)]
+enum Refuse {
+    /// Any bit of the mask is set.
+    AnyBit { arg: u32, mask: u32 },
+    /// The argument is one of these values.
+    OneOf { arg: u32, values: &'static [u32] },
+    /// The argument is none of these values.
+    NoneOf { arg: u32, values: &'static [u32] },
 }
 
 /// Every `CLONE_NEW*` flag `clone()` accepts.
-const CLONE_NEW_FLAGS: [u64; 8] = [
-    libc::CLONE_NEWNS as u64,
-    libc::CLONE_NEWCGROUP as u64,
-    libc::CLONE_NEWUTS as u64,
-    libc::CLONE_NEWIPC as u64,
-    libc::CLONE_NEWUSER as u64,
-    libc::CLONE_NEWPID as u64,
-    libc::CLONE_NEWNET as u64,
-    0x80, // CLONE_NEWTIME
-];
-
-fn dword(
-    arg: u8,
-    op: SeccompCmpOp,
-    value: u64,
-) -> Result<SeccompCondition, seccompiler::BackendError> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
-}
+const CLONE_NEW_MASK: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | 0x80) as u32; // CLONE_NEWTIME
 
 /// The kernel reads clone's flags, socket's family, ioctl's request and personality's
 /// persona as 32-bit values, so every comparison is on the low 32 bits (`Dword`): a set
@@ -580,11 +582,9 @@ pub static CONDITIONAL: &[Conditional] = &[
         },
         refused_when: "flags contain any CLONE_NEW* bit",
         reason: "threads and fork are needed; new namespaces are not",
-        rules: || {
-            CLONE_NEW_FLAGS
-                .iter()
-                .map(|&f| SeccompRule::new(vec![dword(0, SeccompCmpOp::MaskedEq(f), f)?]))
-                .collect()
+        refuse: Refuse::AnyBit {
+            arg: 0,
+            mask: CLONE_NEW_MASK,
         },
     },
     Conditional {
@@ -594,12 +594,13 @@ pub static CONDITIONAL: &[Conditional] = &[
         },
         refused_when: "family is not AF_UNIX, AF_INET or AF_INET6",
         reason: "netlink, packet, vsock, bluetooth... sockets are kernel attack surface",
-        rules: || {
-            Ok(vec![SeccompRule::new(vec![
-                dword(0, SeccompCmpOp::Ne, libc::AF_UNIX as u64)?,
-                dword(0, SeccompCmpOp::Ne, libc::AF_INET as u64)?,
-                dword(0, SeccompCmpOp::Ne, libc::AF_INET6 as u64)?,
-            ])?])
+        refuse: Refuse::NoneOf {
+            arg: 0,
+            values: &[
+                libc::AF_UNIX as u32,
+                libc::AF_INET as u32,
+                libc::AF_INET6 as u32,
+            ],
         },
     },
     Conditional {
@@ -609,11 +610,9 @@ pub static CONDITIONAL: &[Conditional] = &[
         },
         refused_when: "request is TIOCSTI or TIOCLINUX",
         reason: "both inject input into a terminal another process reads",
-        rules: || {
-            Ok(vec![
-                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCSTI)?])?,
-                SeccompRule::new(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCLINUX)?])?,
-            ])
+        refuse: Refuse::OneOf {
+            arg: 1,
+            values: &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32],
         },
     },
     Conditional {
@@ -623,11 +622,9 @@ pub static CONDITIONAL: &[Conditional] = &[
         },
         refused_when: "persona is not PER_LINUX (0) or the query 0xffffffff",
         reason: "other personalities change the address-space layout and syscall semantics",
-        rules: || {
-            Ok(vec![SeccompRule::new(vec![
-                dword(0, SeccompCmpOp::Ne, 0)?,
-                dword(0, SeccompCmpOp::Ne, 0xffff_ffff)?,
-            ])?])
+        refuse: Refuse::NoneOf {
+            arg: 0,
+            values: &[0, 0xffff_ffff],
         },
     },
 ];
@@ -669,14 +666,19 @@ pub fn policy_table() -> Vec<(&'static str, Verdict)> {
     out
 }
 
-// Classic BPF opcodes and seccomp constants for our prefix.
+// Classic BPF opcodes and seccomp constants.
 /// BPF_LD | BPF_W | BPF_ABS (LD and W are 0).
 const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JMP_JA: u16 = 0x05;
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
+const BPF_JMP_JSET_K: u16 = 0x05 | 0x40;
 const BPF_RET_K: u16 = 0x06;
 const SECCOMP_DATA_NR: u32 = 0;
 const SECCOMP_DATA_ARCH: u32 = 4;
+/// Offset of `args[0]` in `struct seccomp_data`; the low half of each little-endian u64
+/// comes first, so loading a word here reads the low 32 bits the kernel itself uses.
+const SECCOMP_DATA_ARGS: u32 = 16;
 const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
@@ -693,14 +695,91 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }
 
-fn compile(
-    rules: BTreeMap<i64, Vec<SeccompRule>>,
-    mismatch: SeccompAction,
-    matched: SeccompAction,
-) -> Result<BpfProgram> {
-    let filter = SeccompFilter::new(rules, mismatch, matched, TargetArch::x86_64)
-        .map_err(|e| SysError::Other(format!("seccomp filter: {e}")))?;
-    BpfProgram::try_from(filter).map_err(|e| SysError::Other(format!("seccomp filter: {e}")))
+const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+
+/// The action for one run of system call numbers.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Ret(u32),
+    /// A [`CONDITIONAL`] call: its argument test.
+    Check(Refuse),
+}
+
+impl Action {
+    fn same(&self, other: &Action) -> bool {
+        matches!((self, other), (Action::Ret(a), Action::Ret(b)) if a == b)
+    }
+}
+
+/// Emits the argument test of a conditional call; every path ends in a return.
+fn emit_check(r: Refuse, out: &mut Vec<sock_filter>) -> Result<()> {
+    let load = |arg: u32| stmt(BPF_LD_W_ABS, SECCOMP_DATA_ARGS + 8 * arg);
+    match r {
+        Refuse::AnyBit { arg, mask } => {
+            out.push(load(arg));
+            out.push(jump(BPF_JMP_JSET_K, mask, 0, 1));
+            out.push(stmt(BPF_RET_K, RET_EPERM));
+            out.push(stmt(BPF_RET_K, RET_ALLOW));
+        }
+        Refuse::OneOf { arg, values } | Refuse::NoneOf { arg, values } => {
+            let n = values.len();
+            if n == 0 || n > 200 {
+                return Err(SysError::Other(
+                    "a seccomp argument list of bad size".into(),
+                ));
+            }
+            // A match jumps to the first of the two returns after the chain, no match
+            // reaches the second.
+            let (hit, miss) = match r {
+                Refuse::OneOf { .. } => (RET_EPERM, RET_ALLOW),
+                _ => (RET_ALLOW, RET_EPERM),
+            };
+            out.push(load(arg));
+            for (i, v) in values.iter().enumerate() {
+                let last = i + 1 == n;
+                out.push(jump(
+                    BPF_JMP_JEQ_K,
+                    *v,
+                    (n - 1 - i) as u8,
+                    if last { 1 } else { 0 },
+                ));
+            }
+            out.push(stmt(BPF_RET_K, hit));
+            out.push(stmt(BPF_RET_K, miss));
+        }
+    }
+    Ok(())
+}
+
+/// Emits a balanced search over `runs` (sorted by start, the first starting at 0) that
+/// ends in the action of the run containing the number in the accumulator.
+fn emit_tree(runs: &[(u32, Action)], out: &mut Vec<sock_filter>) -> Result<()> {
+    match runs {
+        [] => Err(SysError::Other("empty seccomp run list".into())),
+        [(_, Action::Ret(k))] => {
+            out.push(stmt(BPF_RET_K, *k));
+            Ok(())
+        }
+        [(_, Action::Check(r))] => emit_check(*r, out),
+        _ => {
+            let mid = runs.len() / 2;
+            let (low, high) = runs.split_at(mid);
+            let mut upper = Vec::new();
+            emit_tree(high, &mut upper)?;
+            // nr >= start of the upper half: fall into it; else skip over it to the lower.
+            match u8::try_from(upper.len()) {
+                Ok(skip) => out.push(jump(BPF_JMP_JGE_K, high[0].0, 0, skip)),
+                Err(_) => {
+                    out.push(jump(BPF_JMP_JGE_K, high[0].0, 1, 0));
+                    out.push(stmt(BPF_JMP_JA, upper.len() as u32));
+                }
+            }
+            out.extend(upper);
+            emit_tree(low, out)
+        }
+    }
 }
 
 /// Compiles the sandbox policy to a BPF program (x86_64).
@@ -710,20 +789,53 @@ pub fn sandbox_filter() -> Result<BpfProgram> {
             "the seccomp policy is written for x86_64 only".into(),
         ));
     }
-    let mut seen = std::collections::HashSet::new();
-    let all = ALLOW
+    let mut actions: std::collections::BTreeMap<u32, Action> = std::collections::BTreeMap::new();
+    let named = ALLOW
         .iter()
-        .chain(DENY)
-        .chain(NOT_IMPLEMENTED)
-        .flat_map(|g| g.calls.iter());
-    for c in all.chain(CONDITIONAL.iter().map(|c| &c.call)) {
-        if !seen.insert(c.nr) {
+        .flat_map(|g| g.calls.iter().map(|c| (c, Action::Ret(RET_ALLOW))))
+        .chain(
+            DENY.iter()
+                .flat_map(|g| g.calls.iter().map(|c| (c, Action::Ret(RET_EPERM)))),
+        )
+        .chain(
+            NOT_IMPLEMENTED
+                .iter()
+                .flat_map(|g| g.calls.iter().map(|c| (c, Action::Ret(RET_ENOSYS)))),
+        )
+        .chain(
+            CONDITIONAL
+                .iter()
+                .map(|c| (&c.call, Action::Check(c.refuse))),
+        );
+    for (c, action) in named {
+        let nr = u32::try_from(c.nr)
+            .ok()
+            .filter(|n| *n < X32_SYSCALL_BIT)
+            .ok_or_else(|| {
+                SysError::Other(format!("seccomp policy: bad number for {}", c.name()))
+            })?;
+        if actions.insert(nr, action).is_some() {
             return Err(SysError::Other(format!(
                 "seccomp policy names {} twice",
                 c.name()
             )));
         }
     }
+    // Runs of equal action over 0..2^30; numbers no table names get ENOSYS.
+    let mut runs: Vec<(u32, Action)> = Vec::new();
+    let push = |start: u32, a: Action, runs: &mut Vec<(u32, Action)>| match runs.last() {
+        Some((_, last)) if last.same(&a) => {}
+        _ => runs.push((start, a)),
+    };
+    let mut next = 0u32;
+    for (&nr, &a) in &actions {
+        if nr > next {
+            push(next, Action::Ret(RET_ENOSYS), &mut runs);
+        }
+        push(nr, a, &mut runs);
+        next = nr + 1;
+    }
+    push(next, Action::Ret(RET_ENOSYS), &mut runs);
 
     let mut prog = vec![
         stmt(BPF_LD_W_ABS, SECCOMP_DATA_ARCH),
@@ -733,44 +845,7 @@ pub fn sandbox_filter() -> Result<BpfProgram> {
         jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, 0, 1),
         stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
     ];
-
-    // Section 2: refusals. Matching → EPERM, an argument mismatch → allow, and a syscall
-    // this section does not name falls through to the allowlist.
-    let mut refusals: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for c in DENY.iter().flat_map(|g| g.calls.iter()) {
-        refusals.insert(c.nr, Vec::new());
-    }
-    for c in CONDITIONAL {
-        let rules = (c.rules)().map_err(|e| SysError::Other(format!("seccomp rule: {e}")))?;
-        refusals.insert(c.call.nr, rules);
-    }
-    let mut section = compile(
-        refusals,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-    )?;
-    match section.pop() {
-        Some(last) if last == stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW) => {}
-        other => {
-            return Err(SysError::Other(format!(
-                "unexpected end of the seccomp refusal section: {other:?}"
-            )))
-        }
-    }
-    prog.extend(section);
-
-    // Section 3: the allowlist; everything else → ENOSYS.
-    let allowed: BTreeMap<i64, Vec<SeccompRule>> = ALLOW
-        .iter()
-        .flat_map(|g| g.calls.iter())
-        .map(|c| (c.nr, Vec::new()))
-        .collect();
-    prog.extend(compile(
-        allowed,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        SeccompAction::Allow,
-    )?);
-
+    emit_tree(&runs, &mut prog)?;
     if prog.len() > 4096 {
         return Err(SysError::Other(format!(
             "seccomp program too long: {}",
@@ -819,6 +894,7 @@ mod tests {
     #[test]
     fn every_call_is_named_once_and_the_program_fits() {
         let prog = sandbox_filter().expect("filter compiles");
+        eprintln!("seccomp program: {} instructions", prog.len());
         assert!(prog.len() < 4096, "{} instructions", prog.len());
         let table = policy_table();
         let names: std::collections::HashSet<_> = table.iter().map(|(n, _)| *n).collect();
@@ -1151,6 +1227,19 @@ mod tests {
             refused.len()
         );
     }
+
+    /// Every `CLONE_NEW*` flag, listed apart from the policy's mask so a flag missing
+    /// from the mask shows here.
+    const CLONE_NEW_FLAGS: [u64; 8] = [
+        libc::CLONE_NEWNS as u64,
+        libc::CLONE_NEWCGROUP as u64,
+        libc::CLONE_NEWUTS as u64,
+        libc::CLONE_NEWIPC as u64,
+        libc::CLONE_NEWUSER as u64,
+        libc::CLONE_NEWPID as u64,
+        libc::CLONE_NEWNET as u64,
+        0x80, // CLONE_NEWTIME
+    ];
 
     #[test]
     fn argument_filters_check_only_the_low_32_bits() {
