@@ -83,8 +83,8 @@ impl PolicyParts {
 #[derive(Debug)]
 pub struct CallCgroup {
     pub name: String,
-    /// `cgroup.procs` of it, opened before fork for the child to write "0" into.
-    pub procs: Option<OwnedFd>,
+    /// The cgroup's directory, for `clone3(CLONE_INTO_CGROUP)`.
+    pub dir: OwnedFd,
 }
 
 pub struct Agent {
@@ -167,11 +167,8 @@ impl Agent {
                     )))
                 }
             }
-            return match dir.open_write(&format!("{name}/cgroup.procs")) {
-                Ok(fd) => Ok(Some(CallCgroup {
-                    name,
-                    procs: Some(fd),
-                })),
+            return match dir.open_dir(&name) {
+                Ok(fd) => Ok(Some(CallCgroup { name, dir: fd })),
                 Err(e) => {
                     let _ = dir.rmdir(&name);
                     Err(AgentError::internal(format!(
@@ -180,6 +177,17 @@ impl Agent {
                 }
             };
         }
+    }
+
+    /// Opens `cgroup.procs` of the call cgroup `name`, for a child that writes itself in
+    /// (where clone3 into a cgroup is unavailable).
+    pub fn cgroup_procs(&self, name: &str) -> Result<Option<OwnedFd>> {
+        let Some(dir) = &self.cgroup else {
+            return Ok(None);
+        };
+        dir.open_write(&format!("{name}/cgroup.procs"))
+            .map(Some)
+            .map_err(|e| AgentError::internal(format!("could not open the call's cgroup: {e}")))
     }
 
     /// Kills every process of a call: `cgroup.kill` when the call has a cgroup; otherwise

@@ -6,7 +6,7 @@ use crate::error::{AgentError, Result};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::process::Stdio;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -135,66 +135,64 @@ struct Spawned {
 
 fn spawn(
     agent: &Agent,
-    mut prepared: agent::Prepared,
+    prepared: agent::Prepared,
     program: &str,
     cgroup_prefix: &str,
     with_stdin: bool,
 ) -> Result<Spawned> {
-    let mut cg = agent.new_cgroup(cgroup_prefix)?;
-    let procs = cg.as_mut().and_then(|c: &mut CallCgroup| c.procs.take());
-    let cgroup = cg.map(|c| c.name);
-    let policy = match agent.child_policy(&prepared.who, &prepared.cwd, procs) {
+    let cg = agent.new_cgroup(cgroup_prefix)?;
+    let cgroup = cg.as_ref().map(|c: &CallCgroup| c.name.clone());
+    let release = |agent: &Agent| {
+        if let Some(name) = &cgroup {
+            agent.release_cgroup(name.clone());
+        }
+    };
+    let mut policy = match agent.child_policy(&prepared.who, &prepared.cwd, None) {
         Ok(p) => p,
         Err(e) => {
-            if let Some(name) = cgroup {
-                agent.release_cgroup(name);
-            }
+            release(agent);
             return Err(e);
         }
     };
-    prepared
-        .cmd
-        .stdin(if with_stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let spawned = syschild::spawn(&mut prepared.cmd, policy);
-    // Drops the pre_exec hook and with it the cgroup.procs fd.
-    drop(prepared);
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            if let Some(name) = cgroup {
-                agent.release_cgroup(name);
+    // Created in its cgroup by clone3; where the kernel cannot (no clone3 or no cgroup v2
+    // there), the child writes itself into the cgroup after a plain fork.
+    let direct = match &cg {
+        Some(c) => {
+            match syschild::spawn_in_cgroup(&prepared.cmd, c.dir.as_fd(), &policy, with_stdin) {
+                Err(e) if syschild::clone3_unavailable(&e) => None,
+                other => Some(other),
             }
+        }
+        None => None,
+    };
+    let started = match direct {
+        Some(r) => r,
+        None => {
+            if let Some(name) = &cgroup {
+                policy.cgroup_procs = match agent.cgroup_procs(name) {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        release(agent);
+                        return Err(e);
+                    }
+                };
+            }
+            spawn_forked(prepared, policy, with_stdin)
+        }
+    };
+    let s = match started {
+        Ok(s) => s,
+        Err(e) => {
+            release(agent);
             return Err(spawn_error(&e, program));
         }
     };
-    let pid = child.id() as i32;
+    let pid = s.pid;
     // No `.await` since the fork: the reaper cannot have taken the status yet.
     let exit = agent.wait_for(pid);
     let pipes = (|| -> io::Result<_> {
-        let stdin = child
-            .stdin
-            .take()
-            .map(|s| pipe::Sender::from_owned_fd(s.into()))
-            .transpose()?;
-        let stdout = receiver(
-            child
-                .stdout
-                .take()
-                .ok_or_else(|| io::Error::other("no stdout pipe"))?,
-        )?;
-        let stderr = receiver(
-            child
-                .stderr
-                .take()
-                .ok_or_else(|| io::Error::other("no stderr pipe"))?,
-        )?;
-        Ok((stdin, stdout, stderr))
+        let stdin = s.stdin.map(pipe::Sender::from_owned_fd).transpose()?;
+        Ok((stdin, receiver(s.stdout)?, receiver(s.stderr)?))
     })();
     match pipes {
         Ok((stdin, stdout, stderr)) => Ok(Spawned {
@@ -207,12 +205,49 @@ fn spawn(
         }),
         Err(e) => {
             agent.kill_tree(cgroup.as_deref(), pid);
-            if let Some(name) = cgroup {
-                agent.release_cgroup(name);
-            }
+            release(agent);
             Err(AgentError::internal(format!(
                 "could not set up the process's pipes: {e}"
             )))
+        }
+    }
+}
+
+/// The fallback start: `Command::spawn` with the policy (and its cgroup write) in a
+/// `pre_exec` hook.
+fn spawn_forked(
+    mut prepared: agent::Prepared,
+    policy: syschild::ChildPolicy,
+    with_stdin: bool,
+) -> io::Result<syschild::Spawned> {
+    prepared
+        .cmd
+        .stdin(if with_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = syschild::spawn(&mut prepared.cmd, policy)?;
+    // Drops the pre_exec hook and with it the cgroup.procs fd.
+    drop(prepared);
+    let pid = child.id() as i32;
+    let take = |fd: Option<OwnedFd>| fd.ok_or_else(|| io::Error::other("no pipe"));
+    let stdin = child.stdin.take().map(OwnedFd::from);
+    let stdout = take(child.stdout.take().map(OwnedFd::from));
+    let stderr = take(child.stderr.take().map(OwnedFd::from));
+    match (stdout, stderr) {
+        (Ok(stdout), Ok(stderr)) => Ok(syschild::Spawned {
+            pid,
+            stdin,
+            stdout,
+            stderr,
+        }),
+        (Err(e), _) | (_, Err(e)) => {
+            // Stop the just-started child; the reaper collects it.
+            let _ = child.kill();
+            Err(e)
         }
     }
 }

@@ -247,6 +247,307 @@ pub fn spawn(cmd: &mut Command, policy: ChildPolicy) -> io::Result<Child> {
     cmd.spawn()
 }
 
+/// A process started by [`spawn_in_cgroup`]: its pid and the parent's ends of its pipes.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: i32,
+    pub stdin: Option<OwnedFd>,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// `struct clone_args` of clone3(2), up to and including `cgroup` (CLONE_ARGS_SIZE_VER2).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds points to two writable ints.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } as libc::c_long)?;
+    // SAFETY: both fds were just created and belong to nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn cstring(b: &[u8]) -> io::Result<CString> {
+    CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Whether an error of [`spawn_in_cgroup`] means "clone3 into a cgroup is not available
+/// here" (old kernel, no cgroup v2), so the caller should start the process another way.
+pub fn clone3_unavailable(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG))
+}
+
+/// Starts `cmd`'s program, arguments and environment (its stdio settings are ignored) in the
+/// cgroup `cgroup_dir`, entering `policy` between fork and exec, with fresh pipes for
+/// stdout and stderr and, when `with_stdin`, stdin (else `/dev/null`).
+///
+/// Why not `Command::spawn` plus the child writing itself into `cgroup.procs`: moving a
+/// process between cgroups takes the kernel's global threadgroup lock for writing, which
+/// waits for an RCU grace period unless another move happened moments before — ~7 ms on
+/// this project's machines, paid by the first exec after every pause in an agent's work.
+/// `clone3(CLONE_INTO_CGROUP)` creates the child in its cgroup; nothing moves.
+///
+/// The program is looked up in the `PATH` of `cmd`'s environment the way `execvp` does
+/// (`EACCES` wins over `ENOENT`). An exec failure comes back as the error of this call.
+pub fn spawn_in_cgroup(
+    cmd: &Command,
+    cgroup_dir: BorrowedFd<'_>,
+    policy: &ChildPolicy,
+    with_stdin: bool,
+) -> io::Result<Spawned> {
+    // Everything the child touches is allocated here, before the fork.
+    let program = cmd.get_program().as_bytes();
+    let mut argv = vec![cstring(program)?];
+    for a in cmd.get_args() {
+        argv.push(cstring(a.as_bytes())?);
+    }
+    let mut envp = Vec::new();
+    let mut path: &[u8] = b"/usr/local/bin:/usr/bin:/bin";
+    for (k, v) in cmd.get_envs() {
+        let Some(v) = v else { continue };
+        if k.as_bytes() == b"PATH" {
+            path = v.as_bytes();
+        }
+        let mut kv = k.as_bytes().to_vec();
+        kv.push(b'=');
+        kv.extend_from_slice(v.as_bytes());
+        envp.push(cstring(&kv)?);
+    }
+    let candidates: Vec<CString> = if program.contains(&b'/') {
+        vec![cstring(program)?]
+    } else if program.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::ENOENT));
+    } else {
+        path.split(|b| *b == b':')
+            .map(|dir| {
+                let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
+                let mut p = dir.to_vec();
+                p.push(b'/');
+                p.extend_from_slice(program);
+                cstring(&p)
+            })
+            .collect::<io::Result<_>>()?
+    };
+    let argv_p: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp_p: Vec<*const libc::c_char> = envp
+        .iter()
+        .map(|c| c.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+
+    let (stdin_child, stdin_parent) = if with_stdin {
+        let (r, w) = pipe_cloexec()?;
+        (r, Some(w))
+    } else {
+        // SAFETY: NUL-terminated static path.
+        let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        check(fd as libc::c_long)?;
+        // SAFETY: just opened, owned by nobody else.
+        (unsafe { OwnedFd::from_raw_fd(fd) }, None)
+    };
+    let (stdout_parent, stdout_child) = pipe_cloexec()?;
+    let (stderr_parent, stderr_child) = pipe_cloexec()?;
+    let (status_r, status_w) = pipe_cloexec()?;
+    let ignored = ignored_signals();
+
+    let mut args = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup_dir.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `args` is a valid clone_args of the size given. Without CLONE_VM the child
+    // runs on a copy of our address space, like fork; it only makes raw system calls
+    // (below) and leaves by exec or `_exit`.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = child_exec(
+            ignored,
+            [
+                stdin_child.as_raw_fd(),
+                stdout_child.as_raw_fd(),
+                stderr_child.as_raw_fd(),
+            ],
+            policy,
+            &candidates,
+            &argv_p,
+            &envp_p,
+        );
+        let bytes = code.to_ne_bytes();
+        // SAFETY: writes 4 bytes from a local buffer, then ends the child without running
+        // anything of the parent's.
+        unsafe {
+            libc::write(status_w.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(127)
+        };
+    }
+    drop((stdin_child, stdout_child, stderr_child, status_w));
+    // The status pipe closes on exec (success) or carries the child's errno.
+    let mut buf = [0u8; 4];
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reads into the unfilled part of a local buffer.
+        let n = unsafe {
+            libc::read(
+                status_r.as_raw_fd(),
+                buf[got..].as_mut_ptr().cast(),
+                buf.len() - got,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => got += n as usize,
+            _ if errno() == libc::EINTR => continue,
+            _ => return Err(io::Error::last_os_error()),
+        }
+    }
+    if got == buf.len() {
+        // The child has exited with 127; the agent's reaper collects it.
+        return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+    }
+    Ok(Spawned {
+        pid: pid as i32,
+        stdin: stdin_parent,
+        stdout: stdout_parent,
+        stderr: stderr_parent,
+    })
+}
+
+/// The signals this process ignores (bit `n - 1` for signal `n`). Read once: the agent
+/// sets its dispositions at start and never ignores more later.
+fn ignored_signals() -> u64 {
+    static IGNORED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *IGNORED.get_or_init(|| {
+        let mut mask = 0u64;
+        for sig in 1..=64i32 {
+            let mut old = KernelSigaction {
+                handler: 0,
+                flags: 0,
+                restorer: 0,
+                mask: 0,
+            };
+            // SAFETY: a query (no new action) into a local struct of the kernel's layout.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    std::ptr::null::<KernelSigaction>(),
+                    &mut old as *mut KernelSigaction,
+                    8usize,
+                )
+            };
+            if rc == 0 && old.handler == libc::SIG_IGN {
+                mask |= 1u64 << (sig - 1);
+            }
+        }
+        mask
+    })
+}
+
+/// The kernel's `struct sigaction` on x86_64 (not glibc's).
+#[repr(C)]
+struct KernelSigaction {
+    handler: libc::sighandler_t,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// The child side of [`spawn_in_cgroup`]: raw system calls only. Returns the errno that
+/// stopped it (it returns only on failure).
+fn child_exec(
+    ignored: u64,
+    stdio: [RawFd; 3],
+    policy: &ChildPolicy,
+    candidates: &[CString],
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> i32 {
+    // SAFETY: plain signal-state and fd calls; the sigset and the sigaction passed by
+    // pointer are locals that outlive the calls.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        // Ignored signals stay ignored across exec (the agent ignores SIGPIPE; whatever
+        // started the daemon may have ignored others): a user's program starts with every
+        // disposition at its default. Handlers are reset by exec itself.
+        // Raw rt_sigaction: glibc's wrapper refuses its internal signals 32 and 33, which
+        // the agent's ancestry leaves ignored.
+        let dfl = KernelSigaction {
+            handler: libc::SIG_DFL,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        for sig in 1..=64i32 {
+            if ignored & (1u64 << (sig - 1)) != 0 {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    &dfl as *const KernelSigaction,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    8usize,
+                );
+            }
+        }
+        for (target, fd) in stdio.iter().enumerate() {
+            if libc::dup2(*fd, target as i32) < 0 {
+                return errno();
+            }
+        }
+    }
+    if let Err(e) = policy.enter() {
+        return e.raw_os_error().unwrap_or(libc::EPERM);
+    }
+    let (mut err, mut denied) = (libc::ENOENT, false);
+    for c in candidates {
+        // SAFETY: NUL-terminated path and NULL-terminated pointer arrays that live in this
+        // (copied) address space until exec replaces it.
+        unsafe { libc::execve(c.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        err = errno();
+        match err {
+            libc::ENOENT | libc::ENOTDIR => {}
+            libc::EACCES => denied = true,
+            _ => break,
+        }
+    }
+    if denied && matches!(err, libc::ENOENT | libc::ENOTDIR) {
+        libc::EACCES
+    } else {
+        err
+    }
+}
+
 /// Forks a child that enters `policy`, runs `f` and exits with its return value (126 when
 /// the policy could not be entered, 101 when `f` panicked). Returns the child's pid; the
 /// caller reaps it.
@@ -562,6 +863,17 @@ impl DirFd {
         check(
             unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), libc::AT_REMOVEDIR) }
                 as libc::c_long,
+        )
+    }
+
+    /// Opens the directory `rel` (no symlinks followed).
+    pub fn open_dir(&self, rel: &str) -> io::Result<OwnedFd> {
+        openat2(
+            Some(self.0.as_fd_borrow()),
+            Path::new(rel),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+            0,
+            RESOLVE_NO_SYMLINKS,
         )
     }
 

@@ -229,6 +229,82 @@ fn exec_on_a_paused_sandbox_resumes_it() {
     assert_eq!(d.json(&["info", &id, "--json"])["state"], "running");
 }
 
+/// Processes are started by the agent's own clone3 path (ADR 0014): what `execvp` and
+/// `Command::spawn` gave us must still hold.
+#[test]
+fn processes_start_in_their_call_cgroup_like_execvp() {
+    require_root!();
+    let d = Daemon::start();
+    let id = d.create(&[]);
+    // Created directly in a call cgroup of its own, under the sandbox's.
+    let r = d.json(&["exec", &id, "--json", "--", "cat", "/proc/self/cgroup"]);
+    let cg = r["stdout"].as_str().unwrap_or_default().to_string();
+    assert!(cg.contains("/exec-"), "not in a call cgroup: {cg}");
+    // A missing program is 127, a file without the x bit 126, found through PATH.
+    let r = d.json(&["exec", &id, "--json", "--", "no-such-program-xyz"]);
+    assert_eq!(r["exit_code"], 127, "{r}");
+    d.sh(
+        &id,
+        "mkdir -p /home/user/bin && echo 'echo hi' > /home/user/bin/noexec",
+    );
+    let r = d.json(&["exec", &id, "--json", "--", "/home/user/bin/noexec"]);
+    assert_eq!(r["exit_code"], 126, "{r}");
+    // PATH from the request's environment is searched in order; EACCES beats ENOENT.
+    d.sh(
+        &id,
+        r#"printf '#!/bin/sh\necho found "$1"\n' > /home/user/bin/tool && chmod +x /home/user/bin/tool"#,
+    );
+    let r = d.json(&[
+        "exec",
+        &id,
+        "--json",
+        "-e",
+        "PATH=/nonexistent:/home/user/bin:/usr/bin",
+        "--",
+        "tool",
+        "a b",
+    ]);
+    assert_eq!(r["stdout"], "found a b\n", "{r}");
+    let r = d.json(&[
+        "exec",
+        &id,
+        "--json",
+        "-e",
+        "PATH=/home/user/bin:/nonexistent",
+        "--",
+        "noexec",
+    ]);
+    assert_eq!(r["exit_code"], 126, "{r}");
+    // Environment, stdin and the default SIGPIPE disposition reach the program.
+    let r = d.json(&[
+        "exec",
+        &id,
+        "--json",
+        "-e",
+        "GREETING=hello",
+        "--",
+        "sh",
+        "-c",
+        "echo $GREETING",
+    ]);
+    assert_eq!(r["stdout"], "hello\n");
+    let out = Command::new(bin())
+        .args(["exec", &id, "--stdin", "--", "tr", "a-z", "A-Z"])
+        .env("THREADBOX_URL", &d.url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().expect("stdin").write_all(b"piped")?;
+            c.wait_with_output()
+        })
+        .expect("exec --stdin");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "PIPED");
+    let r = d.sh(&id, "grep SigIgn /proc/self/status");
+    assert_eq!(r["stdout"], "SigIgn:\t0000000000000000\n", "{r}");
+}
+
 #[test]
 fn timeout_kills_a_double_forked_tree_and_keeps_output() {
     require_root!();
