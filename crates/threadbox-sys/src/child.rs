@@ -274,6 +274,7 @@ struct CloneArgs {
 }
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+const SH: &CStr = c"/bin/sh";
 
 fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
@@ -354,6 +355,13 @@ pub fn spawn_in_cgroup(
         .map(|c| c.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
+    // For a file the kernel cannot execute (ENOEXEC: a script without `#!`), `execvp` runs
+    // it with /bin/sh, and so do shells; slot 1 takes the candidate's path in the child.
+    let mut sh_argv: Vec<*const libc::c_char> = [SH.as_ptr(), std::ptr::null()]
+        .into_iter()
+        .chain(argv.iter().skip(1).map(|c| c.as_ptr()))
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
 
     let (stdin_child, stdin_parent) = if with_stdin {
         let (r, w) = pipe_cloexec()?;
@@ -400,6 +408,7 @@ pub fn spawn_in_cgroup(
             policy,
             &candidates,
             &argv_p,
+            &mut sh_argv,
             &envp_p,
         );
         let bytes = code.to_ne_bytes();
@@ -490,6 +499,7 @@ fn child_exec(
     policy: &ChildPolicy,
     candidates: &[CString],
     argv: &[*const libc::c_char],
+    sh_argv: &mut [*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> i32 {
     // SAFETY: plain signal-state and fd calls; the sigset and the sigaction passed by
@@ -535,6 +545,13 @@ fn child_exec(
         // (copied) address space until exec replaces it.
         unsafe { libc::execve(c.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
         err = errno();
+        if err == libc::ENOEXEC {
+            // Our own copy of the array (after fork): no allocation, no effect on the agent.
+            sh_argv[1] = c.as_ptr();
+            // SAFETY: as above; `sh_argv` is NULL-terminated and its strings live on.
+            unsafe { libc::execve(SH.as_ptr(), sh_argv.as_ptr(), envp.as_ptr()) };
+            return errno();
+        }
         match err {
             libc::ENOENT | libc::ENOTDIR => {}
             libc::EACCES => denied = true,

@@ -275,6 +275,22 @@ fn processes_start_in_their_call_cgroup_like_execvp() {
         "noexec",
     ]);
     assert_eq!(r["exit_code"], 126, "{r}");
+    // A script without `#!` runs with /bin/sh, as execvp and shells do.
+    d.sh(
+        &id,
+        "echo 'echo plain \"$1\"' > /home/user/bin/plain && chmod +x /home/user/bin/plain",
+    );
+    let r = d.json(&[
+        "exec",
+        &id,
+        "--json",
+        "-e",
+        "PATH=/home/user/bin",
+        "--",
+        "plain",
+        "x",
+    ]);
+    assert_eq!(r["stdout"], "plain x\n", "{r}");
     // Environment, stdin and the default SIGPIPE disposition reach the program.
     let r = d.json(&[
         "exec",
