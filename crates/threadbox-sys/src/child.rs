@@ -395,7 +395,14 @@ pub fn spawn_in_cgroup(
         )
     };
     if pid < 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        // Kept raw where the caller falls back; otherwise named, so that an EPERM of the
+        // cgroup is not mistaken for the program's own "permission denied".
+        return Err(if clone3_unavailable(&e) {
+            e
+        } else {
+            io::Error::other(format!("clone3 into the call's cgroup: {e}"))
+        });
     }
     if pid == 0 {
         let code = child_exec(
