@@ -6,17 +6,16 @@ use crate::exec::Background;
 use crate::log;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::CString;
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 use threadbox_proto::{Command as ProtoCommand, ErrorKind, RunAs};
 use threadbox_sys::child::{self as syschild, ChildPolicy, DirFd, WaitStatus};
 use threadbox_sys::landlock::{self, Ruleset};
+use threadbox_sys::resolve::{self, Resolve, Root};
 use threadbox_sys::seccomp::{self, sock_filter};
 use tokio::sync::oneshot;
 
@@ -66,7 +65,12 @@ impl PolicyParts {
     pub fn load() -> std::result::Result<PolicyParts, String> {
         let seccomp =
             Arc::new(seccomp::sandbox_filter().map_err(|e| format!("seccomp policy: {e}"))?);
-        let (landlock, landlock_missing) = match landlock::sandbox_ruleset() {
+        let ruleset = if crate::testhooks::has("no-landlock-kernel") {
+            Ok(None)
+        } else {
+            landlock::sandbox_ruleset()
+        };
+        let (landlock, landlock_missing) = match ruleset {
             Ok(Some(rs)) => (Some(Arc::new(rs)), None),
             Ok(None) => (None, Some("the kernel has no Landlock".to_string())),
             Err(e) => (None, Some(format!("building the ruleset failed: {e}"))),
@@ -88,6 +92,9 @@ pub struct CallCgroup {
 }
 
 pub struct Agent {
+    /// The sandbox's `/`: every path of a request is resolved under it (see
+    /// `threadbox_sys::resolve`).
+    pub root: Root,
     pub cgroup: Option<DirFd>,
     pub policy: PolicyParts,
     waiters: RefCell<HashMap<i32, oneshot::Sender<WaitStatus>>>,
@@ -99,8 +106,9 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn new(cgroup: Option<DirFd>, policy: PolicyParts) -> Agent {
+    pub fn new(root: Root, cgroup: Option<DirFd>, policy: PolicyParts) -> Agent {
         Agent {
+            root,
             cgroup,
             policy,
             waiters: RefCell::new(HashMap::new()),
@@ -236,15 +244,14 @@ impl Agent {
             });
     }
 
-    /// The policy a child of `who` enters, changing into `cwd`.
+    /// The policy a child of `who` enters, changing into `cwd` (a directory handle
+    /// resolved under the sandbox root, see [`prepare`]).
     pub fn child_policy(
         &self,
         who: &Identity,
-        cwd: &Path,
+        cwd: OwnedFd,
         cgroup_procs: Option<OwnedFd>,
     ) -> Result<ChildPolicy> {
-        let cwd = CString::new(cwd.as_os_str().as_bytes())
-            .map_err(|_| AgentError::invalid("working directory contains a NUL byte"))?;
         Ok(ChildPolicy {
             uid: who.uid,
             gid: who.gid,
@@ -287,7 +294,9 @@ impl Reaper {
 pub struct Prepared {
     pub cmd: std::process::Command,
     pub who: Identity,
-    pub cwd: PathBuf,
+    /// The working directory, resolved under the sandbox root as `who` (taken by the
+    /// child policy).
+    pub cwd: Option<OwnedFd>,
 }
 
 fn no_nul(s: &str, what: &str) -> Result<()> {
@@ -298,9 +307,11 @@ fn no_nul(s: &str, what: &str) -> Result<()> {
 }
 
 /// Validates a request's command, env and cwd and builds the `Command`. The working
-/// directory is checked here, as the user, so a missing or forbidden one is a clear error
-/// rather than a failed spawn.
+/// directory is resolved here, under the sandbox root and as the user, so a missing or
+/// forbidden one is a clear error rather than a failed spawn, and the child only has to
+/// `fchdir` to the handle: no path of the request is walked between fork and exec.
 pub fn prepare(
+    root: &Root,
     command: &ProtoCommand,
     env: &BTreeMap<String, String>,
     cwd: Option<&str>,
@@ -332,16 +343,13 @@ pub fn prepare(
     let cwd = match cwd {
         Some(c) => {
             let p = crate::files::normalize(c, who.home)?;
-            check_cwd(&p, &who, c)?;
-            p
+            open_cwd(root, &p, &who, c)?
         }
         None => {
             // The user's home; "/" when the image has none (the host test mode).
-            let home = PathBuf::from(who.home);
-            if check_cwd(&home, &who, who.home).is_ok() {
-                home
-            } else {
-                PathBuf::from("/")
+            match open_cwd(root, Path::new(who.home), &who, who.home) {
+                Ok(fd) => fd,
+                Err(_) => open_cwd(root, Path::new("/"), &who, "/")?,
             }
         }
     };
@@ -355,16 +363,46 @@ pub fn prepare(
         .env("LOGNAME", who.name)
         .env("LANG", "C.UTF-8")
         .envs(env);
-    Ok(Prepared { cmd, who, cwd })
+    Ok(Prepared {
+        cmd,
+        who,
+        cwd: Some(cwd),
+    })
 }
 
-/// `dir/.` resolves only if `dir` exists, is a directory and the user may search it.
-fn check_cwd(dir: &Path, who: &Identity, shown: &str) -> Result<()> {
+/// Opens `dir/.` under the root as `who`: it resolves only if `dir` exists, is a
+/// directory and the user may search it. Kernel interface file systems are refused.
+fn open_cwd(root: &Root, dir: &Path, who: &Identity, shown: &str) -> Result<OwnedFd> {
     let _as_user = syschild::assume_fs_identity(who.uid, who.gid).map_err(|e| {
         AgentError::internal(format!("could not switch the file system identity: {e}"))
     })?;
-    match std::fs::metadata(dir.join(".")) {
-        Ok(_) => Ok(()),
+    match root.open_dir(&dir.join(".")) {
+        Ok(fd) => {
+            let fs = syschild::fs_type(fd.as_fd()).map_err(|e| AgentError::io(&e, shown))?;
+            if syschild::is_kernel_interface_fs(fs) && root.resolve_flags() == Resolve::STRICT {
+                return Err(AgentError::new(
+                    ErrorKind::PermissionDenied,
+                    format!("working directory {shown} is in a kernel interface file system"),
+                ));
+            }
+            // The agent may hold capabilities its children do not (sandbox root's fsuid 0
+            // keeps them): what the child's `fchdir` will check is the plain mode bits.
+            let st = resolve::stat_fd(fd.as_fd()).map_err(|e| AgentError::io(&e, shown))?;
+            let bit = if st.uid == who.uid {
+                0o100
+            } else if st.gid == who.gid {
+                0o010
+            } else {
+                0o001
+            };
+            if st.mode & bit == 0 {
+                return Err(AgentError::new(
+                    ErrorKind::PermissionDenied,
+                    format!("working directory {shown} is not accessible"),
+                ));
+            }
+            Ok(fd)
+        }
         Err(e) => {
             let (kind, what) = match e.raw_os_error() {
                 Some(libc::ENOENT) => (ErrorKind::NotFound, "does not exist"),
@@ -372,6 +410,10 @@ fn check_cwd(dir: &Path, who: &Identity, shown: &str) -> Result<()> {
                 Some(libc::EACCES) | Some(libc::EPERM) => {
                     (ErrorKind::PermissionDenied, "is not accessible")
                 }
+                Some(libc::ELOOP) => (
+                    ErrorKind::PermissionDenied,
+                    "leads through a /proc magic link or too many symbolic links",
+                ),
                 _ => return Err(AgentError::io(&e, shown)),
             };
             Err(AgentError::new(

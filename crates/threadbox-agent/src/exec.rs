@@ -7,7 +7,6 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::Stdio;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use threadbox_proto::{
@@ -147,7 +146,14 @@ fn spawn(
             agent.release_cgroup(name.clone());
         }
     };
-    let mut policy = match agent.child_policy(&prepared.who, &prepared.cwd, None) {
+    let mut prepared = prepared;
+    let Some(cwd) = prepared.cwd.take() else {
+        release(agent);
+        return Err(AgentError::internal(
+            "the working directory was not resolved",
+        ));
+    };
+    let mut policy = match agent.child_policy(&prepared.who, cwd, None) {
         Ok(p) => p,
         Err(e) => {
             release(agent);
@@ -158,7 +164,8 @@ fn spawn(
     // there), the child writes itself into the cgroup after a plain fork.
     let direct = match &cg {
         Some(c) => {
-            match syschild::spawn_in_cgroup(&prepared.cmd, c.dir.as_fd(), &policy, with_stdin) {
+            match syschild::spawn_in_cgroup(&prepared.cmd, Some(c.dir.as_fd()), &policy, with_stdin)
+            {
                 Err(e) if syschild::clone3_unavailable(&e) => None,
                 other => Some(other),
             }
@@ -177,9 +184,10 @@ fn spawn(
                     }
                 };
             }
-            spawn_forked(prepared, policy, with_stdin)
+            syschild::spawn_in_cgroup(&prepared.cmd, None, &policy, with_stdin)
         }
     };
+    drop(policy);
     let s = match started {
         Ok(s) => s,
         Err(e) => {
@@ -213,45 +221,6 @@ fn spawn(
     }
 }
 
-/// The fallback start: `Command::spawn` with the policy (and its cgroup write) in a
-/// `pre_exec` hook.
-fn spawn_forked(
-    mut prepared: agent::Prepared,
-    policy: syschild::ChildPolicy,
-    with_stdin: bool,
-) -> io::Result<syschild::Spawned> {
-    prepared
-        .cmd
-        .stdin(if with_stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = syschild::spawn(&mut prepared.cmd, policy)?;
-    // Drops the pre_exec hook and with it the cgroup.procs fd.
-    drop(prepared);
-    let pid = child.id() as i32;
-    let take = |fd: Option<OwnedFd>| fd.ok_or_else(|| io::Error::other("no pipe"));
-    let stdin = child.stdin.take().map(OwnedFd::from);
-    let stdout = take(child.stdout.take().map(OwnedFd::from));
-    let stderr = take(child.stderr.take().map(OwnedFd::from));
-    match (stdout, stderr) {
-        (Ok(stdout), Ok(stderr)) => Ok(syschild::Spawned {
-            pid,
-            stdin,
-            stdout,
-            stderr,
-        }),
-        (Err(e), _) | (_, Err(e)) => {
-            // Stop the just-started child; the reaper collects it.
-            let _ = child.kill();
-            Err(e)
-        }
-    }
-}
-
 enum Ending {
     Exited,
     TimedOut,
@@ -275,7 +244,13 @@ pub async fn exec(
 ) -> Response {
     let started = Instant::now();
     let program = program_name(&spec.command);
-    let prepared = match agent::prepare(&spec.command, &spec.env, spec.cwd.as_deref(), spec.user) {
+    let prepared = match agent::prepare(
+        &agent.root,
+        &spec.command,
+        &spec.env,
+        spec.cwd.as_deref(),
+        spec.user,
+    ) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
@@ -500,7 +475,13 @@ pub fn start_background(agent: &Rc<Agent>, spec: BackgroundSpec) -> Result<Respo
         }
     }
     let program = program_name(&spec.command);
-    let prepared = agent::prepare(&spec.command, &spec.env, spec.cwd.as_deref(), spec.user)?;
+    let prepared = agent::prepare(
+        &agent.root,
+        &spec.command,
+        &spec.env,
+        spec.cwd.as_deref(),
+        spec.user,
+    )?;
     let p = spawn(agent, prepared, &program, "bg", false)?;
     let bg_id = agent.next_bg.get();
     agent.next_bg.set(bg_id + 1);

@@ -1,20 +1,25 @@
 //! The file API. Every operation runs with the filesystem uid/gid of the requesting user
-//! (so DAC applies as for that user and new files belong to them), on a lexically
-//! normalised path that is refused under /proc, /sys and /dev. Regular files are opened
-//! with `openat2(RESOLVE_NO_MAGICLINKS)`, non-blocking (a FIFO cannot stall the agent),
-//! and refused unless they are regular files outside kernel pseudo filesystems, so a
-//! symlink planted in the sandbox cannot turn the API towards /proc or a device.
+//! (so DAC applies as for that user and new files belong to them). A path is first
+//! normalised lexically (absolute, no `.`/`..`, refused under /proc, /sys and /dev: a
+//! clear error, not the defence), then resolved by the kernel under the sandbox root
+//! (`threadbox_sys::resolve`: `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` at every step),
+//! and the operation acts on the descriptors that came back: `*at` calls on a resolved
+//! parent with one name. Regular files are opened non-blocking (a FIFO cannot stall the
+//! agent) and refused unless they are regular files outside kernel pseudo filesystems.
 
-use crate::agent::{identity, Identity};
+use crate::agent::{identity, Agent, Identity};
 use crate::error::{AgentError, Result};
-use std::fs::{File, Metadata};
+use std::ffi::{CStr, OsStr};
+use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use threadbox_agent::path::{self, PathError};
 use threadbox_proto::{ErrorKind, FileInfo, FileKind, Response, RunAs};
-use threadbox_sys::child::{self as syschild, openat2, RESOLVE_NO_MAGICLINKS};
+use threadbox_sys::child as syschild;
+use threadbox_sys::resolve::{self, Root, Stat};
 
 /// Longest path accepted.
 pub use threadbox_agent::path::MAX_PATH;
@@ -92,25 +97,22 @@ fn regular_file(fd: OwnedFd, p: &Path) -> Result<File> {
     Ok(file)
 }
 
-fn open(p: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
-    openat2(
-        None,
-        p,
-        flags | libc::O_NONBLOCK | libc::O_NOCTTY,
-        mode,
-        if crate::testhooks::has("files-follow") {
-            0
-        } else {
-            RESOLVE_NO_MAGICLINKS
-        },
-    )
+fn open(root: &Root, p: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
+    root.open_at(p, flags | libc::O_NONBLOCK | libc::O_NOCTTY, mode)
 }
 
-pub fn read(path: &str, user: RunAs, offset: u64, limit: Option<u64>) -> Result<Response> {
+pub fn read(
+    agent: &Agent,
+    path: &str,
+    user: RunAs,
+    offset: u64,
+    limit: Option<u64>,
+) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
-        let fd = open(&p, libc::O_RDONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?;
+        let fd =
+            open(&agent.root, &p, libc::O_RDONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?;
         let file = regular_file(fd, &p)?;
         let size = file
             .metadata()
@@ -137,6 +139,7 @@ pub fn read(path: &str, user: RunAs, offset: u64, limit: Option<u64>) -> Result<
 }
 
 pub fn write(
+    agent: &Agent,
     path: &str,
     user: RunAs,
     data: &[u8],
@@ -154,16 +157,23 @@ pub fn write(
     }
     // Only permission bits: no setuid/setgid/sticky through the API.
     let perm = mode.unwrap_or(0o644) & 0o777;
+    let root = &agent.root;
     as_user(&who, || {
         if make_parents {
             if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| AgentError::io(&e, &shown(parent)))?;
+                root.create_dir_all(parent, 0o755)
+                    .map_err(|e| AgentError::io(&e, &shown(parent)))?;
             }
         }
-        let (fd, created) = match open(&p, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, perm) {
+        let (fd, created) = match open(
+            root,
+            &p,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            perm,
+        ) {
             Ok(fd) => (fd, true),
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => (
-                open(&p, libc::O_WRONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?,
+                open(root, &p, libc::O_WRONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?,
                 false,
             ),
             Err(e) => return Err(AgentError::io(&e, &shown(&p))),
@@ -186,13 +196,12 @@ pub fn write(
     })
 }
 
-fn kind_of(meta: &Metadata) -> FileKind {
-    let t = meta.file_type();
-    if t.is_symlink() {
+fn kind_of(st: &Stat) -> FileKind {
+    if st.is_symlink() {
         FileKind::Symlink
-    } else if t.is_dir() {
+    } else if st.is_dir() {
         FileKind::Dir
-    } else if t.is_file() {
+    } else if st.is_file() {
         FileKind::File
     } else {
         FileKind::Other
@@ -200,49 +209,63 @@ fn kind_of(meta: &Metadata) -> FileKind {
 }
 
 /// Names that are not UTF-8 are shown with U+FFFD (the protocol carries strings).
-fn info(p: &Path, meta: &Metadata) -> FileInfo {
-    let kind = kind_of(meta);
-    let symlink_target = if kind == FileKind::Symlink {
-        std::fs::read_link(p)
-            .ok()
-            .map(|t| t.to_string_lossy().into_owned())
-    } else {
-        None
-    };
+/// `link` is the symlink's target when the entry is one (read by the caller with
+/// `readlinkat` on the entry's resolved parent).
+fn info(p: &Path, st: &Stat, link: Option<Vec<u8>>) -> FileInfo {
     FileInfo {
         name: p
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "/".into()),
         path: shown(p),
-        kind,
-        size: meta.len(),
-        mode: meta.mode() & 0o7777,
-        uid: meta.uid(),
-        gid: meta.gid(),
-        mtime: meta.mtime(),
-        symlink_target,
+        kind: kind_of(st),
+        size: st.size,
+        mode: st.mode & 0o7777,
+        uid: st.uid,
+        gid: st.gid,
+        mtime: st.mtime,
+        symlink_target: link.map(|t| String::from_utf8_lossy(&t).into_owned()),
     }
 }
 
-pub fn list(path: &str, user: RunAs) -> Result<Response> {
+/// The metadata of `name` in `dir` (not following a symlink) and its target if a symlink.
+fn entry_info(
+    dir: std::os::fd::BorrowedFd<'_>,
+    name: &CStr,
+    p: &Path,
+) -> std::io::Result<FileInfo> {
+    let st = resolve::stat_at(dir, name)?;
+    let link = if st.is_symlink() {
+        resolve::readlink_at(dir, name).ok()
+    } else {
+        None
+    };
+    Ok(info(p, &st, link))
+}
+
+pub fn list(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
         let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
-        let mut entries = Vec::new();
-        for entry in std::fs::read_dir(&p).map_err(err)? {
-            let entry = entry.map_err(err)?;
-            if entries.len() == MAX_LIST {
-                return Err(AgentError::invalid(format!(
-                    "{}: more than {MAX_LIST} entries; list a subdirectory",
-                    shown(&p)
-                )));
-            }
-            let child = p.join(entry.file_name());
-            // The entry may vanish between readdir and lstat: skip it.
-            if let Ok(meta) = std::fs::symlink_metadata(&child) {
-                entries.push(info(&child, &meta));
+        let dir = agent
+            .root
+            .open_at(&p, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map_err(err)?;
+        refuse_kernel_fs(&dir, &p)?;
+        let names = resolve::read_dir(dir.as_fd(), MAX_LIST).map_err(err)?;
+        if names.len() > MAX_LIST {
+            return Err(AgentError::invalid(format!(
+                "{}: more than {MAX_LIST} entries; list a subdirectory",
+                shown(&p)
+            )));
+        }
+        let mut entries = Vec::with_capacity(names.len());
+        for name in &names {
+            let child = p.join(OsStr::from_bytes(name.to_bytes()));
+            // The entry may vanish between readdir and fstatat: skip it.
+            if let Ok(fi) = entry_info(dir.as_fd(), name, &child) {
+                entries.push(fi);
             }
         }
         entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -250,32 +273,68 @@ pub fn list(path: &str, user: RunAs) -> Result<Response> {
     })
 }
 
-pub fn stat(path: &str, user: RunAs) -> Result<Response> {
+/// Refuses a directory in a kernel interface file system (the lexical check keeps /proc,
+/// /sys and /dev out; this keeps out whatever a symlink leads to).
+fn refuse_kernel_fs(fd: &OwnedFd, p: &Path) -> Result<()> {
+    let fs = syschild::fs_type(fd.as_fd()).map_err(|e| AgentError::io(&e, &shown(p)))?;
+    if syschild::is_kernel_interface_fs(fs) && !crate::testhooks::has("files-follow") {
+        return Err(AgentError::new(
+            ErrorKind::PermissionDenied,
+            format!("{}: leads into a kernel interface file system", shown(p)),
+        ));
+    }
+    Ok(())
+}
+
+/// The resolved parent of `p` and its last name; `/` has none.
+fn entry(root: &Root, p: &Path) -> Result<resolve::Entry> {
+    let e = root
+        .entry(p)
+        .map_err(|e| AgentError::io(&e, &shown(p.parent().unwrap_or(Path::new("/")))))?;
+    refuse_kernel_fs(&e.dir, p)?;
+    Ok(e)
+}
+
+pub fn stat(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
-        let meta = std::fs::symlink_metadata(&p).map_err(|e| AgentError::io(&e, &shown(&p)))?;
-        Ok(Response::FileStat(info(&p, &meta)))
+        let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
+        if p == Path::new("/") {
+            let fd = agent.root.open_dir(&p).map_err(err)?;
+            let st = resolve::stat_fd(fd.as_fd()).map_err(err)?;
+            return Ok(Response::FileStat(info(&p, &st, None)));
+        }
+        let e = entry(&agent.root, &p)?;
+        let fi = entry_info(e.dir.as_fd(), &e.name, &p).map_err(err)?;
+        Ok(Response::FileStat(fi))
     })
 }
 
-pub fn mkdir(path: &str, user: RunAs, parents: bool) -> Result<Response> {
+pub fn mkdir(agent: &Agent, path: &str, user: RunAs, parents: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
-        let r = if parents {
-            std::fs::create_dir_all(&p)
-        } else {
-            std::fs::create_dir(&p)
-        };
-        r.map_err(|e| AgentError::io(&e, &shown(&p)))?;
+        let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
+        if parents {
+            agent.root.create_dir_all(&p, 0o755).map_err(err)?;
+            return Ok(Response::Done);
+        }
+        if p == Path::new("/") {
+            return Err(AgentError::new(
+                ErrorKind::AlreadyExists,
+                "/: already exists",
+            ));
+        }
+        let e = entry(&agent.root, &p)?;
+        resolve::mkdir_at(e.dir.as_fd(), &e.name, 0o755).map_err(err)?;
         Ok(Response::Done)
     })
 }
 
 /// Removes a file, symlink (not its target) or directory (`recursive` for a non-empty
-/// one; the walk never follows symlinks).
-pub fn remove(path: &str, user: RunAs, recursive: bool) -> Result<Response> {
+/// one; the walk never follows symlinks and never leaves the directory it removes).
+pub fn remove(agent: &Agent, path: &str, user: RunAs, recursive: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     if p == Path::new("/") {
@@ -283,22 +342,23 @@ pub fn remove(path: &str, user: RunAs, recursive: bool) -> Result<Response> {
     }
     as_user(&who, || {
         let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
-        let meta = std::fs::symlink_metadata(&p).map_err(err)?;
-        if meta.is_dir() {
+        let e = entry(&agent.root, &p)?;
+        let st = resolve::stat_at(e.dir.as_fd(), &e.name).map_err(err)?;
+        if st.is_dir() {
             if recursive {
-                std::fs::remove_dir_all(&p).map_err(err)?;
-            } else {
-                std::fs::remove_dir(&p).map_err(err)?;
+                let sub = resolve::open_subdir(e.dir.as_fd(), &e.name).map_err(err)?;
+                resolve::remove_contents(sub.as_fd()).map_err(err)?;
             }
+            resolve::unlink_at(e.dir.as_fd(), &e.name, true).map_err(err)?;
         } else {
-            std::fs::remove_file(&p).map_err(err)?;
+            resolve::unlink_at(e.dir.as_fd(), &e.name, false).map_err(err)?;
         }
         Ok(Response::Done)
     })
 }
 
 /// Renames within the sandbox (atomic on one file system; replaces an existing file).
-pub fn rename(from: &str, to: &str, user: RunAs) -> Result<Response> {
+pub fn rename(agent: &Agent, from: &str, to: &str, user: RunAs) -> Result<Response> {
     let who = identity(user);
     let src = checked_path(from, who.home)?;
     let dst = checked_path(to, who.home)?;
@@ -306,7 +366,9 @@ pub fn rename(from: &str, to: &str, user: RunAs) -> Result<Response> {
         return Err(AgentError::invalid("cannot rename /"));
     }
     as_user(&who, || {
-        std::fs::rename(&src, &dst).map_err(|e| {
+        let s = entry(&agent.root, &src)?;
+        let d = entry(&agent.root, &dst)?;
+        resolve::rename_at(s.dir.as_fd(), &s.name, d.dir.as_fd(), &d.name).map_err(|e| {
             let subject = format!("{} -> {}", shown(&src), shown(&dst));
             AgentError::io(&e, &subject)
         })?;

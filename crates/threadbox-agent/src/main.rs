@@ -19,6 +19,7 @@ use std::os::fd::OwnedFd;
 use std::process::ExitCode;
 use std::rc::Rc;
 use threadbox_sys::child::{self as syschild, DirFd};
+use threadbox_sys::resolve::{Resolve, Root};
 
 const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH) [--cgroup-fd M]
 
@@ -26,6 +27,8 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
   --listen unix:P   bind and listen on the unix socket P (host test mode)
   --cgroup-fd M     fd of the sandbox's delegated cgroup v2 directory; each exec and
                     background process gets its own child cgroup in it
+  --allow-no-landlock  run even where Landlock cannot be enforced (the operator's
+                    explicit choice of a weaker posture; refused otherwise)
   --version         print the version";
 
 #[derive(Debug, Default)]
@@ -33,6 +36,7 @@ struct Args {
     listen_fd: Option<i32>,
     listen_path: Option<String>,
     cgroup_fd: Option<i32>,
+    allow_no_landlock: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -47,6 +51,7 @@ fn parse_args() -> Result<Args, String> {
         match a.as_str() {
             "--listen-fd" => args.listen_fd = Some(fd(it.next(), "--listen-fd")?),
             "--cgroup-fd" => args.cgroup_fd = Some(fd(it.next(), "--cgroup-fd")?),
+            "--allow-no-landlock" => args.allow_no_landlock = true,
             "--listen" => {
                 let v = it.next().ok_or("--listen needs a value")?;
                 let p = v.strip_prefix("unix:").ok_or("--listen takes unix:PATH")?;
@@ -137,10 +142,25 @@ fn run(args: Args) -> Result<(), String> {
     };
     let policy = agent::PolicyParts::load()?;
     if let Some(reason) = &policy.landlock_missing {
+        // Fail closed: a sandbox documented to have Landlock does not run without it,
+        // unless the operator chose the weaker posture (selftest then shows it).
+        if !args.allow_no_landlock {
+            return Err(format!(
+                "Landlock cannot be enforced on sandbox processes ({reason}); refusing to \
+                 start (the operator can allow this with `serve --insecure-allow-no-landlock`)"
+            ));
+        }
         log(&format!(
-            "Landlock is not enforced on sandbox processes: {reason}"
+            "Landlock is not enforced on sandbox processes: {reason} (allowed by the operator)"
         ));
     }
+    let resolve = if testhooks::has("resolve-follow") {
+        Resolve::NONE
+    } else {
+        Resolve::STRICT
+    };
+    let root =
+        Root::open(std::path::Path::new("/"), resolve).map_err(|e| format!("open /: {e}"))?;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -150,7 +170,7 @@ fn run(args: Args) -> Result<(), String> {
     local.block_on(&rt, async move {
         let listener =
             tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
-        let agent = Rc::new(agent::Agent::new(cgroup, policy));
+        let agent = Rc::new(agent::Agent::new(root, cgroup, policy));
         // The SIGCHLD handler must exist before the first child is started.
         let reaper = agent::Reaper::install().map_err(|e| format!("SIGCHLD handler: {e}"))?;
         tokio::task::spawn_local(reaper.run(agent.clone()));

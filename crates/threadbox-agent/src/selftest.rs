@@ -6,7 +6,7 @@ use crate::agent::{identity, Agent};
 use crate::error::{AgentError, Result};
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
@@ -42,11 +42,16 @@ pub async fn selftest(agent: Rc<Agent>) -> Response {
 
 async fn run(agent: &Rc<Agent>) -> Result<Vec<PostureCheck>> {
     let who = identity(RunAs::User);
-    let policy = agent.child_policy(&who, Path::new("/"), None)?;
+    let root_dir = agent
+        .root
+        .open_dir(Path::new("/"))
+        .map_err(|e| AgentError::internal(format!("selftest: open /: {e}")))?;
+    let policy = agent.child_policy(&who, root_dir, None)?;
     let (reader, writer) =
         std::io::pipe().map_err(|e| AgentError::internal(format!("selftest pipe: {e}")))?;
     let landlock = agent.policy.landlock.as_ref().map(|r| r.abi());
-    let pid = syschild::run_forked(&policy, move || {
+    let keep = [writer.as_raw_fd()];
+    let pid = syschild::run_forked(&policy, &keep, move || {
         let checks = child_checks(landlock);
         let mut w = writer;
         match serde_json::to_vec(&checks) {

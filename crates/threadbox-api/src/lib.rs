@@ -174,6 +174,10 @@ pub struct Sandbox {
     pub ttl_action: TtlAction,
     /// Process id of the sandbox's agent on the host, when running or paused.
     pub agent_pid: Option<i32>,
+    /// Isolation layers missing because the operator allowed a weaker posture (e.g.
+    /// Landlock on a kernel without it); empty in the default posture.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub isolation_warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

@@ -10,15 +10,19 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use threadbox_sys::cgroup::{Layout, Limits, SandboxCgroup};
-use threadbox_sys::jail::{JailSpec, LaunchReport, ID_RANGE, SANDBOX_USER_ID};
+use threadbox_sys::jail::{JailSpec, LaunchReport, SANDBOX_USER_ID};
 
-/// First host uid given to sandboxes: far above the ranges distributions hand out in
-/// /etc/subuid (100000..) and never 0.
-pub const ID_BASE_START: u32 = 1_000_000;
 /// RLIMIT_NOFILE (soft = hard) of every sandbox process, or the daemon's hard limit when
 /// that is lower. Below the hard limits hosts commonly give a root daemon (20000 on our CI
 /// machine kind, 524288 under systemd), so the limit in force is ours, not the host's.
 pub const SANDBOX_NOFILE: u64 = 16384;
+
+/// Most cgroups below a sandbox's own: one per running call or background process (at
+/// most 256 of those), leftovers still emptying, interpreter contexts.
+pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
+/// Levels below a sandbox's cgroup: a call's cgroup, and one more for what a call may
+/// group (contexts).
+pub const CGROUP_MAX_DEPTH: u32 = 2;
 
 /// What one sandbox needs from a driver, whatever isolates it.
 pub trait Driver: Send + Sync {
@@ -69,10 +73,6 @@ pub struct SandboxPaths {
     /// sandbox's mount namespace only); upper and work then live inside it.
     pub disk_image: PathBuf,
     pub disk_mount: PathBuf,
-}
-
-pub fn id_base(slot: u32) -> u32 {
-    ID_BASE_START + slot * ID_RANGE
 }
 
 impl JailDriver {
@@ -212,7 +212,7 @@ impl Driver for JailDriver {
         std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
         let home = p.upper.join("home/user");
         mkdir(&home)?;
-        let uid = id_base(slot) + SANDBOX_USER_ID;
+        let uid = self.config.uid_range.slot_base(slot)? + SANDBOX_USER_ID;
         chown(&home, Some(uid), Some(uid))?;
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755))?;
         Ok(())
@@ -240,7 +240,7 @@ impl Driver for JailDriver {
             (p.upper.clone(), p.work.clone())
         };
         mkdir(&p.rootfs)?;
-        let base = id_base(req.slot);
+        let base = self.config.uid_range.slot_base(req.slot)?;
         let cg = self.cgroup(req.id);
         #[cfg(feature = "insecure-test-hooks")]
         let weaken = threadbox_sys::testhooks::Weaken::from_env().map_err(CoreError::Internal)?;
@@ -259,6 +259,13 @@ impl Driver for JailDriver {
             }
         }
         cg.create(&limits, Some((base, base)))?;
+        #[cfg(feature = "insecure-test-hooks")]
+        let tree_limit = !weaken.has("no-cgroup-tree-limit");
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let tree_limit = true;
+        if tree_limit {
+            cg.limit_tree(CGROUP_MAX_DESCENDANTS, CGROUP_MAX_DEPTH)?;
+        }
         // Held until the helper has exited, so the fd it opens stays valid.
         let memfd = self.agent_memfd();
         let spec = JailSpec {
@@ -285,6 +292,7 @@ impl Driver for JailDriver {
             cgroup_dir: Some(cg.v2_dir()),
             tmpfs_bytes: limits.memory_bytes,
             nofile: SANDBOX_NOFILE,
+            allow_no_landlock: self.config.allow_no_landlock,
             #[cfg(feature = "insecure-test-hooks")]
             test_weaken: weaken.list().to_vec(),
         };
@@ -317,6 +325,12 @@ impl Driver for JailDriver {
             })?;
         match (report.ok, report.agent_pid) {
             (true, Some(pid)) => Ok(pid),
+            _ if report.refused => {
+                let _ = self.stop(req.id);
+                Err(CoreError::Unavailable(
+                    report.error.unwrap_or_else(|| "refused".into()),
+                ))
+            }
             _ => {
                 let _ = self.stop(req.id);
                 Err(CoreError::Internal(format!(

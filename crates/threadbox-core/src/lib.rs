@@ -11,6 +11,7 @@ pub mod images;
 pub mod keys;
 pub mod manager;
 pub mod store;
+pub mod uid_range;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
 pub use error::{CoreError, Result};
@@ -43,6 +44,13 @@ pub struct Config {
     /// Pre-booted sandboxes (default image, default limits) kept ready for `create`;
     /// 0 = no warm pool (ADR 0010).
     pub warm_pool: usize,
+    /// Sandboxes may run without Landlock where the kernel cannot enforce it
+    /// (`serve --insecure-allow-no-landlock`); by default they refuse to start.
+    pub allow_no_landlock: bool,
+    /// The host-wide registry of uid ranges (one per root, see `uid_range`).
+    pub uid_registry: PathBuf,
+    /// This root's host uid range; set by `Manager::open` from the registry.
+    pub uid_range: uid_range::UidRange,
 }
 
 impl Config {
@@ -59,6 +67,28 @@ impl Config {
             reaper_interval: std::time::Duration::from_secs(1),
             meter_interval: std::time::Duration::from_secs(2),
             warm_pool: 0,
+            allow_no_landlock: false,
+            uid_registry: PathBuf::from(uid_range::DEFAULT_REGISTRY),
+            uid_range: uid_range::UidRange { index: 0 },
         }
+    }
+
+    /// The isolation layers this configuration lets go missing, for sandbox info (empty
+    /// in the default posture).
+    pub fn isolation_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        #[cfg(feature = "insecure-test-hooks")]
+        let missing = threadbox_sys::testhooks::Weaken::from_env()
+            .is_ok_and(|w| w.has("no-landlock-kernel"))
+            || threadbox_sys::landlock::abi_version().is_err();
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let missing = threadbox_sys::landlock::abi_version().is_err();
+        if self.allow_no_landlock && missing {
+            out.push(
+                "landlock: not enforced on this kernel (allowed by serve --insecure-allow-no-landlock)"
+                    .to_string(),
+            );
+        }
+        out
     }
 }

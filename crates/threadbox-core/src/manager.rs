@@ -18,7 +18,7 @@ use crate::driver::{Driver, JailDriver, LaunchRequest};
 use crate::error::{CoreError, Result};
 use crate::images::{self, ImageSpec, HOST_IMAGE};
 use crate::store::{now_ms, ImageRow, SandboxRow, State, Store};
-use crate::Config;
+use crate::{uid_range, Config};
 use base64::Engine;
 use bytes_stream::{ByteSink, ByteStream};
 use futures::StreamExt;
@@ -86,7 +86,7 @@ fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn to_api(row: &SandboxRow) -> Sandbox {
+fn to_api(config: &Config, row: &SandboxRow) -> Sandbox {
     Sandbox {
         id: row.id.clone(),
         name: row.name.clone(),
@@ -113,6 +113,7 @@ fn to_api(row: &SandboxRow) -> Sandbox {
             State::Running | State::Paused => row.agent_pid,
             _ => None,
         },
+        isolation_warnings: config.isolation_warnings(),
     }
 }
 
@@ -353,13 +354,22 @@ fn command_vec(c: &proto::Command) -> Vec<String> {
 impl Manager {
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
     /// starts the background tasks (idle pause, TTL).
-    pub async fn open(config: Config) -> Result<Arc<Manager>> {
+    pub async fn open(mut config: Config) -> Result<Arc<Manager>> {
         if !config.agent_path.is_file() {
             return Err(CoreError::InvalidArgument(format!(
                 "agent binary {} not found (build it with `cargo build --workspace`)",
                 config.agent_path.display()
             )));
         }
+        std::fs::create_dir_all(&config.root)?;
+        // Before the store exists: a root without a range and without a database is new.
+        let (root, registry) = (config.root.clone(), config.uid_registry.clone());
+        config.uid_range = blocking(move || uid_range::claim(&root, &registry)).await?;
+        tracing::info!(
+            range = config.uid_range.index,
+            first_uid = config.uid_range.base(),
+            "host uid range"
+        );
         std::fs::create_dir_all(config.root.join("sandboxes"))?;
         std::fs::create_dir_all(config.root.join("images"))?;
         {
@@ -725,7 +735,7 @@ impl Manager {
                     let l = self.live(&existing.id);
                     let _g = l.lifecycle.lock().await;
                     let row = self.reload(&existing.id).await?;
-                    return Ok((to_api(&row), false));
+                    return Ok((to_api(&self.config, &row), false));
                 }
             }
             // Checked and inserted under the admission lock, so two creates cannot both
@@ -744,7 +754,7 @@ impl Manager {
                     self.forget(&id);
                     let row = self.reload(&adopted).await?;
                     tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
-                    return Ok((to_api(&row), true));
+                    return Ok((to_api(&self.config, &row), true));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -769,7 +779,7 @@ impl Manager {
                 drop(guard);
                 let row = self.reload(&id).await?;
                 tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
-                Ok((to_api(&row), true))
+                Ok((to_api(&self.config, &row), true))
             }
             Err(e) => {
                 // Nothing half-created: remove what exists, then the row.
@@ -787,7 +797,10 @@ impl Manager {
 
     pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         caller.require(Scope::SandboxesRead)?;
-        Ok(to_api(&self.resolve(caller, id_or_name).await?))
+        Ok(to_api(
+            &self.config,
+            &self.resolve(caller, id_or_name).await?,
+        ))
     }
 
     /// The caller's tenant's sandboxes.
@@ -802,7 +815,7 @@ impl Manager {
         Ok(rows
             .iter()
             .filter(|r| r.state != State::Deleting && r.tenant == caller.tenant)
-            .map(to_api)
+            .map(|r| to_api(&self.config, r))
             .filter(|s| state.is_none_or(|st| s.state == st))
             .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect())
@@ -834,7 +847,7 @@ impl Manager {
                     })
                 }
             }
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(&self.config, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.pause", id_or_name, &r).await;
@@ -874,7 +887,7 @@ impl Manager {
                 }
             }
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(&self.config, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.resume", id_or_name, &r).await;
@@ -900,7 +913,7 @@ impl Manager {
                 self.meter(&self.reload(&row.id).await?, true).await;
                 tracing::info!(sandbox = %row.id, "stopped");
             }
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(&self.config, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.stop", id_or_name, &r).await;
@@ -929,7 +942,7 @@ impl Manager {
                 }
             }
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(&self.config, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.start", id_or_name, &r).await;

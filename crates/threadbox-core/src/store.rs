@@ -169,6 +169,13 @@ impl Store {
                 break;
             }
         }
+        if slot >= crate::uid_range::SLOTS_PER_RANGE as i64 {
+            return Err(CoreError::Conflict(format!(
+                "this daemon holds {} sandboxes, the most its host uid range allows; delete \
+                 some first",
+                crate::uid_range::SLOTS_PER_RANGE
+            )));
+        }
         let labels =
             serde_json::to_string(&row.labels).map_err(|e| CoreError::Internal(e.to_string()))?;
         let res = sqlx::query(

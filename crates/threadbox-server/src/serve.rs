@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub insecure_no_auth: bool,
     /// Pre-booted sandboxes kept ready for `create` (0 = none; ADR 0010).
     pub warm_pool: usize,
+    /// Sandboxes may run without Landlock where the kernel lacks it (default: refused).
+    pub allow_no_landlock: bool,
 }
 
 impl ServeOptions {
@@ -51,6 +53,7 @@ impl ServeOptions {
             mcp: McpOptions::default(),
             insecure_no_auth: false,
             warm_pool: 0,
+            allow_no_landlock: false,
         }
     }
 }
@@ -121,6 +124,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         opts.helper_path.clone(),
     );
     config.warm_pool = opts.warm_pool;
+    config.allow_no_landlock = opts.allow_no_landlock;
+    if opts.allow_no_landlock {
+        tracing::warn!(
+            "--insecure-allow-no-landlock: sandboxes start without Landlock where the kernel \
+             cannot enforce it"
+        );
+    }
     let manager = Manager::open(config).await.map_err(|err| {
         let _ = std::fs::remove_file(&socket_path);
         ServeError::Manager(err)

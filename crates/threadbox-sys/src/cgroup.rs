@@ -168,6 +168,15 @@ impl SandboxCgroup {
         Ok(())
     }
 
+    /// Bounds the tree below the sandbox's cgroup (v2): at most `descendants` cgroups,
+    /// `depth` levels. Per-call cgroups and contexts need a few; without a bound, whoever
+    /// can create cgroups there creates them without end, in the host's cgroupfs.
+    pub fn limit_tree(&self, descendants: u32, depth: u32) -> Result<()> {
+        let d = self.v2_dir();
+        write(&d.join("cgroup.max.descendants"), &descendants.to_string())?;
+        write(&d.join("cgroup.max.depth"), &depth.to_string())
+    }
+
     pub fn set_limits(&self, limits: &Limits) -> Result<()> {
         let quota = ((limits.cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
         match &self.layout {

@@ -11,9 +11,8 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -23,8 +22,10 @@ pub struct ChildPolicy {
     pub uid: libc::uid_t,
     pub gid: libc::gid_t,
     pub groups: Vec<libc::gid_t>,
-    /// Changed into after the ids are dropped, so the user's permissions apply.
-    pub cwd: Option<CString>,
+    /// The working directory, as a handle the agent resolved under the sandbox root
+    /// ([`crate::resolve::Root`]); the child `fchdir`s to it after dropping its ids, so the
+    /// user's search permission applies and no path is walked between fork and exec.
+    pub cwd: Option<OwnedFd>,
     /// An fd of a cgroup v2 `cgroup.procs` file opened for writing; the child moves itself
     /// there first, so everything it starts is in that cgroup.
     pub cgroup_procs: Option<OwnedFd>,
@@ -81,7 +82,9 @@ impl ChildPolicy {
     /// Enters the policy. Runs in the forked child before exec: raw system calls only,
     /// no allocation, no locks. The order matters:
     ///
-    /// 1. every inherited fd ≥ 3 becomes close-on-exec (nothing of the agent leaks);
+    /// 1. every inherited fd ≥ 3 is closed except the few the child itself needs (its cwd
+    ///    handle, cgroup.procs, the Landlock ruleset, `keep`): nothing of the agent — its
+    ///    sockets, the sandbox's cgroup directory — exists in the child past this point;
     /// 2. join the cgroup, `setsid`, raise `oom_score_adj`;
     /// 3. while still privileged: clear ambient caps, empty the bounding set, lock the
     ///    secure bits (where permitted);
@@ -89,16 +92,12 @@ impl ChildPolicy {
     /// 5. `capset` to zero every set, `chdir` as the user;
     /// 6. no_new_privs, Landlock, and seccomp last (it would refuse the calls above).
     pub fn enter(&self) -> io::Result<()> {
-        // SAFETY: integer arguments only. Failure (old kernel) is not fatal: the agent opens
-        // every fd of its own with O_CLOEXEC.
-        unsafe {
-            libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            )
-        };
+        self.enter_keeping(&[])
+    }
+
+    /// [`ChildPolicy::enter`], keeping the descriptors `keep` open as well.
+    pub fn enter_keeping(&self, keep: &[RawFd]) -> io::Result<()> {
+        self.close_fds(keep)?;
 
         if let Some(fd) = &self.cgroup_procs {
             // SAFETY: writes one byte from a static buffer to an fd we own.
@@ -181,12 +180,55 @@ impl ChildPolicy {
             libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr())
         })?;
 
-        if let Some(cwd) = &self.cwd {
-            // SAFETY: NUL-terminated string owned by `self`.
-            check(unsafe { libc::chdir(cwd.as_ptr()) } as libc::c_long)?;
-        }
-
+        self.change_dir()?;
         self.restrict()
+    }
+
+    fn change_dir(&self) -> io::Result<()> {
+        if let Some(cwd) = &self.cwd {
+            // SAFETY: fchdir on a descriptor owned by `self`.
+            check(unsafe { libc::fchdir(cwd.as_raw_fd()) } as libc::c_long)?;
+            // The handle has done its job; the program must not inherit it.
+            // SAFETY: closes our copy (after fork) of a descriptor of `self`; nothing uses
+            // it again in this process.
+            unsafe { libc::close(cwd.as_raw_fd()) };
+        }
+        Ok(())
+    }
+
+    /// Closes every fd ≥ 3 but the child's own and `keep`. Raw calls, no allocation.
+    fn close_fds(&self, keep: &[RawFd]) -> io::Result<()> {
+        let own = [
+            self.cwd.as_ref().map(|f| f.as_raw_fd()),
+            self.cgroup_procs.as_ref().map(|f| f.as_raw_fd()),
+            self.landlock.as_ref().map(|r| r.raw_fd()),
+        ];
+        // The smallest kept fd at or above `lo`, repeatedly: the gaps between are closed.
+        let mut lo: RawFd = 3;
+        loop {
+            let next = own
+                .iter()
+                .flatten()
+                .chain(keep.iter())
+                .copied()
+                .filter(|&fd| fd >= lo)
+                .min();
+            let hi = match next {
+                Some(fd) => fd - 1,
+                None => RawFd::MAX,
+            };
+            if hi >= lo {
+                // SAFETY: integer arguments only; closes descriptors nothing in the child
+                // uses (every one it needs is kept).
+                let rc =
+                    unsafe { libc::syscall(libc::SYS_close_range, lo as u32, hi as u32, 0u32) };
+                check(rc)?;
+            }
+            match next {
+                Some(fd) if fd < RawFd::MAX => lo = fd + 1,
+                _ => return Ok(()),
+            }
+        }
     }
 
     /// no_new_privs, Landlock, seccomp.
@@ -230,21 +272,9 @@ impl ChildPolicy {
         check(unsafe { libc::syscall(libc::SYS_setresgid, self.gid, self.gid, self.gid) })?;
         // SAFETY: integer arguments only.
         check(unsafe { libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid) })?;
-        if let Some(cwd) = &self.cwd {
-            // SAFETY: NUL-terminated string owned by `self`.
-            check(unsafe { libc::chdir(cwd.as_ptr()) } as libc::c_long)?;
-        }
+        self.change_dir()?;
         self.restrict()
     }
-}
-
-/// Spawns `cmd` with `policy` entered between fork and exec. Every fd of `cmd`'s stdio must
-/// already be set; the child sees nothing else of the parent's descriptors.
-pub fn spawn(cmd: &mut Command, policy: ChildPolicy) -> io::Result<Child> {
-    // SAFETY: the hook only calls `ChildPolicy::enter`, which is async-signal-safe (raw
-    // system calls, no allocation, no locks), as required after fork.
-    unsafe { cmd.pre_exec(move || policy.enter()) };
-    cmd.spawn()
 }
 
 /// A process started by [`spawn_in_cgroup`]: its pid and the parent's ends of its pipes.
@@ -295,8 +325,9 @@ pub fn clone3_unavailable(e: &io::Error) -> bool {
 }
 
 /// Starts `cmd`'s program, arguments and environment (its stdio settings are ignored) in the
-/// cgroup `cgroup_dir`, entering `policy` between fork and exec, with fresh pipes for
-/// stdout and stderr and, when `with_stdin`, stdin (else `/dev/null`).
+/// cgroup `cgroup_dir` (or, without one, where the agent is; `policy.cgroup_procs` then
+/// moves the child), entering `policy` between fork and exec, with fresh pipes for stdout
+/// and stderr and, when `with_stdin`, stdin (else `/dev/null`).
 ///
 /// Why not `Command::spawn` plus the child writing itself into `cgroup.procs`: moving a
 /// process between cgroups takes the kernel's global threadgroup lock for writing, which
@@ -308,7 +339,7 @@ pub fn clone3_unavailable(e: &io::Error) -> bool {
 /// (`EACCES` wins over `ENOENT`). An exec failure comes back as the error of this call.
 pub fn spawn_in_cgroup(
     cmd: &Command,
-    cgroup_dir: BorrowedFd<'_>,
+    cgroup_dir: Option<BorrowedFd<'_>>,
     policy: &ChildPolicy,
     with_stdin: bool,
 ) -> io::Result<Spawned> {
@@ -379,21 +410,30 @@ pub fn spawn_in_cgroup(
     let ignored = ignored_signals();
 
     let mut args = CloneArgs {
-        flags: CLONE_INTO_CGROUP,
+        flags: if cgroup_dir.is_some() {
+            CLONE_INTO_CGROUP
+        } else {
+            0
+        },
         exit_signal: libc::SIGCHLD as u64,
-        cgroup: cgroup_dir.as_raw_fd() as u64,
+        cgroup: cgroup_dir.map(|d| d.as_raw_fd() as u64).unwrap_or(0),
         ..CloneArgs::default()
     };
     // SAFETY: `args` is a valid clone_args of the size given. Without CLONE_VM the child
     // runs on a copy of our address space, like fork; it only makes raw system calls
     // (below) and leaves by exec or `_exit`.
-    let pid = unsafe {
+    let mut pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
             &mut args as *mut CloneArgs,
             std::mem::size_of::<CloneArgs>(),
         )
     };
+    if pid < 0 && cgroup_dir.is_none() && errno() == libc::ENOSYS {
+        // No clone3 (< 5.3): the classic fork, same semantics without a cgroup.
+        // SAFETY: clone with SIGCHLD only is fork(2); the child behaves as above.
+        pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0, 0, 0, 0) };
+    }
     if pid < 0 {
         let e = io::Error::last_os_error();
         // Kept raw where the caller falls back; otherwise named, so that an EPERM of the
@@ -412,6 +452,7 @@ pub fn spawn_in_cgroup(
                 stdout_child.as_raw_fd(),
                 stderr_child.as_raw_fd(),
             ],
+            status_w.as_raw_fd(),
             policy,
             &candidates,
             &argv_p,
@@ -500,9 +541,11 @@ struct KernelSigaction {
 
 /// The child side of [`spawn_in_cgroup`]: raw system calls only. Returns the errno that
 /// stopped it (it returns only on failure).
+#[allow(clippy::too_many_arguments)]
 fn child_exec(
     ignored: u64,
     stdio: [RawFd; 3],
+    status: RawFd,
     policy: &ChildPolicy,
     candidates: &[CString],
     argv: &[*const libc::c_char],
@@ -543,7 +586,7 @@ fn child_exec(
             }
         }
     }
-    if let Err(e) = policy.enter() {
+    if let Err(e) = policy.enter_keeping(&[status]) {
         return e.raw_os_error().unwrap_or(libc::EPERM);
     }
     let (mut err, mut denied) = (libc::ENOENT, false);
@@ -578,7 +621,12 @@ fn child_exec(
 ///
 /// Refused unless the calling process has exactly one thread: only then may the child run
 /// ordinary (allocating) Rust code after fork.
-pub fn run_forked<F: FnOnce() -> i32>(policy: &ChildPolicy, f: F) -> io::Result<i32> {
+/// Every fd of the caller is closed in the child but `keep` (what `f` uses).
+pub fn run_forked<F: FnOnce() -> i32>(
+    policy: &ChildPolicy,
+    keep: &[RawFd],
+    f: F,
+) -> io::Result<i32> {
     let threads = std::fs::read_dir("/proc/self/task")?.count();
     if threads != 1 {
         return Err(io::Error::other(format!(
@@ -592,7 +640,7 @@ pub fn run_forked<F: FnOnce() -> i32>(policy: &ChildPolicy, f: F) -> io::Result<
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
-        let code = match policy.enter() {
+        let code = match policy.enter_keeping(keep) {
             Ok(()) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101),
             Err(_) => 126,
         };

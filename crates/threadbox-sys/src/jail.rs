@@ -17,9 +17,12 @@ use serde::{Deserialize, Serialize};
 use std::ffi::{CString, OsStr};
 use std::fs;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+/// Marks a refusal on the way from the sandbox's init to the helper's report.
+const REFUSED_PREFIX: &str = "refused: ";
 
 /// Size of the uid/gid range given to each sandbox.
 pub const ID_RANGE: u32 = 65536;
@@ -70,6 +73,10 @@ pub struct JailSpec {
     pub tmpfs_bytes: u64,
     /// Open-file limit of every sandbox process.
     pub nofile: u64,
+    /// The operator allows sandboxes without Landlock where the kernel cannot enforce it
+    /// (`serve --insecure-allow-no-landlock`); otherwise such a sandbox does not start.
+    #[serde(default)]
+    pub allow_no_landlock: bool,
     /// Test-only weakenings (see `testhooks`); absent from release builds.
     #[cfg(feature = "insecure-test-hooks")]
     #[serde(default)]
@@ -93,6 +100,9 @@ pub struct LaunchReport {
     /// Host pid of the agent (the sandbox's PID 1).
     pub agent_pid: Option<i32>,
     pub error: Option<String>,
+    /// The error is a refusal of this host's posture (see `SysError::Refused`).
+    #[serde(default)]
+    pub refused: bool,
 }
 
 /// Paths under `/proc` hidden behind `/dev/null` or an empty read-only tmpfs.
@@ -136,10 +146,12 @@ pub fn helper_main() -> i32 {
             ok: true,
             agent_pid: Some(pid),
             error: None,
+            refused: false,
         },
         Err(e) => LaunchReport {
             ok: false,
             agent_pid: None,
+            refused: matches!(e, SysError::Refused(_)),
             error: Some(e.to_string()),
         },
     };
@@ -286,12 +298,15 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
         None => sealed_agent(&spec.agent_path)?,
     };
     let listener = listen_socket(&spec.socket_path)?;
-    let cgroup_fd = match &spec.cgroup_dir {
-        Some(dir) => {
-            Some(OwnedFd::from(fs::File::open(dir).map_err(|e| {
-                SysError::os(format!("open {}", dir.display()), e)
-            })?))
-        }
+    // A handle on the sandbox's cgroup2 directory by its host path. It never reaches the
+    // agent (unless weakened): a directory fd of the host's mount namespace is a way out
+    // through `/proc/self/fd/N/..`. The child mounts its own view of the cgroup (below)
+    // and only uses this one to check that both are the same directory.
+    let mut cgroup_fd = match &spec.cgroup_dir {
+        Some(dir) => Some(
+            crate::child::openat2(None, dir, libc::O_PATH | libc::O_DIRECTORY, 0, 0)
+                .map_err(|e| SysError::os(format!("open {}", dir.display()), e))?,
+        ),
         None => None,
     };
 
@@ -320,12 +335,16 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
         drop(ready_r);
         drop(go_w);
         drop(err_r);
-        let err = match sandbox_init(spec, &agent, &listener, cgroup_fd.as_ref(), ready_w, go_r) {
+        let err = match sandbox_init(spec, &agent, &listener, cgroup_fd.take(), ready_w, go_r) {
             Ok(never) => match never {},
             Err(e) => e,
         };
         let mut f = fs::File::from(err_w);
-        let _ = f.write_all(err.to_string().as_bytes());
+        let text = match &err {
+            SysError::Refused(m) => format!("{REFUSED_PREFIX}{m}"),
+            other => other.to_string(),
+        };
+        let _ = f.write_all(text.as_bytes());
         // SAFETY: _exit ends the child without running the parent's atexit handlers.
         unsafe { libc::_exit(1) };
     }
@@ -361,10 +380,11 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
         drop(gf);
         let err = read_all(err_r);
         if !err.is_empty() {
-            return Err(SysError::Other(format!(
-                "sandbox setup failed: {}",
-                String::from_utf8_lossy(&err)
-            )));
+            let text = String::from_utf8_lossy(&err);
+            if let Some(m) = text.strip_prefix(REFUSED_PREFIX) {
+                return Err(SysError::Refused(m.to_string()));
+            }
+            return Err(SysError::Other(format!("sandbox setup failed: {text}")));
         }
         Ok(())
     })();
@@ -387,7 +407,7 @@ fn sandbox_init(
     spec: &JailSpec,
     agent: &OwnedFd,
     listener: &OwnedFd,
-    cgroup_fd: Option<&OwnedFd>,
+    cgroup_fd: Option<OwnedFd>,
     ready_w: OwnedFd,
     go_r: OwnedFd,
 ) -> Result<Never> {
@@ -409,6 +429,13 @@ fn sandbox_init(
     check(unsafe { libc::unshare(flags) }, || {
         "unshare namespaces".into()
     })?;
+    // The agent's cgroup directory: the root of a cgroup2 mount made in the new cgroup
+    // namespace (so it *is* the sandbox's cgroup) and never attached anywhere. `..` at the
+    // root of a detached mount stays there, so no path through this fd leads further.
+    let cgroup_fd = match cgroup_fd {
+        Some(host) if !weakened(spec, "host-cgroup-fd") => Some(detached_cgroup(host)?),
+        other => other.map(|fd| reopen_dir(&fd)).transpose()?,
+    };
     build_root(spec)?;
     set_hostname(&spec.hostname)?;
     if !weakened(spec, "shared-netns") {
@@ -417,6 +444,9 @@ fn sandbox_init(
     pivot(&spec.rootfs)?;
 
     if !weakened(spec, "host-userns") {
+        if !weakened(spec, "root-owned-userns") {
+            own_userns_by(spec.id_base)?;
+        }
         // SAFETY: unshare with an integer flag; this process is single-threaded.
         check(unsafe { libc::unshare(libc::CLONE_NEWUSER) }, || {
             "unshare user namespace".into()
@@ -434,8 +464,12 @@ fn sandbox_init(
         ));
     }
     // Become uid/gid 0 of the new namespace (= the unprivileged host base id).
-    // SAFETY: plain id-setting syscalls; we hold CAP_SETUID/SETGID in the new namespace.
+    // SAFETY: plain id-setting syscalls; we hold CAP_SETUID/SETGID (and CAP_SETPCAP, for
+    // the secure bits set by `own_userns_by`) in the new namespace.
     unsafe {
+        check(libc::prctl(libc::PR_SET_SECUREBITS, 0, 0, 0, 0), || {
+            "reset the secure bits".into()
+        })?;
         check(libc::setgroups(0, std::ptr::null()), || "setgroups".into())?;
         check(libc::setresgid(0, 0, 0), || "setresgid".into())?;
         check(libc::setresuid(0, 0, 0), || "setresuid".into())?;
@@ -449,6 +483,7 @@ fn sandbox_init(
     let agent_fd = dup_above(agent.as_raw_fd(), 10)?;
     let listen_fd = dup_above(listener.as_raw_fd(), 10)?;
     let cg_fd = cgroup_fd
+        .as_ref()
         .map(|cg| dup_above(cg.as_raw_fd(), 10))
         .transpose()?;
     let null = fs::File::open("/dev/null").map_err(|e| SysError::os("open /dev/null", e))?;
@@ -458,12 +493,29 @@ fn sandbox_init(
     dup_to(log_fd, 1)?;
     dup_to(log_fd, 2)?;
     dup_to(listen_fd, 3)?;
-    #[allow(unused_mut)]
     let mut args: Vec<CString> = vec![cstr("threadbox-agent")?, cstr("--listen-fd")?, cstr("3")?];
     #[cfg(feature = "insecure-test-hooks")]
     if !spec.test_weaken.is_empty() {
         args.push(cstr("--test-weaken")?);
         args.push(cstr(spec.test_weaken.join(","))?);
+    }
+    // Fail closed: Landlock is one of the documented layers. The agent checks again (it
+    // builds the ruleset); checking here gives the create a clear error.
+    let landlock = if weakened(spec, "no-landlock-kernel") {
+        Err(std::io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    } else {
+        crate::landlock::abi_version()
+    };
+    if let Err(e) = landlock {
+        if !spec.allow_no_landlock {
+            return Err(SysError::Refused(format!(
+                "Landlock is not available on this kernel ({e}): refusing to start a sandbox \
+                 without it (the operator may allow it: serve --insecure-allow-no-landlock)"
+            )));
+        }
+    }
+    if spec.allow_no_landlock {
+        args.push(cstr("--allow-no-landlock")?);
     }
     if let Some(cg) = cg_fd {
         dup_to(cg, 4)?;
@@ -497,6 +549,100 @@ fn sandbox_init(
         );
     }
     Err(SysError::last("exec the agent"))
+}
+
+/// Makes the next user namespace belong to the host uid/gid `id` instead of root.
+///
+/// The kernel charges what it counts per user — inotify instances and watches, pending
+/// signals, POSIX message queue bytes, user namespaces — at every level of the namespace
+/// tree, and above the sandbox's own level to the *owner* of its namespace. Owned by root,
+/// every sandbox would share host root's budget (128 inotify instances here): one sandbox
+/// could take them from all others and from the host's own root services. Owned by the
+/// sandbox's base uid, each sandbox has its own budget.
+///
+/// Only the effective ids change, with `SECBIT_NO_SETUID_FIXUP` so the capabilities stay
+/// (creating the namespace then is a privileged operation, which restrictive hosts
+/// require); the real and saved ids stay 0 until the maps are written.
+fn own_userns_by(id: u32) -> Result<()> {
+    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+    // SAFETY: prctl and id-setting syscalls with integer arguments; single-threaded.
+    unsafe {
+        check(
+            libc::prctl(libc::PR_SET_SECUREBITS, SECBIT_NO_SETUID_FIXUP, 0, 0, 0),
+            || "set the secure bits".into(),
+        )?;
+        check(
+            libc::syscall(libc::SYS_setresgid, u32::MAX, id, u32::MAX) as libc::c_int,
+            || "set the effective gid".into(),
+        )?;
+        check(
+            libc::syscall(libc::SYS_setresuid, u32::MAX, id, u32::MAX) as libc::c_int,
+            || "set the effective uid".into(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Mounts cgroup2 in the current (new) cgroup namespace as a detached mount
+/// (`fsopen`/`fsmount`, attached nowhere) and returns a directory fd on its root, after
+/// checking that it is the directory `host` names.
+fn detached_cgroup(host: OwnedFd) -> Result<OwnedFd> {
+    let fstype = cstr("cgroup2")?;
+    // SAFETY: NUL-terminated name and integer flags.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), 1u32) }; // FSOPEN_CLOEXEC
+    check(fs as libc::c_int, || "fsopen cgroup2".into())?;
+    // SAFETY: a new fd owned by nobody else.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as RawFd) };
+    // SAFETY: FSCONFIG_CMD_CREATE (6) takes no key or value.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            6u32,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    check(rc as libc::c_int, || "create the cgroup2 mount".into())?;
+    // FSMOUNT_CLOEXEC (1); nosuid, nodev, noexec (MOUNT_ATTR_* 0x2|0x4|0x8).
+    // SAFETY: integer arguments on the fd just configured.
+    let mnt = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), 1u32, 0xeu32) };
+    check(mnt as libc::c_int, || "fsmount cgroup2".into())?;
+    // SAFETY: a new fd owned by nobody else.
+    let mnt = unsafe { OwnedFd::from_raw_fd(mnt as RawFd) };
+    // The mount fd is an O_PATH handle; the agent needs a directory it can read.
+    let dir = reopen_dir(&mnt)?;
+    let same = |a: &OwnedFd, b: &OwnedFd| -> Result<bool> {
+        let st = |fd: &OwnedFd| {
+            // SAFETY: stat is plain data; zeroed is a valid value.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: valid fd and out-pointer.
+            check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) }, || {
+                "fstat a cgroup directory".into()
+            })?;
+            Ok::<_, SysError>((st.st_dev, st.st_ino))
+        };
+        Ok(st(a)? == st(b)?)
+    };
+    if !same(&dir, &host)? {
+        return Err(SysError::Other(
+            "the cgroup namespace's root is not the sandbox's cgroup".into(),
+        ));
+    }
+    Ok(dir)
+}
+
+/// `openat(fd, ".", O_RDONLY | O_DIRECTORY)`: a readable directory fd for a handle.
+fn reopen_dir(fd: &OwnedFd) -> Result<OwnedFd> {
+    crate::child::openat2(
+        Some(fd.as_fd()),
+        Path::new("."),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+        0,
+        0,
+    )
+    .map_err(|e| SysError::os("open the cgroup directory", e))
 }
 
 fn dup_to(fd: RawFd, target: RawFd) -> Result<()> {
@@ -986,6 +1132,7 @@ mod tests {
             cgroup_dir: None,
             tmpfs_bytes: 1,
             nofile: 1024,
+            allow_no_landlock: false,
             #[cfg(feature = "insecure-test-hooks")]
             test_weaken: vec![],
         };

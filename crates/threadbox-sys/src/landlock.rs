@@ -141,6 +141,11 @@ impl Ruleset {
         self.abi
     }
 
+    /// The ruleset's descriptor number (a child keeps it open until it restricts itself).
+    pub fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
     /// Allows read+execute (`read_only`) or read+write access beneath `path` (a directory)
     /// or to `path` itself (a file: only the file rights apply).
     pub fn allow_path(&mut self, path: &Path, read_only: bool) -> io::Result<()> {

@@ -6,6 +6,7 @@ pub mod cgroup;
 pub mod child;
 pub mod jail;
 pub mod landlock;
+pub mod resolve;
 pub mod seccomp;
 pub mod sparse;
 #[cfg(feature = "insecure-test-hooks")]
@@ -22,6 +23,10 @@ pub enum SysError {
     },
     #[error("{0}")]
     Other(String),
+    /// The host cannot give the sandbox a layer it is documented to have, and the
+    /// operator did not allow going without it: a refusal, not a failure.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl SysError {

@@ -230,27 +230,19 @@ pub static ALLOW: &[Group] = &[
             SYS_prctl,
             SYS_getrlimit,
             SYS_setrlimit,
-            SYS_prlimit64,
             SYS_getrusage,
             SYS_times,
             SYS_getpriority,
-            SYS_setpriority,
             SYS_sched_yield,
             SYS_sched_getaffinity,
-            SYS_sched_setaffinity,
             SYS_sched_getparam,
-            SYS_sched_setparam,
             SYS_sched_getscheduler,
-            SYS_sched_setscheduler,
             SYS_sched_get_priority_max,
             SYS_sched_get_priority_min,
             SYS_sched_rr_get_interval,
             SYS_sched_getattr,
-            SYS_sched_setattr,
             SYS_ioprio_get,
-            SYS_ioprio_set,
             SYS_getcpu,
-            SYS_pidfd_open,
             SYS_pidfd_send_signal,
             SYS_seccomp,
             SYS_landlock_create_ruleset,
@@ -305,13 +297,8 @@ pub static ALLOW: &[Group] = &[
             SYS_rt_sigreturn,
             SYS_rt_sigpending,
             SYS_rt_sigtimedwait,
-            SYS_rt_sigqueueinfo,
-            SYS_rt_tgsigqueueinfo,
             SYS_rt_sigsuspend,
             SYS_sigaltstack,
-            SYS_kill,
-            SYS_tkill,
-            SYS_tgkill,
             SYS_pause,
             SYS_signalfd,
             SYS_signalfd4,
@@ -410,18 +397,6 @@ pub static ALLOW: &[Group] = &[
             SYS_mq_timedreceive,
             SYS_mq_notify,
             SYS_mq_getsetattr,
-        ],
-    },
-    Group {
-        purpose: "asynchronous I/O (legacy AIO)",
-        reason: "used by databases and some runtimes; io_uring is refused instead",
-        calls: calls![
-            SYS_io_setup,
-            SYS_io_destroy,
-            SYS_io_getevents,
-            SYS_io_pgetevents,
-            SYS_io_submit,
-            SYS_io_cancel
         ],
     },
     Group {
@@ -535,11 +510,27 @@ pub static DENY: &[Group] = &[
 ];
 
 /// Refused with `ENOSYS` on purpose (also the default, listed here for the reader).
-pub static NOT_IMPLEMENTED: &[Group] = &[Group {
-    purpose: "clone3",
-    reason: "its flags live in memory seccomp cannot read; ENOSYS makes glibc fall back to clone",
-    calls: calls![SYS_clone3],
-}];
+pub static NOT_IMPLEMENTED: &[Group] = &[
+    Group {
+        purpose: "clone3",
+        reason:
+            "its flags live in memory seccomp cannot read; ENOSYS makes glibc fall back to clone",
+        calls: calls![SYS_clone3],
+    },
+    Group {
+        purpose: "asynchronous I/O (legacy AIO)",
+        reason: "fs.aio-nr is one host-wide pool one sandbox could drain; libaio users fall back \
+                 on ENOSYS and glibc's POSIX aio uses threads (io_uring is refused too)",
+        calls: calls![
+            SYS_io_setup,
+            SYS_io_destroy,
+            SYS_io_getevents,
+            SYS_io_pgetevents,
+            SYS_io_submit,
+            SYS_io_cancel
+        ],
+    },
+];
 
 /// Allowed except for the arguments named; those fail with `EPERM`.
 pub struct Conditional {
@@ -559,6 +550,46 @@ enum Refuse {
     OneOf { arg: u32, values: &'static [u32] },
     /// The argument is none of these values.
     NoneOf { arg: u32, values: &'static [u32] },
+    /// Any of these tests holds.
+    Any(&'static [Refuse]),
+}
+
+/// The agent is PID 1 of the sandbox's PID namespace.
+const AGENT_PID: u32 = 1;
+/// `PRIO_PROCESS`, `PRIO_PGRP` (`PRIO_USER` with 0 would be every process of the caller's
+/// uid, the agent's included for sandbox root).
+const PRIO_SELF_OR_GROUP: &[u32] = &[0, 1];
+/// `IOPRIO_WHO_PROCESS`, `IOPRIO_WHO_PGRP` (as above, `IOPRIO_WHO_USER` reaches the agent).
+const IOPRIO_SELF_OR_GROUP: &[u32] = &[1, 2];
+
+const fn sys(ident: &'static str, nr: i64) -> Syscall {
+    Syscall { ident, nr }
+}
+
+/// A call that acts on a process named by its first argument: only on the caller (0).
+const fn self_only(ident: &'static str, nr: i64, reason: &'static str) -> Conditional {
+    Conditional {
+        call: sys(ident, nr),
+        refused_when: "the target pid is not 0 (the caller itself)",
+        reason,
+        refuse: Refuse::NoneOf {
+            arg: 0,
+            values: &[0],
+        },
+    }
+}
+
+/// A signal call whose first argument is a pid: refused at the agent.
+const fn not_at_agent(ident: &'static str, nr: i64) -> Conditional {
+    Conditional {
+        call: sys(ident, nr),
+        refused_when: "the target is pid 1 (the agent)",
+        reason: "sandbox root has the agent's uid; the agent is the sandbox's control channel",
+        refuse: Refuse::OneOf {
+            arg: 0,
+            values: &[AGENT_PID],
+        },
+    }
 }
 
 /// Every `CLONE_NEW*` flag `clone()` accepts.
@@ -614,6 +645,81 @@ pub static CONDITIONAL: &[Conditional] = &[
             arg: 1,
             values: &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32],
         },
+    },
+    self_only(
+        "SYS_prlimit64",
+        libc::SYS_prlimit64,
+        "sandbox root could lower the agent's limits (open files: every call fails)",
+    ),
+    self_only(
+        "SYS_sched_setaffinity",
+        libc::SYS_sched_setaffinity,
+        "only the caller's own scheduling: never the agent's",
+    ),
+    self_only(
+        "SYS_sched_setparam",
+        libc::SYS_sched_setparam,
+        "only the caller's own scheduling: never the agent's",
+    ),
+    self_only(
+        "SYS_sched_setscheduler",
+        libc::SYS_sched_setscheduler,
+        "only the caller's own scheduling: never the agent's",
+    ),
+    self_only(
+        "SYS_sched_setattr",
+        libc::SYS_sched_setattr,
+        "only the caller's own scheduling: never the agent's",
+    ),
+    Conditional {
+        call: sys("SYS_setpriority", libc::SYS_setpriority),
+        refused_when: "who is not 0, or which is PRIO_USER",
+        reason: "only the caller's own priority or its process group's: never the agent's",
+        refuse: Refuse::Any(&[
+            Refuse::NoneOf {
+                arg: 0,
+                values: PRIO_SELF_OR_GROUP,
+            },
+            Refuse::NoneOf {
+                arg: 1,
+                values: &[0],
+            },
+        ]),
+    },
+    Conditional {
+        call: sys("SYS_ioprio_set", libc::SYS_ioprio_set),
+        refused_when: "who is not 0, or which is IOPRIO_WHO_USER",
+        reason: "only the caller's own I/O priority or its process group's: never the agent's",
+        refuse: Refuse::Any(&[
+            Refuse::NoneOf {
+                arg: 0,
+                values: IOPRIO_SELF_OR_GROUP,
+            },
+            Refuse::NoneOf {
+                arg: 1,
+                values: &[0],
+            },
+        ]),
+    },
+    not_at_agent("SYS_kill", libc::SYS_kill),
+    not_at_agent("SYS_tkill", libc::SYS_tkill),
+    not_at_agent("SYS_rt_sigqueueinfo", libc::SYS_rt_sigqueueinfo),
+    not_at_agent("SYS_rt_tgsigqueueinfo", libc::SYS_rt_tgsigqueueinfo),
+    not_at_agent("SYS_pidfd_open", libc::SYS_pidfd_open),
+    Conditional {
+        call: sys("SYS_tgkill", libc::SYS_tgkill),
+        refused_when: "the thread group or thread is pid 1 (the agent)",
+        reason: "sandbox root has the agent's uid; the agent is the sandbox's control channel",
+        refuse: Refuse::Any(&[
+            Refuse::OneOf {
+                arg: 0,
+                values: &[AGENT_PID],
+            },
+            Refuse::OneOf {
+                arg: 1,
+                values: &[AGENT_PID],
+            },
+        ]),
     },
     Conditional {
         call: Syscall {
@@ -715,13 +821,19 @@ impl Action {
 
 /// Emits the argument test of a conditional call; every path ends in a return.
 fn emit_check(r: Refuse, out: &mut Vec<sock_filter>) -> Result<()> {
+    emit_refuse_if(r, out)?;
+    out.push(stmt(BPF_RET_K, RET_ALLOW));
+    Ok(())
+}
+
+/// Emits code that returns `EPERM` when `r` holds and falls through otherwise.
+fn emit_refuse_if(r: Refuse, out: &mut Vec<sock_filter>) -> Result<()> {
     let load = |arg: u32| stmt(BPF_LD_W_ABS, SECCOMP_DATA_ARGS + 8 * arg);
     match r {
         Refuse::AnyBit { arg, mask } => {
             out.push(load(arg));
             out.push(jump(BPF_JMP_JSET_K, mask, 0, 1));
             out.push(stmt(BPF_RET_K, RET_EPERM));
-            out.push(stmt(BPF_RET_K, RET_ALLOW));
         }
         Refuse::OneOf { arg, values } | Refuse::NoneOf { arg, values } => {
             let n = values.len();
@@ -730,24 +842,26 @@ fn emit_check(r: Refuse, out: &mut Vec<sock_filter>) -> Result<()> {
                     "a seccomp argument list of bad size".into(),
                 ));
             }
-            // A match jumps to the first of the two returns after the chain, no match
-            // reaches the second.
-            let (hit, miss) = match r {
-                Refuse::OneOf { .. } => (RET_EPERM, RET_ALLOW),
-                _ => (RET_ALLOW, RET_EPERM),
-            };
             out.push(load(arg));
+            let one_of = matches!(r, Refuse::OneOf { .. });
+            // OneOf: a match jumps to the EPERM return (after a skip over it at the end
+            // of the chain). NoneOf: a match jumps past the EPERM return.
             for (i, v) in values.iter().enumerate() {
-                let last = i + 1 == n;
-                out.push(jump(
-                    BPF_JMP_JEQ_K,
-                    *v,
-                    (n - 1 - i) as u8,
-                    if last { 1 } else { 0 },
-                ));
+                // Past the rest of the chain, then onto (OneOf) or over (NoneOf) the EPERM.
+                let jt = (n - i) as u8;
+                out.push(jump(BPF_JMP_JEQ_K, *v, jt, 0));
             }
-            out.push(stmt(BPF_RET_K, hit));
-            out.push(stmt(BPF_RET_K, miss));
+            if one_of {
+                out.push(stmt(BPF_JMP_JA, 1));
+                out.push(stmt(BPF_RET_K, RET_EPERM));
+            } else {
+                out.push(stmt(BPF_RET_K, RET_EPERM));
+            }
+        }
+        Refuse::Any(tests) => {
+            for t in tests {
+                emit_refuse_if(*t, out)?;
+            }
         }
     }
     Ok(())
@@ -1164,8 +1278,10 @@ mod tests {
             let want = match doc.get(&nr) {
                 Some(Verdict::Allow) => libc::SECCOMP_RET_ALLOW,
                 // Zero arguments are harmless for every conditional call but socket
-                // (family 0 = AF_UNSPEC is refused).
-                Some(Verdict::AllowUnless(_)) if nr as i64 == libc::SYS_socket => {
+                // (family 0 = AF_UNSPEC is refused) and ioprio_set (which 0 is no target).
+                Some(Verdict::AllowUnless(_))
+                    if nr as i64 == libc::SYS_socket || nr as i64 == libc::SYS_ioprio_set =>
+                {
                     RET_ERRNO | libc::EPERM as u32
                 }
                 Some(Verdict::AllowUnless(_)) => libc::SECCOMP_RET_ALLOW,
@@ -1240,6 +1356,60 @@ mod tests {
         libc::CLONE_NEWNET as u64,
         0x80, // CLONE_NEWTIME
     ];
+
+    #[test]
+    fn calls_on_other_processes_reach_only_the_caller_never_the_agent() {
+        let prog = sandbox_filter().unwrap();
+        let act = |nr: i64, args: [u64; 6]| interpret(&prog, nr as u32, AUDIT_ARCH_X86_64, args);
+        let eperm = RET_ERRNO | libc::EPERM as u32;
+        let allow = libc::SECCOMP_RET_ALLOW;
+        for nr in [
+            libc::SYS_prlimit64,
+            libc::SYS_sched_setaffinity,
+            libc::SYS_sched_setparam,
+            libc::SYS_sched_setscheduler,
+            libc::SYS_sched_setattr,
+        ] {
+            assert_eq!(act(nr, [0, 7, 0, 0, 0, 0]), allow, "{nr} on self");
+            for pid in [1u64, 2, 77, (1 << 32) | 1, 0xffff_ffff] {
+                assert_eq!(act(nr, [pid, 7, 0, 0, 0, 0]), eperm, "{nr} on {pid:#x}");
+            }
+            // A set high half does not turn 0 into another pid (the kernel reads an int).
+            assert_eq!(act(nr, [1 << 32, 7, 0, 0, 0, 0]), allow, "{nr} high half");
+        }
+        // setpriority(which, who, prio): self and own group only, never PRIO_USER.
+        assert_eq!(act(libc::SYS_setpriority, [0, 0, 10, 0, 0, 0]), allow);
+        assert_eq!(act(libc::SYS_setpriority, [1, 0, 10, 0, 0, 0]), allow);
+        assert_eq!(act(libc::SYS_setpriority, [2, 0, 10, 0, 0, 0]), eperm);
+        assert_eq!(act(libc::SYS_setpriority, [0, 1, 10, 0, 0, 0]), eperm);
+        assert_eq!(act(libc::SYS_setpriority, [0, 42, 10, 0, 0, 0]), eperm);
+        // ioprio_set(which, who, prio): WHO_PROCESS/WHO_PGRP with 0 only.
+        assert_eq!(act(libc::SYS_ioprio_set, [1, 0, 4, 0, 0, 0]), allow);
+        assert_eq!(act(libc::SYS_ioprio_set, [2, 0, 4, 0, 0, 0]), allow);
+        assert_eq!(act(libc::SYS_ioprio_set, [3, 0, 4, 0, 0, 0]), eperm);
+        assert_eq!(act(libc::SYS_ioprio_set, [1, 1, 4, 0, 0, 0]), eperm);
+        // Signals: anything but the agent.
+        for nr in [
+            libc::SYS_kill,
+            libc::SYS_tkill,
+            libc::SYS_rt_sigqueueinfo,
+            libc::SYS_rt_tgsigqueueinfo,
+            libc::SYS_pidfd_open,
+        ] {
+            assert_eq!(act(nr, [1, 9, 0, 0, 0, 0]), eperm, "{nr} at the agent");
+            assert_eq!(act(nr, [(7 << 32) | 1, 9, 0, 0, 0, 0]), eperm, "{nr} high");
+            for pid in [0u64, 2, 300, (-1i64) as u64, (-5i64) as u64] {
+                assert_eq!(act(nr, [pid, 9, 0, 0, 0, 0]), allow, "{nr} at {pid:#x}");
+            }
+        }
+        assert_eq!(act(libc::SYS_tgkill, [1, 5, 9, 0, 0, 0]), eperm);
+        assert_eq!(act(libc::SYS_tgkill, [5, 1, 9, 0, 0, 0]), eperm);
+        assert_eq!(act(libc::SYS_tgkill, [5, 6, 9, 0, 0, 0]), allow);
+        // Legacy AIO is not implemented (fs.aio-nr is host-wide).
+        let enosys = RET_ERRNO | libc::ENOSYS as u32;
+        assert_eq!(act(libc::SYS_io_setup, [1, 0, 0, 0, 0, 0]), enosys);
+        assert_eq!(act(libc::SYS_io_submit, [1, 0, 0, 0, 0, 0]), enosys);
+    }
 
     #[test]
     fn argument_filters_check_only_the_low_32_bits() {

@@ -90,6 +90,26 @@ pub const KNOWN: &[(&str, &str)] = &[
         "suid",
         "no no_new_privs, and the root overlay honours setuid bits",
     ),
+    (
+        "host-cgroup-fd",
+        "the agent's cgroup directory is opened in the host's mount namespace (by host path)",
+    ),
+    (
+        "resolve-follow",
+        "the agent's path resolver follows magic links and leaves the sandbox root",
+    ),
+    (
+        "root-owned-userns",
+        "the sandbox's user namespace is owned by host root (kernel counters are root's)",
+    ),
+    (
+        "no-landlock-kernel",
+        "the agent behaves as on a kernel without Landlock",
+    ),
+    (
+        "no-cgroup-tree-limit",
+        "the sandbox's cgroup has no cgroup.max.descendants/max.depth limits",
+    ),
 ];
 
 /// A set of weakenings.

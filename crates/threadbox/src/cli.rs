@@ -114,6 +114,10 @@ pub struct ServeArgs {
     /// addresses only; logged loudly at start. Without it, TCP requires a key.
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// Let sandboxes run WITHOUT Landlock where the kernel cannot enforce it (by default
+    /// they refuse to start). `selftest` and sandbox info then show the missing layer.
+    #[arg(long)]
+    pub insecure_allow_no_landlock: bool,
     /// Also accept this Host on /mcp (repeatable; `*` accepts any): a hostname (any
     /// port) or host:port. localhost, 127.0.0.1 and ::1 are always accepted.
     #[arg(long = "mcp-allowed-host", value_name = "HOST")]

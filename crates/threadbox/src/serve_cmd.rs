@@ -88,6 +88,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     opts.mcp = threadbox_server::McpOptions::default().with_extra_hosts(hosts);
     opts.mcp.allowed_origins = origins;
     opts.insecure_no_auth = args.insecure_no_auth;
+    opts.allow_no_landlock = args.insecure_allow_no_landlock;
     opts.warm_pool = args.warm_pool.or(config.warm_pool).unwrap_or(0);
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");

@@ -43,6 +43,7 @@ fn sandbox(name: &str) -> Sandbox {
         ttl_secs: None,
         ttl_action: TtlAction::Stop,
         agent_pid: Some(42),
+        isolation_warnings: Vec::new(),
     }
 }
 

@@ -35,6 +35,17 @@ pub enum Extra {
     FileApiSpecial,
     /// Stop and start the sandbox after the case: a full disk must still boot (E8, E9).
     Reboot,
+    /// Execs and background processes with a `cwd` through the planted links; a host
+    /// UNIX socket must see no connection (I1).
+    HostHandleCwd,
+    /// The file API through the planted links; host files and dirs must stay unseen and
+    /// uncreated, the host cgroupfs untouched (I2).
+    HostHandleFiles,
+    /// The case holds a host-wide kernel counter in the background; host root and a
+    /// neighbour sandbox must still get their own (I4).
+    HostCounters,
+    /// The sandbox's host cgroup must bound its subtree (I6).
+    CgroupTree,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -1075,6 +1086,111 @@ done
             code: "mkfifo /tmp/fifo && ln -sf /dev/zero /tmp/zero && ln -sf /proc/self/mem /tmp/mem && echo END",
             extra: Extra::FileApiSpecial,
             control: Some("files-any-type"),
+            ..BASE
+        },
+        // ------------------------------------------- I the agent's handles, host counters
+        Case {
+            id: "I1",
+            what: "an exec/spawn cwd through /proc/self/fd/N/.. never lands on the host's / (host UNIX socket)",
+            code: r##"
+for n in 3 4 5 6 7 8 9; do ln -sfn /proc/self/fd/$n/../../../../../../../.. /tmp/h$n; done
+ln -sfn /proc/self/fd/4/../../../../../../../.. /tmp/h
+ln -sfn /proc/1/root/../../../../.. /tmp/hroot
+echo END
+"##,
+            extra: Extra::HostHandleCwd,
+            control: Some("host-cgroup-fd,resolve-follow"),
+            ..BASE
+        },
+        Case {
+            id: "I2",
+            what: "the file API through /proc/self/fd/N/.. never lists, stats, creates, moves or removes host files",
+            code: r##"
+ln -sfn /proc/self/fd/4/../../../../../../../.. /tmp/h
+ln -sfn /proc/self/fd/4 /tmp/cg
+echo END
+"##,
+            extra: Extra::HostHandleFiles,
+            control: Some("host-cgroup-fd,resolve-follow"),
+            ..BASE
+        },
+        Case {
+            id: "I3",
+            what: "sandbox root cannot change the agent's limits, priority, affinity or signal it",
+            lang: Lang::Py,
+            user: User::Root,
+            code: r##"
+import os, resource
+checks = [
+    ("prlimit(1, RLIMIT_CORE)", lambda: resource.prlimit(1, resource.RLIMIT_CORE, (0, 0))),
+    ("kill(1, 0)", lambda: os.kill(1, 0)),
+    ("pidfd_open(1)", lambda: os.close(os.pidfd_open(1))),
+    ("sched_setaffinity(1)", lambda: os.sched_setaffinity(1, os.sched_getaffinity(0))),
+    ("setpriority(PRIO_PROCESS, 1)", lambda: os.setpriority(os.PRIO_PROCESS, 1, 0)),
+    ("setpriority(PRIO_USER, 0)", lambda: os.setpriority(os.PRIO_USER, 0, os.getpriority(os.PRIO_PROCESS, 0))),
+]
+for name, f in checks:
+    try:
+        f()
+        print("ESCAPE", name, "reached the agent")
+    except OSError as e:
+        print("refused", name, e)
+# Positive control inside the case: the same calls on itself work.
+resource.prlimit(0, resource.RLIMIT_CORE, (0, 0))
+os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0))
+os.kill(os.getpid(), 0)
+print("END")
+"##,
+            control: Some("no-seccomp"),
+            ..BASE
+        },
+        Case {
+            id: "I4",
+            what: "inotify instances are the sandbox's own: holding all it can leaves host root and neighbours theirs",
+            lang: Lang::Py,
+            code: r##"
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+fds = []
+while len(fds) < 100000:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+with open('/tmp/held.tmp', 'w') as f:
+    f.write(str(len(fds)))
+import os; os.rename('/tmp/held.tmp', '/tmp/held')
+time.sleep(120)
+"##,
+            extra: Extra::HostCounters,
+            control: Some("root-owned-userns"),
+            ..BASE
+        },
+        Case {
+            id: "I5",
+            what: "legacy AIO (a host-wide pool, fs.aio-nr) is refused",
+            lang: Lang::Py,
+            code: r##"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+ctx = ctypes.c_ulong(0)
+r = libc.syscall(206, 64, ctypes.byref(ctx))  # io_setup
+if r == 0:
+    print("ESCAPE io_setup succeeded")
+    libc.syscall(207, ctx)  # io_destroy
+else:
+    print("refused io_setup:", os.strerror(ctypes.get_errno()))
+print("END")
+"##,
+            control: Some("no-seccomp"),
+            ..BASE
+        },
+        Case {
+            id: "I6",
+            what: "the sandbox's host cgroup bounds its subtree (cgroup.max.descendants, max.depth)",
+            code: "echo END",
+            extra: Extra::CgroupTree,
+            control: Some("no-cgroup-tree-limit"),
             ..BASE
         },
     ]

@@ -148,12 +148,19 @@ pub struct Daemon {
     pub port: u16,
     pub bins: Bins,
     pub weaken: Option<String>,
+    /// More `serve` flags.
+    pub args: Vec<String>,
     pub client: Client,
 }
 
 impl Daemon {
     /// Starts `bins`' daemon; `weaken` is put in `THREADBOX_TEST_WEAKEN`.
     pub fn start(bins: &Bins, weaken: Option<&str>) -> Daemon {
+        Daemon::start_with(bins, weaken, &[])
+    }
+
+    /// [`Daemon::start`] with more `serve` flags.
+    pub fn start_with(bins: &Bins, weaken: Option<&str>, args: &[&str]) -> Daemon {
         let root = tempfile::Builder::new()
             .prefix("tb-sec-")
             .tempdir()
@@ -166,6 +173,7 @@ impl Daemon {
             root,
             bins: bins.clone(),
             weaken: weaken.map(str::to_string),
+            args: args.iter().map(|a| a.to_string()).collect(),
             client,
         };
         d.spawn();
@@ -197,6 +205,7 @@ impl Daemon {
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
             .arg("--agent")
             .arg(&self.bins.agent)
+            .args(&self.args)
             .env("RUST_LOG", "info")
             .env_remove("THREADBOX_TEST_WEAKEN")
             .stdin(Stdio::null())

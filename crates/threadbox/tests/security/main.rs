@@ -7,6 +7,8 @@
 
 mod cases;
 mod harness;
+mod host_handles;
+mod posture;
 mod robustness;
 
 use base64::Engine;
@@ -291,6 +293,10 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
                 block(d.client.kill_process(&id, p.id, None)).expect("kill");
                 text.push_str("END\n");
             }
+            Extra::HostCounters => {
+                host_handles::counters(d, &id, case, &mut escaped, &mut log);
+                text.push_str("END\n");
+            }
             Extra::FileApiRace => {
                 let swapper = block(d.client.start_process(
                     &id,
@@ -475,6 +481,9 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
                 let _ = block(d.client.write_file(&id, p, User::Root, "pwned"));
             }
         }
+        Extra::HostHandleCwd => host_handles::cwd(d, &id, &mut escaped, &mut log),
+        Extra::HostHandleFiles => host_handles::files(d, &id, &mut escaped, &mut log),
+        Extra::CgroupTree => host_handles::cgroup_tree(&id, &mut escaped, &mut log),
         _ => {}
     }
     if case.extra == Extra::Reboot {
@@ -651,7 +660,7 @@ fn every_case_holds_against_the_real_jail() {
             .entry(c.id.chars().next().unwrap_or('?'))
             .or_default() += 1;
     }
-    for class in "ABCDEFGH".chars() {
+    for class in "ABCDEFGHI".chars() {
         assert!(
             per_class.get(&class).copied().unwrap_or(0) >= 5,
             "class {class} has fewer than five cases: {per_class:?}"
