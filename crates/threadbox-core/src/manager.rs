@@ -364,7 +364,14 @@ impl Manager {
         std::fs::create_dir_all(config.root.join("images"))?;
         {
             use std::os::unix::fs::PermissionsExt;
+            // Traversable, not listable: sandbox users reach `images/` through it.
             std::fs::set_permissions(&config.root, std::fs::Permissions::from_mode(0o711))?;
+            // Each sandbox's directory is 0700 already; the list of them (the sandbox ids)
+            // is nobody else's business either.
+            std::fs::set_permissions(
+                config.root.join("sandboxes"),
+                std::fs::Permissions::from_mode(0o700),
+            )?;
         }
         let root = config.root.clone();
         blocking(move || images::ensure_host_image(&root)).await?;
