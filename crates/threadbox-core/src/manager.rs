@@ -1128,6 +1128,7 @@ impl Manager {
             let (conn, inflight) = self.running_conn(caller, id_or_name, true).await?;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let (tx, out) = mpsc::channel(64);
+            let conn_sandbox = id_or_name.to_string();
             tokio::spawn(async move {
                 let _inflight = inflight;
                 let mut guard = CancelGuard {
@@ -1161,6 +1162,9 @@ impl Manager {
                         Some(other) => {
                             guard.armed = false;
                             let e = unexpected(other);
+                            // The client sees only the public message: the cause goes
+                            // to the log here, since no HTTP error carries it.
+                            e.log(&format!("exec stream in sandbox {conn_sandbox:?}"));
                             let _ = tx
                                 .send(ExecEvent::Error {
                                     code: e.code(),
@@ -1171,6 +1175,8 @@ impl Manager {
                         }
                         None => {
                             guard.armed = false;
+                            tracing::warn!(sandbox = %conn_sandbox,
+                                "exec stream failed: the sandbox's agent went away during the call");
                             let _ = tx
                                 .send(ExecEvent::Error {
                                     code: ErrorCode::Unavailable,

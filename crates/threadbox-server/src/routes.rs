@@ -225,8 +225,13 @@ pub struct ApiQuery<T>(pub T);
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
 
-fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    tracing::error!("a request handler panicked");
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let cause = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    tracing::error!(cause, "a request handler panicked");
     ApiError::new(ErrorCode::Internal, "internal error (see the daemon log)").into_response()
 }
 
@@ -573,9 +578,12 @@ pub(crate) async fn exec_stream(
                 (ev, terminal)
             }
             None => (
-                ExecEvent::Error {
-                    code: ErrorCode::Internal,
-                    message: "the exec stream ended without an end event".to_string(),
+                {
+                    tracing::error!("an exec stream ended without an end event");
+                    ExecEvent::Error {
+                        code: ErrorCode::Internal,
+                        message: "the exec stream ended without an end event".to_string(),
+                    }
                 },
                 true,
             ),
