@@ -353,7 +353,9 @@ fn command_vec(c: &proto::Command) -> Vec<String> {
 impl Manager {
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
     /// starts the background tasks (idle pause, TTL).
-    pub async fn open(config: Config) -> Result<Arc<Manager>> {
+    pub async fn open(mut config: Config) -> Result<Arc<Manager>> {
+        // The operator's maximum caps the default too (and so the warm pool's disks).
+        config.default_disk_bytes = config.default_disk_bytes.min(config.max_disk_bytes);
         if !config.agent_path.is_file() {
             return Err(CoreError::InvalidArgument(format!(
                 "agent binary {} not found (build it with `cargo build --workspace`)",
@@ -670,15 +672,27 @@ impl Manager {
                 "pids must be between 8 and 4194304".into(),
             ));
         }
-        let disk_bytes = req
-            .limits
-            .disk_bytes
-            .unwrap_or(self.config.default_disk_bytes);
-        if !(16 << 20..=1 << 44).contains(&disk_bytes) {
-            return Err(CoreError::InvalidArgument(
-                "disk_bytes must be between 16 MiB and 16 TiB".into(),
-            ));
+        let max_disk = self
+            .config
+            .max_disk_bytes
+            .clamp(crate::MIN_DISK_BYTES, crate::MAX_DISK_BYTES);
+        let requested_disk = req.limits.disk_bytes;
+        if let Some(d) = requested_disk {
+            if !(crate::MIN_DISK_BYTES..=crate::MAX_DISK_BYTES).contains(&d) {
+                return Err(CoreError::InvalidArgument(
+                    "disk_bytes must be between 16 MiB and 16 TiB".into(),
+                ));
+            }
+            if d > max_disk {
+                return Err(CoreError::InvalidArgument(format!(
+                    "disk_bytes {d} is more than this daemon allows for one sandbox \
+                     ({max_disk} bytes, set by the operator with --max-disk-bytes)"
+                )));
+            }
         }
+        let default_disk = self.config.default_disk_bytes.min(max_disk);
+        // Final once the tenant's disk quota is known (admit_disk, below).
+        let disk_bytes = requested_disk.unwrap_or(default_disk);
         for (what, v) in [
             ("idle_pause_secs", req.idle_pause_secs),
             ("ttl_secs", req.ttl_secs),
@@ -738,12 +752,22 @@ impl Manager {
             // Checked and inserted under the admission lock, so two creates cannot both
             // take the last place of a quota; refused before anything exists.
             let _adm = self.gov.admission.lock().await;
-            if let Err(e) = self
+            let admitted = match self
                 .admit(&caller.tenant, Admit::Create { memory_bytes, cpus })
                 .await
             {
-                self.forget(&id);
-                return Err(e);
+                Ok(()) => {
+                    self.admit_disk(&caller.tenant, requested_disk, default_disk)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match admitted {
+                Ok(disk) => row.disk_bytes = disk,
+                Err(e) => {
+                    self.forget(&id);
+                    return Err(e);
+                }
             }
             // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE.
             match self.adopt_from_pool(&row).await {

@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub insecure_no_auth: bool,
     /// Pre-booted sandboxes kept ready for `create` (0 = none; ADR 0010).
     pub warm_pool: usize,
+    /// Largest `limits.disk_bytes` one sandbox may ask for (`--max-disk-bytes`).
+    pub max_disk_bytes: u64,
 }
 
 impl ServeOptions {
@@ -51,6 +53,7 @@ impl ServeOptions {
             mcp: McpOptions::default(),
             insecure_no_auth: false,
             warm_pool: 0,
+            max_disk_bytes: threadbox_core::DEFAULT_MAX_DISK_BYTES,
         }
     }
 }
@@ -121,6 +124,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         opts.helper_path.clone(),
     );
     config.warm_pool = opts.warm_pool;
+    config.max_disk_bytes = opts.max_disk_bytes;
     let manager = Manager::open(config).await.map_err(|err| {
         let _ = std::fs::remove_file(&socket_path);
         ServeError::Manager(err)
