@@ -8,6 +8,7 @@ use crate::mcp::{
 };
 use crate::metrics::{self, Metrics};
 use crate::openapi;
+use crate::origin;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -36,7 +37,7 @@ pub struct AppState {
     pub manager: Arc<Manager>,
     /// Bound on one file upload, in bytes.
     pub max_upload_bytes: u64,
-    /// Host/Origin checks of `/mcp`.
+    /// Host/Origin checks of every route (`/mcp` and `/v1`; see origin.rs).
     pub mcp: McpOptions,
 }
 
@@ -127,6 +128,7 @@ fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSess
 
 fn router(shared: Shared) -> Router {
     let mcp = mcp_service(&shared);
+    let host_origin = Arc::new(shared.mcp.clone());
     let shared = Arc::new(shared);
     Router::new()
         .route("/healthz", get(healthz))
@@ -194,6 +196,12 @@ fn router(shared: Shared) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             auth::authenticate,
+        ))
+        // Before authentication: a browser page with a foreign Host or Origin gets a 403
+        // and nothing else (see origin.rs).
+        .layer(axum::middleware::from_fn_with_state(
+            host_origin,
+            origin::check_host_and_origin,
         ))
         .layer(axum::middleware::from_fn_with_state(
             shared.metrics.clone(),

@@ -31,7 +31,7 @@ pub struct ServeOptions {
     pub max_upload_bytes: u64,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
-    /// Host/Origin checks of `/mcp`.
+    /// Host/Origin allowlists of every route (`--allowed-host`, `--allowed-origin`).
     pub mcp: McpOptions,
     /// Serve TCP without API keys (loopback only): every TCP client is the operator.
     pub insecure_no_auth: bool,
@@ -141,7 +141,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
 
     let mut state = AppState::new(manager.clone());
     state.max_upload_bytes = opts.max_upload_bytes;
-    state.mcp = opts.mcp.clone();
+    state.mcp = allow_listen_address(opts.mcp.clone(), tcp_addr);
     let router = app(state);
     let tcp_door = if opts.insecure_no_auth {
         tracing::warn!(
@@ -207,6 +207,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&pid_path);
     tracing::info!("threadbox daemon stopped");
     Ok(())
+}
+
+/// Adds the address the daemon listens on to the allowed hosts when it is a specific
+/// one (not `0.0.0.0`/`::`): clients that dial the literal address send it as `Host`, and
+/// a DNS-rebinding page never can (its `Host` is its own name).
+fn allow_listen_address(policy: McpOptions, addr: SocketAddr) -> McpOptions {
+    let ip = addr.ip();
+    if ip.is_unspecified() {
+        return policy;
+    }
+    policy.with_extra_hosts([ip.to_string()])
 }
 
 /// Binds `<root>/threadbox.sock`, replacing a stale socket file but never a live daemon's.
