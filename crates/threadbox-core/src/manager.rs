@@ -86,7 +86,18 @@ fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn to_api(row: &SandboxRow) -> Sandbox {
+/// The API view of a sandbox as `caller` may see it: the agent's host PID only for the
+/// operator and admin keys (a tenant has no use for it, and a host PID sequence tells of
+/// other tenants' activity).
+fn to_api(caller: &Caller, row: &SandboxRow) -> Sandbox {
+    let mut sb = to_api_full(row);
+    if !caller.has(Scope::Admin) {
+        sb.agent_pid = None;
+    }
+    sb
+}
+
+fn to_api_full(row: &SandboxRow) -> Sandbox {
     Sandbox {
         id: row.id.clone(),
         name: row.name.clone(),
@@ -746,7 +757,7 @@ impl Manager {
                     let l = self.live(&existing.id);
                     let _g = l.lifecycle.lock().await;
                     let row = self.reload(&existing.id).await?;
-                    return Ok((to_api(&row), false));
+                    return Ok((to_api(caller, &row), false));
                 }
             }
             // Checked and inserted under the admission lock, so two creates cannot both
@@ -775,7 +786,7 @@ impl Manager {
                     self.forget(&id);
                     let row = self.reload(&adopted).await?;
                     tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
-                    return Ok((to_api(&row), true));
+                    return Ok((to_api(caller, &row), true));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -800,7 +811,7 @@ impl Manager {
                 drop(guard);
                 let row = self.reload(&id).await?;
                 tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
-                Ok((to_api(&row), true))
+                Ok((to_api(caller, &row), true))
             }
             Err(e) => {
                 // Nothing half-created: remove what exists, then the row.
@@ -818,7 +829,7 @@ impl Manager {
 
     pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         caller.require(Scope::SandboxesRead)?;
-        Ok(to_api(&self.resolve(caller, id_or_name).await?))
+        Ok(to_api(caller, &self.resolve(caller, id_or_name).await?))
     }
 
     /// The caller's tenant's sandboxes.
@@ -833,7 +844,7 @@ impl Manager {
         Ok(rows
             .iter()
             .filter(|r| r.state != State::Deleting && r.tenant == caller.tenant)
-            .map(to_api)
+            .map(|r| to_api(caller, r))
             .filter(|s| state.is_none_or(|st| s.state == st))
             .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect())
@@ -865,7 +876,7 @@ impl Manager {
                     })
                 }
             }
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.pause", id_or_name, &r).await;
@@ -905,7 +916,7 @@ impl Manager {
                 }
             }
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.resume", id_or_name, &r).await;
@@ -931,7 +942,7 @@ impl Manager {
                 self.meter(&self.reload(&row.id).await?, true).await;
                 tracing::info!(sandbox = %row.id, "stopped");
             }
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.stop", id_or_name, &r).await;
@@ -960,7 +971,7 @@ impl Manager {
                 }
             }
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.reload(&row.id).await?))
+            Ok(to_api(caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.start", id_or_name, &r).await;
