@@ -234,6 +234,11 @@ pub struct ExecArgs {
     /// Bound on captured stdout and stderr, each (e.g. 1M).
     #[arg(long, value_name = "SIZE")]
     pub max_output: Option<String>,
+    /// Copy the output to a terminal unfiltered. By default, output bound for a terminal
+    /// loses its title (OSC 0/1/2) and clipboard (OSC 52) escape sequences; pipes and
+    /// --json are never filtered.
+    #[arg(long)]
+    pub raw: bool,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -342,6 +347,9 @@ pub struct LogsArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Copy the output to a terminal unfiltered (see `exec --raw`).
+    #[arg(long)]
+    pub raw: bool,
 }
 
 #[derive(Debug, Args)]

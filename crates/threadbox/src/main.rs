@@ -7,6 +7,7 @@ mod gov_cmd;
 mod mcp_cmd;
 mod parse;
 mod serve_cmd;
+mod term;
 
 use clap::Parser;
 use std::process::ExitCode;
