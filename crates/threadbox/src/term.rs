@@ -32,6 +32,11 @@ pub fn escape(s: &str) -> String {
     out
 }
 
+/// [`escape`] for text of several lines: newlines are kept.
+pub fn escape_lines(s: &str) -> String {
+    s.split('\n').map(escape).collect::<Vec<_>>().join("\n")
+}
+
 fn needs_escape(c: char) -> bool {
     c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
@@ -217,6 +222,7 @@ mod tests {
         );
         assert_eq!(escape("a\nb\tc\x7f\u{9b}"), "a\\x0ab\\x09c\\x7f\\x9b");
         assert_eq!(escape("abc\u{202e}gpj.exe"), "abc\\u{202e}gpj.exe");
+        assert_eq!(escape_lines("a\x1b[2J\nb"), "a\\x1b[2J\nb");
     }
 
     #[test]
