@@ -263,7 +263,7 @@ pub enum FilesCommand {
     /// List a directory.
     Ls(FileJsonArgs),
     /// Write a file's raw bytes to stdout.
-    Read(FileArgs),
+    Read(FileReadArgs),
     /// Replace a file with the raw bytes of stdin.
     Write(FileArgs),
     /// Create a directory.
@@ -283,6 +283,16 @@ pub struct FileArgs {
     /// `user` (default) or `root`.
     #[arg(long, short = 'u', value_name = "NAME")]
     pub user: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct FileReadArgs {
+    #[command(flatten)]
+    pub file: FileArgs,
+    /// Copy the bytes to a terminal unfiltered (see `exec --raw`); a pipe or file
+    /// always gets them unchanged.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 #[derive(Debug, Args)]

@@ -515,13 +515,15 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
             }
         }
         FilesCommand::Read(a) => {
-            let user = parse_user(a.user.as_deref())?;
-            let mut chunks = client.read_file(&a.sandbox, &a.path, user).await?;
-            let mut out = std::io::stdout().lock();
+            let user = parse_user(a.file.user.as_deref())?;
+            let mut chunks = client
+                .read_file(&a.file.sandbox, &a.file.path, user)
+                .await?;
+            let mut output = Output::new(a.raw);
             while let Some(chunk) = chunks.next().await {
-                out.write_all(&chunk?)?;
+                output.stdout(&chunk?)?;
             }
-            out.flush()?;
+            output.finish()?;
         }
         FilesCommand::Write(a) => {
             let user = parse_user(a.user.as_deref())?;

@@ -630,6 +630,29 @@ fn cli_views_escape_control_characters_and_raw_output_is_filtered_on_a_tty() {
         "{json}"
     );
 
+    // files read: the same filter for a file's bytes on a terminal; a pipe gets them
+    // unchanged.
+    d.cli(&[
+        "exec",
+        "a",
+        "--",
+        "sh",
+        "-c",
+        &format!("({script}) > /tmp/out 2>&1"),
+    ])
+    .ok();
+    assert!(contains(
+        &d.cli(&["files", "read", "a", "/tmp/out"]).ok().stdout,
+        CLIPBOARD
+    ));
+    let tty = cli_on_tty(&d, &["files", "read", "a", "/tmp/out"]);
+    assert!(
+        contains(&tty, "ABC\x1b[31mD") && !contains(&tty, "]52;"),
+        "{tty:?}"
+    );
+    let raw = cli_on_tty(&d, &["files", "read", "--raw", "a", "/tmp/out"]);
+    assert!(contains(&raw, CLIPBOARD), "{raw:?}");
+
     // logs: the same filter for a background process's output.
     let p = d
         .cli(&["spawn", "--json", "a", "--", "sh", "-c", &script])
