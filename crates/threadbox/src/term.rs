@@ -8,10 +8,9 @@
 //! - [`escape`]: every human view (tables, `info`, `files stat`) shows C0 and C1 control
 //!   characters, DEL and the bidirectional overrides as `\x1b`-style escapes.
 //! - [`OscFilter`]: the raw output of `exec`, `logs` and `files read`, when it goes to a
-//!   terminal, loses
-//!   its title (OSC 0/1/2) and clipboard (OSC 52) sequences; everything else (colours,
-//!   cursor movement) passes, as with `docker exec` or `ssh`. `--raw` turns it off; pipes
-//!   and `--json` are never filtered.
+//!   terminal, loses its title (OSC 0/1/2) and clipboard (OSC 52) sequences; everything
+//!   else (colours, cursor movement) passes, as with `docker exec` or `ssh`. `--raw`
+//!   turns it off; pipes and `--json` are never filtered.
 
 /// `s` with every control character escaped: C0 (`\x00`–`\x1f`), DEL and C1 (U+0080–
 /// U+009F) as `\xNN`, and the Unicode bidirectional overrides (which reorder what a line
