@@ -17,7 +17,8 @@
 //!
 //! The unix socket does not check `Host` (ADR 0030): only the socket's owner can connect,
 //! and clients send whatever they like there (`curl --unix-socket` sends `localhost`).
-//! `/mcp` is checked here and again by rmcp with the same lists.
+//! `/mcp` is checked here and again by rmcp with the same lists; rmcp checks `Host` on the
+//! socket too, as it always did.
 //!
 //! Matching follows rmcp's, so both layers agree: hosts are compared case-insensitively
 //! without brackets; an allowed entry without a port matches any port. Origins match by
