@@ -146,8 +146,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let tcp_door = if opts.insecure_no_auth {
         tracing::warn!(
             "!!! --insecure-no-auth: TCP clients on {tcp_addr} need NO API key and act as the \
-             operator (every scope, any tenant). Use only on a trusted single-user host. !!!"
+             operator (every scope, any tenant): every local process and user can drive it. \
+             Use only on a trusted single-user host. Web pages are held off by the Host and \
+             Origin checks only. !!!"
         );
+        if host_or_origin_check_is_off(&opts.mcp) {
+            tracing::warn!(
+                "!!! --insecure-no-auth with `--allowed-host *` or `--allowed-origin *`: any \
+                 web page the operator visits can drive this daemon (DNS rebinding, \
+                 cross-site requests). !!!"
+            );
+        }
         Door::TcpInsecure
     } else {
         tracing::info!("TCP clients on {tcp_addr} need an API key (threadbox keys create)");
@@ -207,6 +216,12 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&pid_path);
     tracing::info!("threadbox daemon stopped");
     Ok(())
+}
+
+/// Whether a wildcard switches a Host or Origin check off.
+fn host_or_origin_check_is_off(policy: &McpOptions) -> bool {
+    policy.allowed_hosts.iter().any(|h| h.trim() == "*")
+        || policy.allowed_origins.iter().any(|o| o.trim() == "*")
 }
 
 /// Adds the address the daemon listens on to the allowed hosts when it is a specific
