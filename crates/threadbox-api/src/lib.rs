@@ -172,7 +172,8 @@ pub struct Sandbox {
     pub idle_pause_secs: Option<u64>,
     pub ttl_secs: Option<u64>,
     pub ttl_action: TtlAction,
-    /// Process id of the sandbox's agent on the host, when running or paused.
+    /// Process id of the sandbox's agent on the host, when running or paused; shown to
+    /// the operator and admin keys only (null for other keys).
     pub agent_pid: Option<i32>,
     /// Isolation layers missing because the operator allowed a weaker posture (e.g.
     /// Landlock on a kernel without it); empty in the default posture.

@@ -66,6 +66,33 @@ impl CoreError {
         }
     }
 
+    /// The error with its whole `source()` chain, for the log.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        text
+    }
+
+    /// Logs the cause of an error a client sees as "internal error (see the daemon
+    /// log)" (at `error`) or as "unavailable" (at `warn`): both levels are on by default.
+    /// Other errors are the client's and are logged at `debug` only.
+    pub fn log(&self, context: &str) {
+        match self.code() {
+            ErrorCode::Internal => {
+                tracing::error!(error = %self.chain(), "{context} failed with an internal error")
+            }
+            ErrorCode::Unavailable => {
+                tracing::warn!(error = %self.chain(), "{context} failed: sandbox unavailable")
+            }
+            _ => tracing::debug!(error = %self, "{context} refused"),
+        }
+    }
+
     /// Message safe to return to a client: internal details stay in the log.
     pub fn public_message(&self) -> String {
         match self.code() {

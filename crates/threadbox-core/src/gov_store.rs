@@ -476,6 +476,21 @@ impl Store {
         .await?)
     }
 
+    /// Disk bytes a tenant's existing sandboxes may fill: each one's allocated disk size,
+    /// or its sampled use when that is larger (a sandbox without a disk image). This, not
+    /// the sampled use alone, is what a new sandbox's disk must fit beside: an image can
+    /// fill up between two samples.
+    pub async fn allocated_disk_of(&self, tenant: &str) -> Result<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT COALESCE(SUM(MAX(s.disk_bytes, COALESCE(u.disk_bytes, 0))), 0) \
+             FROM sandboxes s LEFT JOIN sandbox_usage u \
+             ON u.sandbox_id = s.id AND u.deleted_at IS NULL WHERE s.tenant = ?",
+        )
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     /// Disk bytes of a tenant's existing sandboxes at their last samples.
     pub async fn disk_bytes_of(&self, tenant: &str) -> Result<i64> {
         Ok(sqlx::query_scalar(

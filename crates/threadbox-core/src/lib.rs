@@ -19,6 +19,13 @@ pub use manager::Manager;
 
 use std::path::PathBuf;
 
+/// Smallest disk a sandbox may have.
+pub const MIN_DISK_BYTES: u64 = 16 << 20;
+/// Largest disk any sandbox may have, whatever the operator allows.
+pub const MAX_DISK_BYTES: u64 = 1 << 44;
+/// Default of [`Config::max_disk_bytes`] (`serve --max-disk-bytes`).
+pub const DEFAULT_MAX_DISK_BYTES: u64 = 100 << 30;
+
 /// Daemon-wide configuration of the core. Everything a test needs to vary is here, so tests
 /// inject a temp root instead of touching globals.
 #[derive(Debug, Clone)]
@@ -35,8 +42,11 @@ pub struct Config {
     pub default_memory_bytes: u64,
     pub default_cpus: f64,
     pub default_pids: u32,
-    /// Disk quota of a sandbox unless its create request names one (ADR 0011).
+    /// Disk quota of a sandbox unless its create request names one (ADR 0011); capped
+    /// by `max_disk_bytes` and by what is left of the tenant's `disk_bytes` quota.
     pub default_disk_bytes: u64,
+    /// The operator's maximum for one sandbox's disk (`serve --max-disk-bytes`).
+    pub max_disk_bytes: u64,
     /// How often idle pause and TTL are checked.
     pub reaper_interval: std::time::Duration,
     /// How often usage is sampled (CPU, memory, disk) and the daily CPU cap enforced.
@@ -64,6 +74,7 @@ impl Config {
             default_cpus: 1.0,
             default_pids: 512,
             default_disk_bytes: 10 << 30,
+            max_disk_bytes: DEFAULT_MAX_DISK_BYTES,
             reaper_interval: std::time::Duration::from_secs(1),
             meter_interval: std::time::Duration::from_secs(2),
             warm_pool: 0,

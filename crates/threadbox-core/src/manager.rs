@@ -86,7 +86,18 @@ fn rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn to_api(config: &Config, row: &SandboxRow) -> Sandbox {
+/// The API view of a sandbox as `caller` may see it: the agent's host PID only for the
+/// operator and admin keys (a tenant has no use for it, and a host PID sequence tells of
+/// other tenants' activity).
+fn to_api(config: &Config, caller: &Caller, row: &SandboxRow) -> Sandbox {
+    let mut sb = to_api_full(config, row);
+    if !caller.has(Scope::Admin) {
+        sb.agent_pid = None;
+    }
+    sb
+}
+
+fn to_api_full(config: &Config, row: &SandboxRow) -> Sandbox {
     Sandbox {
         id: row.id.clone(),
         name: row.name.clone(),
@@ -355,6 +366,8 @@ impl Manager {
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
     /// starts the background tasks (idle pause, TTL).
     pub async fn open(mut config: Config) -> Result<Arc<Manager>> {
+        // The operator's maximum caps the default too (and so the warm pool's disks).
+        config.default_disk_bytes = config.default_disk_bytes.min(config.max_disk_bytes);
         if !config.agent_path.is_file() {
             return Err(CoreError::InvalidArgument(format!(
                 "agent binary {} not found (build it with `cargo build --workspace`)",
@@ -374,7 +387,14 @@ impl Manager {
         std::fs::create_dir_all(config.root.join("images"))?;
         {
             use std::os::unix::fs::PermissionsExt;
+            // Traversable, not listable: sandbox users reach `images/` through it.
             std::fs::set_permissions(&config.root, std::fs::Permissions::from_mode(0o711))?;
+            // Each sandbox's directory is 0700 already; the list of them (the sandbox ids)
+            // is nobody else's business either.
+            std::fs::set_permissions(
+                config.root.join("sandboxes"),
+                std::fs::Permissions::from_mode(0o700),
+            )?;
         }
         let root = config.root.clone();
         blocking(move || images::ensure_host_image(&root)).await?;
@@ -673,15 +693,27 @@ impl Manager {
                 "pids must be between 8 and 4194304".into(),
             ));
         }
-        let disk_bytes = req
-            .limits
-            .disk_bytes
-            .unwrap_or(self.config.default_disk_bytes);
-        if !(16 << 20..=1 << 44).contains(&disk_bytes) {
-            return Err(CoreError::InvalidArgument(
-                "disk_bytes must be between 16 MiB and 16 TiB".into(),
-            ));
+        let max_disk = self
+            .config
+            .max_disk_bytes
+            .clamp(crate::MIN_DISK_BYTES, crate::MAX_DISK_BYTES);
+        let requested_disk = req.limits.disk_bytes;
+        if let Some(d) = requested_disk {
+            if !(crate::MIN_DISK_BYTES..=crate::MAX_DISK_BYTES).contains(&d) {
+                return Err(CoreError::InvalidArgument(
+                    "disk_bytes must be between 16 MiB and 16 TiB".into(),
+                ));
+            }
+            if d > max_disk {
+                return Err(CoreError::InvalidArgument(format!(
+                    "disk_bytes {d} is more than this daemon allows for one sandbox \
+                     ({max_disk} bytes, set by the operator with --max-disk-bytes)"
+                )));
+            }
         }
+        let default_disk = self.config.default_disk_bytes.min(max_disk);
+        // Final once the tenant's disk quota is known (admit_disk, below).
+        let disk_bytes = requested_disk.unwrap_or(default_disk);
         for (what, v) in [
             ("idle_pause_secs", req.idle_pause_secs),
             ("ttl_secs", req.ttl_secs),
@@ -735,18 +767,28 @@ impl Manager {
                     let l = self.live(&existing.id);
                     let _g = l.lifecycle.lock().await;
                     let row = self.reload(&existing.id).await?;
-                    return Ok((to_api(&self.config, &row), false));
+                    return Ok((to_api(&self.config, caller, &row), false));
                 }
             }
             // Checked and inserted under the admission lock, so two creates cannot both
             // take the last place of a quota; refused before anything exists.
             let _adm = self.gov.admission.lock().await;
-            if let Err(e) = self
+            let admitted = match self
                 .admit(&caller.tenant, Admit::Create { memory_bytes, cpus })
                 .await
             {
-                self.forget(&id);
-                return Err(e);
+                Ok(()) => {
+                    self.admit_disk(&caller.tenant, requested_disk, default_disk)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match admitted {
+                Ok(disk) => row.disk_bytes = disk,
+                Err(e) => {
+                    self.forget(&id);
+                    return Err(e);
+                }
             }
             // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE.
             match self.adopt_from_pool(&row).await {
@@ -754,7 +796,7 @@ impl Manager {
                     self.forget(&id);
                     let row = self.reload(&adopted).await?;
                     tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
-                    return Ok((to_api(&self.config, &row), true));
+                    return Ok((to_api(&self.config, caller, &row), true));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -779,7 +821,7 @@ impl Manager {
                 drop(guard);
                 let row = self.reload(&id).await?;
                 tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
-                Ok((to_api(&self.config, &row), true))
+                Ok((to_api(&self.config, caller, &row), true))
             }
             Err(e) => {
                 // Nothing half-created: remove what exists, then the row.
@@ -799,6 +841,7 @@ impl Manager {
         caller.require(Scope::SandboxesRead)?;
         Ok(to_api(
             &self.config,
+            caller,
             &self.resolve(caller, id_or_name).await?,
         ))
     }
@@ -815,7 +858,7 @@ impl Manager {
         Ok(rows
             .iter()
             .filter(|r| r.state != State::Deleting && r.tenant == caller.tenant)
-            .map(|r| to_api(&self.config, r))
+            .map(|r| to_api(&self.config, caller, r))
             .filter(|s| state.is_none_or(|st| s.state == st))
             .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect())
@@ -847,7 +890,7 @@ impl Manager {
                     })
                 }
             }
-            Ok(to_api(&self.config, &self.reload(&row.id).await?))
+            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.pause", id_or_name, &r).await;
@@ -887,7 +930,7 @@ impl Manager {
                 }
             }
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.config, &self.reload(&row.id).await?))
+            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.resume", id_or_name, &r).await;
@@ -913,7 +956,7 @@ impl Manager {
                 self.meter(&self.reload(&row.id).await?, true).await;
                 tracing::info!(sandbox = %row.id, "stopped");
             }
-            Ok(to_api(&self.config, &self.reload(&row.id).await?))
+            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.stop", id_or_name, &r).await;
@@ -942,7 +985,7 @@ impl Manager {
                 }
             }
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.config, &self.reload(&row.id).await?))
+            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.start", id_or_name, &r).await;
@@ -1134,6 +1177,7 @@ impl Manager {
             let (conn, inflight) = self.running_conn(caller, id_or_name, true).await?;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let (tx, out) = mpsc::channel(64);
+            let conn_sandbox = id_or_name.to_string();
             tokio::spawn(async move {
                 let _inflight = inflight;
                 let mut guard = CancelGuard {
@@ -1167,6 +1211,9 @@ impl Manager {
                         Some(other) => {
                             guard.armed = false;
                             let e = unexpected(other);
+                            // The client sees only the public message: the cause goes
+                            // to the log here, since no HTTP error carries it.
+                            e.log(&format!("exec stream in sandbox {conn_sandbox:?}"));
                             let _ = tx
                                 .send(ExecEvent::Error {
                                     code: e.code(),
@@ -1177,6 +1224,8 @@ impl Manager {
                         }
                         None => {
                             guard.armed = false;
+                            tracing::warn!(sandbox = %conn_sandbox,
+                                "exec stream failed: the sandbox's agent went away during the call");
                             let _ = tx
                                 .send(ExecEvent::Error {
                                     code: ErrorCode::Unavailable,

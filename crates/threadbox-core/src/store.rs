@@ -127,8 +127,44 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
     })
 }
 
+/// Creates `path` as an empty file with mode 0600 unless it exists.
+fn create_private(path: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes group and other permissions from `path`, if it exists.
+fn restrict_to_owner(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {
+            let mode = m.permissions().mode() & 0o700;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 impl Store {
     pub async fn open(path: &Path) -> Result<Store> {
+        // The database holds key hashes, names, labels and the audit log: owner only.
+        // Created 0600 here rather than by SQLite (which would use 0644 under the usual
+        // umask); SQLite gives the -wal and -shm files the mode of the database file.
+        // A process-wide umask is not an option: the daemon also creates image
+        // directories that sandbox users must be able to read.
+        create_private(path)?;
         let opts = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
@@ -144,6 +180,13 @@ impl Store {
             .connect_with(opts)
             .await?;
         sqlx::migrate!("./migrations").run(&pool).await?;
+        // Databases of earlier versions (and their WAL and shared-memory files, which
+        // exist now that a connection is open) were 0644.
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            restrict_to_owner(Path::new(&p))?;
+        }
         Ok(Store { pool })
     }
 

@@ -125,6 +125,11 @@ pub(crate) async fn authenticate(
                     };
                     match manager.authenticate(key).await {
                         Ok(c) => c,
+                        // The store failed, not the key: a 500 with its cause in the log,
+                        // not a 401 that hides it.
+                        Err(e) if e.code() == ErrorCode::Internal => {
+                            return ApiError::from(e).into_response()
+                        }
                         Err(e) => {
                             let key_id = Manager::presented_key_id(key).map(str::to_string);
                             let reason = e.public_message();

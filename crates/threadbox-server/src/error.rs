@@ -72,15 +72,10 @@ impl std::error::Error for ApiError {}
 
 impl From<CoreError> for ApiError {
     fn from(err: CoreError) -> Self {
-        let code = err.code();
-        if code == ErrorCode::Internal {
-            tracing::error!(error = %ErrorChain(&err), "request failed with an internal error");
-        } else if code == ErrorCode::Unavailable {
-            tracing::warn!(error = %ErrorChain(&err), "request failed: sandbox unavailable");
-        } else {
-            tracing::debug!(error = %err, "request refused");
-        }
-        ApiError::new(code, err.public_message())
+        // Internal errors at `error`, unavailable at `warn`: on at the default level, so
+        // every "internal error (see the daemon log)" has its cause there.
+        err.log("request");
+        ApiError::new(err.code(), err.public_message())
     }
 }
 

@@ -7,6 +7,7 @@ mod gov_routes;
 pub mod mcp;
 pub mod metrics;
 pub mod openapi;
+mod origin;
 pub mod routes;
 pub mod serve;
 

@@ -8,6 +8,7 @@ use crate::mcp::{
 };
 use crate::metrics::{self, Metrics};
 use crate::openapi;
+use crate::origin;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -36,7 +37,7 @@ pub struct AppState {
     pub manager: Arc<Manager>,
     /// Bound on one file upload, in bytes.
     pub max_upload_bytes: u64,
-    /// Host/Origin checks of `/mcp`.
+    /// Host/Origin checks of every route (`/mcp` and `/v1`; see origin.rs).
     pub mcp: McpOptions,
 }
 
@@ -127,6 +128,7 @@ fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSess
 
 fn router(shared: Shared) -> Router {
     let mcp = mcp_service(&shared);
+    let host_origin = Arc::new(shared.mcp.clone());
     let shared = Arc::new(shared);
     Router::new()
         .route("/healthz", get(healthz))
@@ -195,6 +197,12 @@ fn router(shared: Shared) -> Router {
             shared.clone(),
             auth::authenticate,
         ))
+        // Before authentication: a browser page with a foreign Host or Origin gets a 403
+        // and nothing else (see origin.rs).
+        .layer(axum::middleware::from_fn_with_state(
+            host_origin,
+            origin::check_host_and_origin,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             shared.metrics.clone(),
             metrics::count_errors,
@@ -225,8 +233,13 @@ pub struct ApiQuery<T>(pub T);
 #[from_request(via(axum::extract::Path), rejection(ApiError))]
 pub struct ApiPath<T>(pub T);
 
-fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
-    tracing::error!("a request handler panicked");
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let cause = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)");
+    tracing::error!(cause, "a request handler panicked");
     ApiError::new(ErrorCode::Internal, "internal error (see the daemon log)").into_response()
 }
 
@@ -573,9 +586,12 @@ pub(crate) async fn exec_stream(
                 (ev, terminal)
             }
             None => (
-                ExecEvent::Error {
-                    code: ErrorCode::Internal,
-                    message: "the exec stream ended without an end event".to_string(),
+                {
+                    tracing::error!("an exec stream ended without an end event");
+                    ExecEvent::Error {
+                        code: ErrorCode::Internal,
+                        message: "the exec stream ended without an end event".to_string(),
+                    }
                 },
                 true,
             ),

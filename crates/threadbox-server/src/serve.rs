@@ -31,7 +31,7 @@ pub struct ServeOptions {
     pub max_upload_bytes: u64,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
-    /// Host/Origin checks of `/mcp`.
+    /// Host/Origin allowlists of every route (`--allowed-host`, `--allowed-origin`).
     pub mcp: McpOptions,
     /// Serve TCP without API keys (loopback only): every TCP client is the operator.
     pub insecure_no_auth: bool,
@@ -39,6 +39,8 @@ pub struct ServeOptions {
     pub warm_pool: usize,
     /// Sandboxes may run without Landlock where the kernel lacks it (default: refused).
     pub allow_no_landlock: bool,
+    /// Largest `limits.disk_bytes` one sandbox may ask for (`--max-disk-bytes`).
+    pub max_disk_bytes: u64,
 }
 
 impl ServeOptions {
@@ -54,6 +56,7 @@ impl ServeOptions {
             insecure_no_auth: false,
             warm_pool: 0,
             allow_no_landlock: false,
+            max_disk_bytes: threadbox_core::DEFAULT_MAX_DISK_BYTES,
         }
     }
 }
@@ -131,6 +134,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
              cannot enforce it"
         );
     }
+    config.max_disk_bytes = opts.max_disk_bytes;
     let manager = Manager::open(config).await.map_err(|err| {
         let _ = std::fs::remove_file(&socket_path);
         ServeError::Manager(err)
@@ -147,13 +151,22 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
 
     let mut state = AppState::new(manager.clone());
     state.max_upload_bytes = opts.max_upload_bytes;
-    state.mcp = opts.mcp.clone();
+    state.mcp = allow_listen_address(opts.mcp.clone(), tcp_addr);
     let router = app(state);
     let tcp_door = if opts.insecure_no_auth {
         tracing::warn!(
             "!!! --insecure-no-auth: TCP clients on {tcp_addr} need NO API key and act as the \
-             operator (every scope, any tenant). Use only on a trusted single-user host. !!!"
+             operator (every scope, any tenant): every local process and user can drive it. \
+             Use only on a trusted single-user host. Web pages are held off by the Host and \
+             Origin checks only. !!!"
         );
+        if host_or_origin_check_is_off(&opts.mcp) {
+            tracing::warn!(
+                "!!! --insecure-no-auth with `--allowed-host *` or `--allowed-origin *`: any \
+                 web page the operator visits can drive this daemon (DNS rebinding, \
+                 cross-site requests). !!!"
+            );
+        }
         Door::TcpInsecure
     } else {
         tracing::info!("TCP clients on {tcp_addr} need an API key (threadbox keys create)");
@@ -213,6 +226,23 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let _ = std::fs::remove_file(&pid_path);
     tracing::info!("threadbox daemon stopped");
     Ok(())
+}
+
+/// Whether a wildcard switches a Host or Origin check off.
+fn host_or_origin_check_is_off(policy: &McpOptions) -> bool {
+    policy.allowed_hosts.iter().any(|h| h.trim() == "*")
+        || policy.allowed_origins.iter().any(|o| o.trim() == "*")
+}
+
+/// Adds the address the daemon listens on to the allowed hosts when it is a specific
+/// one (not `0.0.0.0`/`::`): clients that dial the literal address send it as `Host`, and
+/// a DNS-rebinding page never can (its `Host` is its own name).
+fn allow_listen_address(policy: McpOptions, addr: SocketAddr) -> McpOptions {
+    let ip = addr.ip();
+    if ip.is_unspecified() {
+        return policy;
+    }
+    policy.with_extra_hosts([ip.to_string()])
 }
 
 /// Binds `<root>/threadbox.sock`, replacing a stale socket file but never a live daemon's.

@@ -31,6 +31,14 @@ fn get(uri: &str) -> Request<Body> {
     Request::get(uri).body(Body::empty()).unwrap()
 }
 
+/// A GET as a TCP client sends it (with the daemon's own `Host`).
+fn get_tcp(uri: &str) -> Request<Body> {
+    Request::get(uri)
+        .header(header::HOST, "127.0.0.1:7420")
+        .body(Body::empty())
+        .unwrap()
+}
+
 fn post_json(uri: &str, body: impl Into<Body>) -> Request<Body> {
     Request::post(uri)
         .header(header::CONTENT_TYPE, "application/json")
@@ -255,7 +263,7 @@ async fn tcp_without_a_key_is_401_but_health_and_openapi_are_open() {
         ("/metrics", StatusCode::UNAUTHORIZED),
         ("/no/such/route", StatusCode::UNAUTHORIZED),
     ] {
-        let resp = app.clone().oneshot(get(uri)).await.unwrap();
+        let resp = app.clone().oneshot(get_tcp(uri)).await.unwrap();
         let status = resp.status();
         assert_eq!(status, expected, "{uri}");
         if expected == StatusCode::UNAUTHORIZED {
@@ -264,6 +272,7 @@ async fn tcp_without_a_key_is_401_but_health_and_openapi_are_open() {
         }
     }
     let bad = Request::get("/v1/sandboxes")
+        .header(header::HOST, "localhost")
         .header(header::AUTHORIZATION, "Basic Zm9vOmJhcg==")
         .body(Body::empty())
         .unwrap();
@@ -271,4 +280,63 @@ async fn tcp_without_a_key_is_401_but_health_and_openapi_are_open() {
         app.oneshot(bad).await.unwrap().status(),
         StatusCode::UNAUTHORIZED
     );
+}
+
+#[tokio::test]
+async fn foreign_host_and_origin_are_refused_before_authentication() {
+    let app = crate::routes::app_without_manager_tcp();
+    let req = |method: Method, host: &str, origin: Option<&str>| {
+        let mut b = Request::builder()
+            .method(method)
+            .uri("/v1/sandboxes/b/pause")
+            .header(header::HOST, host);
+        if let Some(o) = origin {
+            b = b.header(header::ORIGIN, o);
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    // Control: the daemon's own Host, no Origin, reaches authentication (401).
+    let resp = app
+        .clone()
+        .oneshot(req(Method::POST, "127.0.0.1:7420", None));
+    assert_eq!(resp.await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    for (host, origin) in [
+        ("rebind.evil.example:7420", None),
+        ("127.0.0.1:7420", Some("http://evil.example")),
+        ("localhost", Some("null")),
+    ] {
+        for method in [Method::POST, Method::GET, Method::DELETE] {
+            let resp = app
+                .clone()
+                .oneshot(req(method.clone(), host, origin))
+                .await
+                .unwrap();
+            let status = resp.status();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(
+                error_code(status, &body),
+                ErrorCode::PermissionDenied,
+                "{method} Host {host} Origin {origin:?}"
+            );
+        }
+    }
+    // /healthz answers any Host (health probes), but not a foreign Origin.
+    let health = |host: &str, origin: Option<&str>| {
+        let mut b = Request::get("/healthz").header(header::HOST, host);
+        if let Some(o) = origin {
+            b = b.header(header::ORIGIN, o);
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let resp = app
+        .clone()
+        .oneshot(health("10.0.0.7:7420", None))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let resp = app
+        .oneshot(health("localhost", Some("http://evil.example")))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
 }

@@ -97,7 +97,7 @@ pub struct ServeArgs {
     /// TCP address to listen on [default: 127.0.0.1:7420]; TCP clients need an API key.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// JSON configuration file: {"root", "listen", "agent", "max_upload", "warm_pool", "mcp_allowed_hosts", "mcp_allowed_origins"}; flags win.
+    /// JSON configuration file: {"root", "listen", "agent", "max_upload", "warm_pool", "max_disk_bytes", "allowed_hosts", "allowed_origins"}; flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The threadbox-agent binary [default: threadbox-agent next to this binary].
@@ -106,6 +106,10 @@ pub struct ServeArgs {
     /// Largest accepted file upload, e.g. 1G, 512M [default: 1G].
     #[arg(long, value_name = "SIZE")]
     pub max_upload: Option<String>,
+    /// Largest disk one sandbox may ask for (`limits.disk_bytes`), e.g. 100G; also caps
+    /// the default of 10G [default: 100G].
+    #[arg(long, value_name = "SIZE")]
+    pub max_disk_bytes: Option<String>,
     /// Keep N sandboxes of the default image and limits booted ahead of time, so a
     /// create they satisfy returns at once (hostname = sandbox id) [default: 0].
     #[arg(long, value_name = "N")]
@@ -118,14 +122,21 @@ pub struct ServeArgs {
     /// they refuse to start). `selftest` and sandbox info then show the missing layer.
     #[arg(long)]
     pub insecure_allow_no_landlock: bool,
-    /// Also accept this Host on /mcp (repeatable; `*` accepts any): a hostname (any
-    /// port) or host:port. localhost, 127.0.0.1 and ::1 are always accepted.
-    #[arg(long = "mcp-allowed-host", value_name = "HOST")]
-    pub mcp_allowed_hosts: Vec<String>,
-    /// Accept browser requests to /mcp from this Origin, e.g. https://app.example.com:443
-    /// (repeatable; `*` accepts any). Requests without an Origin always pass.
-    #[arg(long = "mcp-allowed-origin", value_name = "ORIGIN")]
-    pub mcp_allowed_origins: Vec<String>,
+    /// Also accept this Host header on TCP (every route, /mcp included; repeatable; `*`
+    /// accepts any): a hostname (any port) or host:port. localhost, 127.0.0.1, ::1 and the
+    /// --listen address are always accepted. Old name: --mcp-allowed-host.
+    #[arg(long = "allowed-host", alias = "mcp-allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+    /// Accept browser requests (any route) carrying this Origin, e.g.
+    /// https://app.example.com:443 (repeatable; `*` accepts any). Requests without an
+    /// Origin always pass; with one not listed they are refused. Old name:
+    /// --mcp-allowed-origin.
+    #[arg(
+        long = "allowed-origin",
+        alias = "mcp-allowed-origin",
+        value_name = "ORIGIN"
+    )]
+    pub allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -227,6 +238,11 @@ pub struct ExecArgs {
     /// Bound on captured stdout and stderr, each (e.g. 1M).
     #[arg(long, value_name = "SIZE")]
     pub max_output: Option<String>,
+    /// Copy the output to a terminal unfiltered. By default, output bound for a terminal
+    /// loses its title (OSC 0/1/2) and clipboard (OSC 52) escape sequences; pipes and
+    /// --json are never filtered.
+    #[arg(long)]
+    pub raw: bool,
     /// The command and its arguments (after `--`).
     #[arg(
         required = true,
@@ -251,7 +267,7 @@ pub enum FilesCommand {
     /// List a directory.
     Ls(FileJsonArgs),
     /// Write a file's raw bytes to stdout.
-    Read(FileArgs),
+    Read(FileReadArgs),
     /// Replace a file with the raw bytes of stdin.
     Write(FileArgs),
     /// Create a directory.
@@ -271,6 +287,16 @@ pub struct FileArgs {
     /// `user` (default) or `root`.
     #[arg(long, short = 'u', value_name = "NAME")]
     pub user: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct FileReadArgs {
+    #[command(flatten)]
+    pub file: FileArgs,
+    /// Copy the bytes to a terminal unfiltered (see `exec --raw`); a pipe or file
+    /// always gets them unchanged.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 #[derive(Debug, Args)]
@@ -335,6 +361,9 @@ pub struct LogsArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Copy the output to a terminal unfiltered (see `exec --raw`).
+    #[arg(long)]
+    pub raw: bool,
 }
 
 #[derive(Debug, Args)]

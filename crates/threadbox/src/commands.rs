@@ -76,8 +76,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             } else {
                 let out = decode_bytes(&logs.stdout, logs.encoding).map_err(anyhow::Error::msg)?;
                 let err = decode_bytes(&logs.stderr, logs.encoding).map_err(anyhow::Error::msg)?;
-                write_stdout(&out)?;
-                write_stderr(&err)?;
+                let mut output = Output::new(a.raw);
+                output.stdout(&out)?;
+                output.stderr(&err)?;
+                output.finish()?;
             }
             Ok(0)
         }
@@ -96,7 +98,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 let mut text = String::new();
                 for c in &report.checks {
                     let mark = if c.ok { "ok  " } else { "FAIL" };
-                    text.push_str(&format!("{mark} {}: {}\n", c.name, c.detail));
+                    text.push_str(&format!(
+                        "{mark} {}: {}\n",
+                        crate::term::escape(&c.name),
+                        crate::term::escape(&c.detail)
+                    ));
                 }
                 text.push_str(if report.ok {
                     "all checks passed\n"
@@ -129,6 +135,49 @@ fn write_stderr(bytes: &[u8]) -> std::io::Result<()> {
     err.flush()
 }
 
+/// Where a sandbox's raw output goes: stdout and stderr, each through an
+/// [`OscFilter`](crate::term::OscFilter) when it is a terminal (unless `--raw`).
+struct Output {
+    stdout: Option<crate::term::OscFilter>,
+    stderr: Option<crate::term::OscFilter>,
+}
+
+impl Output {
+    fn new(raw: bool) -> Self {
+        use std::io::IsTerminal;
+        let filter = |tty: bool| (tty && !raw).then(crate::term::OscFilter::default);
+        Output {
+            stdout: filter(std::io::stdout().is_terminal()),
+            stderr: filter(std::io::stderr().is_terminal()),
+        }
+    }
+
+    fn stdout(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match &mut self.stdout {
+            Some(f) => write_stdout(&f.push(bytes)),
+            None => write_stdout(bytes),
+        }
+    }
+
+    fn stderr(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match &mut self.stderr {
+            Some(f) => write_stderr(&f.push(bytes)),
+            None => write_stderr(bytes),
+        }
+    }
+
+    /// Writes what the filters held back at the end of the output.
+    fn finish(&mut self) -> std::io::Result<()> {
+        if let Some(f) = &mut self.stdout {
+            write_stdout(&f.finish())?;
+        }
+        if let Some(f) = &mut self.stderr {
+            write_stderr(&f.finish())?;
+        }
+        Ok(())
+    }
+}
+
 /// Prints exactly one JSON document.
 pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     let mut text = serde_json::to_string_pretty(value)?;
@@ -138,9 +187,15 @@ pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
 }
 
 /// Left-aligned columns separated by two spaces; the last column is not padded.
+/// Every cell goes through [`escape`](crate::term::escape): names, commands and labels
+/// come from sandboxes and tenants and must not reach the terminal as control bytes.
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| crate::term::escape(c)).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -158,7 +213,7 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push('\n');
     };
     line(header.to_vec(), &mut out);
-    for row in rows {
+    for row in &rows {
         line(row.iter().map(String::as_str).collect(), &mut out);
     }
     out
@@ -172,16 +227,21 @@ fn print_sandbox(sb: &Sandbox) -> anyhow::Result<()> {
         .collect::<Vec<_>>()
         .join(",");
     let opt = |v: Option<u64>| v.map_or("-".to_string(), |s| format!("{s}s"));
+    let esc = crate::term::escape;
     let text = format!(
         "id:             {}\nname:           {}\nstate:          {}\nimage:          {}\n\
          labels:         {}\ncreated_at:     {}\nlast_active_at: {}\nmemory:         {} bytes\n\
          cpus:           {}\npids:           {}\nidle_pause:     {}\nttl:            {}{}\n\
          agent_pid:      {}\n",
-        sb.id,
-        sb.name.as_deref().unwrap_or("-"),
+        esc(&sb.id),
+        esc(sb.name.as_deref().unwrap_or("-")),
         sb.state.as_str(),
-        sb.image,
-        if labels.is_empty() { "-" } else { &labels },
+        esc(&sb.image),
+        if labels.is_empty() {
+            "-".to_string()
+        } else {
+            esc(&labels)
+        },
         sb.created_at,
         sb.last_active_at,
         sb.limits.memory_bytes,
@@ -342,14 +402,15 @@ async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     let mut events = client.exec_stream(&args.sandbox, &req).await?;
+    let mut output = Output::new(args.raw);
     while let Some(event) = events.next().await {
         match event? {
             ExecEvent::Start { .. } => {}
             ExecEvent::Stdout { data, encoding } => {
-                write_stdout(&decode_bytes(&data, encoding).map_err(anyhow::Error::msg)?)?;
+                output.stdout(&decode_bytes(&data, encoding).map_err(anyhow::Error::msg)?)?;
             }
             ExecEvent::Stderr { data, encoding } => {
-                write_stderr(&decode_bytes(&data, encoding).map_err(anyhow::Error::msg)?)?;
+                output.stderr(&decode_bytes(&data, encoding).map_err(anyhow::Error::msg)?)?;
             }
             ExecEvent::End {
                 exit_code,
@@ -357,6 +418,7 @@ async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<u8> {
                 timed_out,
                 ..
             } => {
+                output.finish()?;
                 if timed_out {
                     return Ok(EXIT_TIMEOUT);
                 }
@@ -367,7 +429,8 @@ async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<u8> {
                 });
             }
             ExecEvent::Error { code, message } => {
-                bail!("{message} ({})", code.as_str());
+                output.finish()?;
+                bail!("{} ({})", crate::term::escape(&message), code.as_str());
             }
         }
     }
@@ -436,7 +499,7 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
             } else {
                 let text = format!(
                     "path:     {}\ntype:     {}\nsize:     {}\nmode:     {:o}\nowner:    {}:{}\nmodified: {}\n{}",
-                    e.path,
+                    crate::term::escape(&e.path),
                     kind_str(e.kind),
                     e.size,
                     e.mode & 0o7777,
@@ -445,20 +508,22 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
                     e.modified_at,
                     e.symlink_target
                         .as_deref()
-                        .map(|t| format!("target:   {t}\n"))
+                        .map(|t| format!("target:   {}\n", crate::term::escape(t)))
                         .unwrap_or_default(),
                 );
                 write_stdout(text.as_bytes())?;
             }
         }
         FilesCommand::Read(a) => {
-            let user = parse_user(a.user.as_deref())?;
-            let mut chunks = client.read_file(&a.sandbox, &a.path, user).await?;
-            let mut out = std::io::stdout().lock();
+            let user = parse_user(a.file.user.as_deref())?;
+            let mut chunks = client
+                .read_file(&a.file.sandbox, &a.file.path, user)
+                .await?;
+            let mut output = Output::new(a.raw);
             while let Some(chunk) = chunks.next().await {
-                out.write_all(&chunk?)?;
+                output.stdout(&chunk?)?;
             }
-            out.flush()?;
+            output.finish()?;
         }
         FilesCommand::Write(a) => {
             let user = parse_user(a.user.as_deref())?;

@@ -7,6 +7,7 @@ mod gov_cmd;
 mod mcp_cmd;
 mod parse;
 mod serve_cmd;
+mod term;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -50,7 +51,8 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::from(EXIT_BROKEN_PIPE),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Daemon messages may quote sandbox-made text (paths, agent errors).
+            eprintln!("error: {}", term::escape_lines(&format!("{err:#}")));
             ExitCode::from(EXIT_FAILURE)
         }
     }

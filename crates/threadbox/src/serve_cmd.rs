@@ -21,10 +21,17 @@ struct ConfigFile {
     max_upload: Option<String>,
     /// Pre-booted sandboxes kept ready for create (0 = none).
     warm_pool: Option<usize>,
-    /// Extra hosts accepted on /mcp (added to the loopback names).
+    /// Largest disk one sandbox may ask for, e.g. "100G".
+    max_disk_bytes: Option<String>,
+    /// Extra hosts accepted in `Host` on TCP (added to the loopback names).
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
+    /// Browser origins accepted in `Origin`.
+    #[serde(default)]
+    allowed_origins: Vec<String>,
+    /// Old names of `allowed_hosts` and `allowed_origins` (when only `/mcp` checked them).
     #[serde(default)]
     mcp_allowed_hosts: Vec<String>,
-    /// Browser origins accepted on /mcp.
     #[serde(default)]
     mcp_allowed_origins: Vec<String>,
 }
@@ -81,12 +88,21 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         opts.max_upload_bytes = parse_size(&size)?;
     }
     // Flags add to the config file's lists.
-    let mut hosts = config.mcp_allowed_hosts;
-    hosts.extend(args.mcp_allowed_hosts);
-    let mut origins = config.mcp_allowed_origins;
-    origins.extend(args.mcp_allowed_origins);
+    let mut hosts = config.allowed_hosts;
+    hosts.extend(config.mcp_allowed_hosts);
+    hosts.extend(args.allowed_hosts);
+    let mut origins = config.allowed_origins;
+    origins.extend(config.mcp_allowed_origins);
+    origins.extend(args.allowed_origins);
     opts.mcp = threadbox_server::McpOptions::default().with_extra_hosts(hosts);
     opts.mcp.allowed_origins = origins;
+    if let Some(size) = args.max_disk_bytes.or(config.max_disk_bytes) {
+        let max = parse_size(&size)?;
+        if !(threadbox_core::MIN_DISK_BYTES..=threadbox_core::MAX_DISK_BYTES).contains(&max) {
+            bail!("--max-disk-bytes must be between 16M and 16T");
+        }
+        opts.max_disk_bytes = max;
+    }
     opts.insecure_no_auth = args.insecure_no_auth;
     opts.allow_no_landlock = args.insecure_allow_no_landlock;
     opts.warm_pool = args.warm_pool.or(config.warm_pool).unwrap_or(0);

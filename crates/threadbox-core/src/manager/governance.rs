@@ -508,6 +508,48 @@ impl Manager {
         Ok(())
     }
 
+    /// The disk size a new sandbox of `tenant` gets, or `quota_exceeded`: it must fit in
+    /// what the tenant's `disk_bytes` quota leaves beside the *allocated* disks of its
+    /// sandboxes (ADR 0031). A size the request named is refused when it does not fit; the
+    /// default (`requested` None) shrinks to the largest power of two that fits, so a
+    /// small quota still gets a sandbox from a request that names no size. Call with the
+    /// admission lock held.
+    pub(crate) async fn admit_disk(
+        &self,
+        tenant: &str,
+        requested: Option<u64>,
+        default: u64,
+    ) -> Result<u64> {
+        let wanted = requested.unwrap_or(default);
+        let Some(limit) = self.cached_quota(tenant).await?.and_then(|q| q.disk_bytes) else {
+            return Ok(wanted);
+        };
+        let allocated = self.store.allocated_disk_of(tenant).await?.max(0) as u64;
+        let left = limit.saturating_sub(allocated);
+        if wanted <= left {
+            return Ok(wanted);
+        }
+        if requested.is_none() && left >= crate::MIN_DISK_BYTES {
+            // 2^floor(log2(left)): few distinct sizes, so few disk templates (ADR 0011).
+            let fitted = 1u64 << (63 - left.leading_zeros());
+            return Ok(fitted.min(default));
+        }
+        Err(CoreError::QuotaExceeded {
+            tenant: tenant.to_string(),
+            quota: "disk_bytes",
+            used: format!(
+                "{wanted} requested for the new sandbox's disk, {allocated} allocated to \
+                 existing sandboxes"
+            ),
+            limit: limit.to_string(),
+            extra: format!(
+                "; {left} bytes are left: ask for at most that in limits.disk_bytes (the \
+                 smallest disk is {} bytes) or delete sandboxes",
+                crate::MIN_DISK_BYTES
+            ),
+        })
+    }
+
     // ---- metering ---------------------------------------------------------------------
 
     /// Adds what `row` used since its last sample to its totals and its tenant's day.

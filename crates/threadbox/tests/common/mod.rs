@@ -95,6 +95,8 @@ pub struct Daemon {
     pub url: String,
     /// Extra `serve` arguments, kept across restarts.
     serve_args: Vec<String>,
+    /// Extra environment of `serve` (e.g. its own `RUST_LOG`), kept across restarts.
+    serve_env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -104,6 +106,12 @@ impl Daemon {
 
     /// Starts a daemon with extra `serve` arguments (e.g. `--warm-pool 2`).
     pub fn start_with(serve_args: &[&str]) -> Daemon {
+        Self::start_with_env(serve_args, &[])
+    }
+
+    /// Starts a daemon with extra `serve` arguments and environment variables (which win
+    /// over the fixture's `RUST_LOG`).
+    pub fn start_with_env(serve_args: &[&str], serve_env: &[(&str, &str)]) -> Daemon {
         let agent = agent_bin();
         assert!(
             agent.is_file(),
@@ -123,6 +131,10 @@ impl Daemon {
             root,
             port,
             serve_args: serve_args.iter().map(|a| a.to_string()).collect(),
+            serve_env: serve_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         daemon.spawn();
         daemon
@@ -156,6 +168,7 @@ impl Daemon {
             .arg(agent_bin())
             .args(&self.serve_args)
             .env("RUST_LOG", "info,threadbox=debug")
+            .envs(self.serve_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
