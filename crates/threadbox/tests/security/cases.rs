@@ -1167,6 +1167,84 @@ time.sleep(120)
             ..BASE
         },
         Case {
+            id: "I7",
+            what: "inotify watches are the sandbox's own: holding all it can leaves host root and neighbours theirs",
+            lang: Lang::Py,
+            code: r##"
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs('/tmp/w', exist_ok=True)
+N = 25000
+for i in range(N):
+    open('/tmp/w/%d' % i, 'w').close()
+total, fds, full = 0, [], False
+while not full and len(fds) < 16:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        break
+    fds.append(fd)
+    for i in range(N):
+        if libc.inotify_add_watch(fd, b'/tmp/w/%d' % i, 0x100) < 0:
+            full = True
+            break
+        total += 1
+with open('/tmp/held.tmp', 'w') as f:
+    f.write('%d watches' % total)
+os.rename('/tmp/held.tmp', '/tmp/held')
+time.sleep(120)
+"##,
+            extra: Extra::HostCounters,
+            control: Some("root-owned-userns"),
+            timeout: 120.0,
+            ..BASE
+        },
+        Case {
+            id: "I8",
+            what: "POSIX message queues (bytes counted per user, host-wide) cannot be opened",
+            lang: Lang::Py,
+            code: r##"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+q = libc.mq_open(b'/tb-case', os.O_CREAT | os.O_RDWR, 0o600, None)
+if q >= 0:
+    print("ESCAPE mq_open succeeded")
+    libc.mq_unlink(b'/tb-case')
+else:
+    print("refused mq_open:", os.strerror(ctypes.get_errno()))
+print("END")
+"##,
+            control: Some("no-landlock"),
+            ..BASE
+        },
+        Case {
+            id: "I9",
+            what: "pending signals are the sandbox's own: queueing all it can leaves host root and neighbours theirs",
+            lang: Lang::Py,
+            code: r##"
+import os, signal, threading, time
+sig = signal.SIGRTMIN
+signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+me = threading.get_ident()
+n = 0
+try:
+    # tgkill queues under RLIMIT_SIGPENDING (kill() of one's own RT signal is exempt).
+    while n < 2000000:
+        signal.pthread_kill(me, sig)
+        n += 1
+except OSError as e:
+    err = str(e)
+else:
+    err = 'no limit reached'
+with open('/tmp/held.tmp', 'w') as f:
+    f.write('%d signals (%s)' % (n, err))
+os.rename('/tmp/held.tmp', '/tmp/held')
+time.sleep(120)
+"##,
+            extra: Extra::HostCounters,
+            control: Some("root-owned-userns"),
+            ..BASE
+        },
+        Case {
             id: "I5",
             what: "legacy AIO (a host-wide pool, fs.aio-nr) is refused",
             lang: Lang::Py,

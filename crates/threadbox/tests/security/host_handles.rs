@@ -227,16 +227,38 @@ pub fn files(d: &Daemon, id: &str, escaped: &mut Vec<String>, log: &mut String) 
     let _ = std::fs::remove_dir_all(&host_dir);
 }
 
-/// Whether host root (this process) can still create an inotify instance.
-fn host_inotify_works() -> Result<(), String> {
-    let out = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(
+/// A small program that takes one unit of the counter case `id` holds: exit 0 when it
+/// could, else the error on stderr. Run by host root and in a neighbour sandbox.
+fn probe(id: &str) -> &'static str {
+    match id {
+        "I4" => {
             "import ctypes, os, sys\n\
              l = ctypes.CDLL(None, use_errno=True)\n\
              fd = l.inotify_init1(0)\n\
-             sys.exit(0 if fd >= 0 else os.strerror(ctypes.get_errno()))",
-        )
+             sys.exit(0 if fd >= 0 else os.strerror(ctypes.get_errno()))"
+        }
+        "I7" => {
+            "import ctypes, os, sys\n\
+             l = ctypes.CDLL(None, use_errno=True)\n\
+             fd = l.inotify_init1(0)\n\
+             w = l.inotify_add_watch(fd, b'/tmp', 0x100) if fd >= 0 else -1\n\
+             sys.exit(0 if w >= 0 else os.strerror(ctypes.get_errno()))"
+        }
+        "I9" => {
+            "import signal, sys, threading\n\
+             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGRTMIN])\n\
+             signal.pthread_kill(threading.get_ident(), signal.SIGRTMIN)\n\
+             sys.exit(0)"
+        }
+        other => panic!("no probe for {other}"),
+    }
+}
+
+/// Whether host root (this process's child) can still take one unit of the counter.
+fn host_probe(id: &str) -> Result<(), String> {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(probe(id))
         .output()
         .map_err(|e| format!("python3 on the host: {e}"))?;
     if out.status.success() {
@@ -246,12 +268,12 @@ fn host_inotify_works() -> Result<(), String> {
     }
 }
 
-/// I4: the case holds what it can in the background; host root and a neighbour sandbox
-/// must still get an inotify instance.
+/// I4, I7, I9: the case holds what it can of a per-user kernel counter in the
+/// background; host root and a neighbour sandbox must still get their own.
 pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, log: &mut String) {
     // Positive control of the instrument: host root can before the case runs.
-    if let Err(e) = host_inotify_works() {
-        log.push_str(&format!("host inotify fails before the case: {e}\n"));
+    if let Err(e) = host_probe(case.id) {
+        log.push_str(&format!("the host probe fails before the case: {e}\n"));
         return;
     }
     let p = block(d.client.start_process(
@@ -269,30 +291,21 @@ pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, lo
         || d.sh(id, User::Root, "test -s /tmp/held").exit_code == Some(0),
     );
     let held = d.sh(id, User::Root, "cat /tmp/held").stdout;
-    log.push_str(&format!(
-        "the sandbox holds {} inotify instances\n",
-        held.trim()
-    ));
-    if let Err(e) = host_inotify_works() {
-        escaped.push(format!("host root cannot create an inotify instance: {e}"));
+    log.push_str(&format!("the sandbox holds {}\n", held.trim()));
+    if let Err(e) = host_probe(case.id) {
+        escaped.push(format!("host root cannot take its own: {e}"));
     }
     let neighbour = d.create(LimitsRequest::default());
     let r = d.exec(
         &neighbour,
         &ExecRequest {
-            command: Some(vec![
-                "python3".into(),
-                "-c".into(),
-                "import ctypes; l = ctypes.CDLL(None); \
-                 print('ok' if all(l.inotify_init1(0) >= 0 for _ in range(5)) else 'EMFILE')"
-                    .into(),
-            ]),
+            command: Some(vec!["python3".into(), "-c".into(), probe(case.id).into()]),
             ..Default::default()
         },
     );
-    if r.stdout.trim() != "ok" {
+    if r.exit_code != Some(0) {
         escaped.push(format!(
-            "a neighbour sandbox cannot create inotify instances: {}{}",
+            "a neighbour sandbox cannot take its own: {}{}",
             r.stdout, r.stderr
         ));
     }
