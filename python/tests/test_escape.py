@@ -50,8 +50,7 @@ class HostSocket:
 
     def probe(self) -> str:
         return (
-            "import socket; s = socket.socket(socket.AF_UNIX); "
-            f"s.connect('tmp/{self.path.name}'); print('CONNECTED')"
+            f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('tmp/{self.path.name}'); print('CONNECTED')"
         )
 
     def close(self) -> None:
@@ -81,6 +80,10 @@ def host_dir() -> Iterator[Path]:
             for q in sorted(p.rglob("*"), reverse=True):
                 q.rmdir()
             p.rmdir()
+
+
+def on_host(path: str) -> bool:
+    return Path(path).exists()
 
 
 def test_the_reproduction_fails_through_the_sdk(
@@ -146,4 +149,4 @@ async def test_the_reproduction_fails_through_mcp(
             )
             assert r.isError, text_of(r)
     assert host_socket.hits == 0
-    assert not Path(f"/tmp/{host_dir.name}-mcp").exists()
+    assert not on_host(f"/tmp/{host_dir.name}-mcp")
