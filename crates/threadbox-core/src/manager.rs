@@ -9,6 +9,7 @@
 
 mod governance;
 mod pool;
+pub mod state;
 
 pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
@@ -23,6 +24,7 @@ use base64::Engine;
 use bytes_stream::{ByteSink, ByteStream};
 use futures::StreamExt;
 use governance::{Admit, GovState};
+use state::{Op, Step};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +46,8 @@ pub mod bytes_stream {
 const FILE_CHUNK: u64 = 1024 * 1024;
 /// How long to wait for a freshly started agent to answer.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The states of a sandbox whose agent may be alive.
+const LIVE: &[State] = &[State::Running, State::Paused];
 /// Longest per-call timeout a client may ask for.
 const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
 
@@ -485,7 +489,9 @@ impl Manager {
                     let i = id.clone();
                     blocking(move || d.stop(&i)).await?;
                     if self.driver.disk_exists(&id) {
-                        self.store.set_state(&id, State::Stopped, None).await?;
+                        self.store
+                            .transition(&id, &[State::Creating], State::Stopped, None)
+                            .await?;
                     } else {
                         self.store.delete_sandbox(&id).await?;
                     }
@@ -497,7 +503,7 @@ impl Manager {
                     let frozen = blocking(move || d.is_frozen(&i)).await.unwrap_or(false);
                     if frozen {
                         self.store
-                            .set_state(&id, State::Paused, row.agent_pid)
+                            .transition(&id, LIVE, State::Paused, row.agent_pid)
                             .await?;
                         tracing::info!(sandbox = %id, "re-adopted (paused)");
                         continue;
@@ -508,7 +514,7 @@ impl Manager {
                         Ok(conn) => {
                             Self::set_conn(&self.live(&id), Some(conn));
                             self.store
-                                .set_state(&id, State::Running, row.agent_pid)
+                                .transition(&id, LIVE, State::Running, row.agent_pid)
                                 .await?;
                             tracing::info!(sandbox = %id, "re-adopted (running)");
                         }
@@ -516,7 +522,9 @@ impl Manager {
                             let d = driver.clone();
                             let i = id.clone();
                             blocking(move || d.stop(&i)).await?;
-                            self.store.set_state(&id, State::Stopped, None).await?;
+                            self.store
+                                .transition(&id, LIVE, State::Stopped, None)
+                                .await?;
                             tracing::warn!(sandbox = %id, "agent unreachable ({e}); marked stopped, disk kept");
                         }
                     }
@@ -556,9 +564,11 @@ impl Manager {
                     .last_active
                     .load(Ordering::SeqCst)
                     .max(row.last_active_at);
+                // A cheap look first; `idle_pause` decides again under the lock.
                 if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
-                    match self.pause(&Caller::system(&row.tenant), &row.id).await {
-                        Ok(_) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
+                    match self.idle_pause(&row, (idle as i64) * 1000).await {
+                        Ok(true) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
+                        Ok(false) => {}
                         Err(e) => tracing::warn!(sandbox = %row.id, "idle pause failed: {e}"),
                     }
                 }
@@ -653,7 +663,23 @@ impl Manager {
         req: CreateSandboxRequest,
     ) -> Result<(Sandbox, bool)> {
         let name = req.name.clone().unwrap_or_else(|| "-".to_string());
-        let r = self.create_inner(caller, req).await;
+        // `None`: the sandbox of that name this create waited for was itself being
+        // created and failed (and is gone): try again rather than answer `not_found` (F4).
+        // Bounded: every round waits for one whole failed create of that name.
+        let mut r = Ok(None);
+        for _ in 0..8 {
+            r = self.create_inner(caller, req.clone()).await;
+            if !matches!(r, Ok(None)) {
+                break;
+            }
+        }
+        let r = r.and_then(|o| {
+            o.ok_or_else(|| {
+                CoreError::Unavailable(format!(
+                    "sandbox {name} kept failing to be created by concurrent requests"
+                ))
+            })
+        });
         let target = match &r {
             Ok((sb, _)) => sb.id.clone(),
             Err(_) => name,
@@ -666,7 +692,7 @@ impl Manager {
         &self,
         caller: &Caller,
         req: CreateSandboxRequest,
-    ) -> Result<(Sandbox, bool)> {
+    ) -> Result<Option<(Sandbox, bool)>> {
         caller.require(Scope::SandboxesWrite)?;
         if let Some(name) = &req.name {
             validate_name(name)?;
@@ -766,8 +792,11 @@ impl Manager {
                     self.forget(&id);
                     let l = self.live(&existing.id);
                     let _g = l.lifecycle.lock().await;
-                    let row = self.reload(&existing.id).await?;
-                    return Ok((to_api(&self.config, caller, &row), false));
+                    return match self.reload(&existing.id).await {
+                        Ok(row) => Ok(Some((to_api(&self.config, caller, &row), false))),
+                        Err(CoreError::NotFound(_)) => Ok(None),
+                        Err(e) => Err(e),
+                    };
                 }
             }
             // Checked and inserted under the admission lock, so two creates cannot both
@@ -796,7 +825,7 @@ impl Manager {
                     self.forget(&id);
                     let row = self.reload(&adopted).await?;
                     tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
-                    return Ok((to_api(&self.config, caller, &row), true));
+                    return Ok(Some((to_api(&self.config, caller, &row), true)));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -817,11 +846,13 @@ impl Manager {
         .await;
         match result {
             Ok(pid) => {
-                self.store.set_state(&id, State::Running, Some(pid)).await?;
+                self.store
+                    .transition(&id, &[State::Creating], State::Running, Some(pid))
+                    .await?;
                 drop(guard);
                 let row = self.reload(&id).await?;
                 tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
-                Ok((to_api(&self.config, caller, &row), true))
+                Ok(Some((to_api(&self.config, caller, &row), true)))
             }
             Err(e) => {
                 // Nothing half-created: remove what exists, then the row.
@@ -864,32 +895,121 @@ impl Manager {
             .collect())
     }
 
-    pub async fn pause(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
-        let r = async {
-            caller.require(Scope::SandboxesWrite)?;
-
-            let row = self.resolve(caller, id_or_name).await?;
-            let live = self.live(&row.id);
-            let _g = live.lifecycle.lock().await;
-            let row = self.reload(&row.id).await?;
-            match row.state {
-                State::Paused => {}
-                State::Running => {
-                    self.meter(&row, false).await;
+    /// Carries out `op` on `row` (read under its lifecycle lock, which the caller holds):
+    /// the one place that plans a lifecycle step (`state::plan`), runs it on the driver and
+    /// records it with a guarded transition.
+    async fn apply(&self, row: &SandboxRow, live: &Live, op: Op) -> Result<Step> {
+        let step = state::plan(&row.id, row.state, op)?;
+        let (from, to) = step.transition();
+        match step {
+            Step::Keep => {}
+            Step::Freeze => {
+                self.meter(row, false).await;
+                let d = self.driver.clone();
+                let i = row.id.clone();
+                if let Err(e) = blocking(move || d.freeze(&i)).await {
+                    // A freeze that timed out leaves cgroup.freeze set: the sandbox would
+                    // end up frozen while recorded as running (F2). Undo it.
                     let d = self.driver.clone();
                     let i = row.id.clone();
-                    blocking(move || d.freeze(&i)).await?;
-                    self.store
-                        .set_state(&row.id, State::Paused, row.agent_pid)
-                        .await?;
+                    if let Err(t) = blocking(move || d.thaw(&i)).await {
+                        tracing::error!(sandbox = %row.id, "could not undo a failed freeze: {t}");
+                    }
+                    return Err(e);
                 }
-                _ => {
-                    return Err(CoreError::NotRunning {
-                        id: row.id.clone(),
-                        state: row.state.as_str().into(),
-                    })
-                }
+                self.store
+                    .transition(&row.id, from, State::Paused, row.agent_pid)
+                    .await?;
             }
+            Step::Thaw => {
+                let _adm = self.gov.admission.lock().await;
+                self.admit(&row.tenant, Admit::Run).await?;
+                self.meter(row, false).await;
+                let d = self.driver.clone();
+                let i = row.id.clone();
+                blocking(move || d.thaw(&i)).await?;
+                self.store
+                    .transition(&row.id, from, State::Running, row.agent_pid)
+                    .await?;
+            }
+            Step::Boot => {
+                let _adm = self.gov.admission.lock().await;
+                self.admit(&row.tenant, Admit::Run).await?;
+                let pid = self.boot(row, live).await?;
+                self.store
+                    .transition(&row.id, from, State::Running, Some(pid))
+                    .await?;
+                tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
+            }
+            Step::Halt => {
+                self.meter(row, false).await;
+                Self::take_conn(live);
+                let d = self.driver.clone();
+                let i = row.id.clone();
+                blocking(move || d.stop(&i)).await?;
+                self.store
+                    .transition(&row.id, from, State::Stopped, None)
+                    .await?;
+                // Restarts the CPU baseline (the next boot has a new cgroup) and samples the disk.
+                self.meter(&self.reload(&row.id).await?, true).await;
+                tracing::info!(sandbox = %row.id, "stopped");
+            }
+            Step::Destroy => {
+                self.meter(row, false).await;
+                // Recorded first, so a crash mid-delete is finished by the next start.
+                self.store
+                    .transition(&row.id, from, State::Deleting, None)
+                    .await?;
+                Self::take_conn(live);
+                let d = self.driver.clone();
+                let i = row.id.clone();
+                if let Err(e) = blocking(move || d.destroy(&i)).await {
+                    // Its processes are gone (destroy stops first) but something of it is
+                    // left: visible again as stopped, so the delete can be retried (F3).
+                    if let Err(t) = self
+                        .store
+                        .transition(&row.id, &[State::Deleting], State::Stopped, None)
+                        .await
+                    {
+                        tracing::error!(sandbox = %row.id, "after a failed delete: {t}");
+                    }
+                    return Err(e);
+                }
+                self.store.delete_sandbox(&row.id).await?;
+                self.store.mark_usage_deleted(&row.id, now_ms()).await?;
+                self.forget(&row.id);
+                tracing::info!(sandbox = %row.id, "deleted");
+            }
+        }
+        debug_assert!(step == Step::Keep || to.is_some());
+        Ok(step)
+    }
+
+    /// Locks `id_or_name`'s lifecycle, reads it again, and applies `op`; the row after.
+    async fn lifecycle(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        op: Op,
+    ) -> Result<(SandboxRow, Arc<Live>)> {
+        let row = self.resolve(caller, id_or_name).await?;
+        let live = self.live(&row.id);
+        let g = live.lifecycle.clone().lock_owned().await;
+        let row = self.reload(&row.id).await?;
+        self.apply(&row, &live, op).await?;
+        drop(g);
+        Ok((row, live))
+    }
+
+    pub async fn pause(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        self.pause_for(caller, id_or_name, Op::Pause).await
+    }
+
+    /// A pause for a reason (`Op::Pause`, `Op::CapPause`), audited as `sandbox.pause`.
+    async fn pause_for(&self, caller: &Caller, id_or_name: &str, op: Op) -> Result<Sandbox> {
+        let r = async {
+            caller.require(Scope::SandboxesWrite)?;
+            let (row, _) = self.lifecycle(caller, id_or_name, op).await?;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
@@ -897,38 +1017,27 @@ impl Manager {
         r
     }
 
-    /// Thaws a paused sandbox, if its tenant's quotas admit one more running sandbox.
-    async fn resume_locked(&self, row: &SandboxRow) -> Result<()> {
-        let _adm = self.gov.admission.lock().await;
-        self.admit(&row.tenant, Admit::Run).await?;
-        self.meter(row, false).await;
-        let d = self.driver.clone();
-        let i = row.id.clone();
-        blocking(move || d.thaw(&i)).await?;
-        self.store
-            .set_state(&row.id, State::Running, row.agent_pid)
-            .await?;
-        Ok(())
+    /// The idle sweeper's pause: decided under the lifecycle lock, where calls register
+    /// as in flight, so it never freezes a sandbox in the middle of a call (F1).
+    async fn idle_pause(&self, row: &SandboxRow, idle_ms: i64) -> Result<bool> {
+        let live = self.live(&row.id);
+        let _g = live.lifecycle.lock().await;
+        let row = self.reload(&row.id).await?;
+        let last = live
+            .last_active
+            .load(Ordering::SeqCst)
+            .max(row.last_active_at);
+        let inflight = live.inflight.load(Ordering::SeqCst);
+        if now_ms() - last < idle_ms {
+            return Ok(false);
+        }
+        Ok(self.apply(&row, &live, Op::IdlePause { inflight }).await? == Step::Freeze)
     }
 
     pub async fn resume(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         let r = async {
             caller.require(Scope::SandboxesWrite)?;
-
-            let row = self.resolve(caller, id_or_name).await?;
-            let live = self.live(&row.id);
-            let _g = live.lifecycle.lock().await;
-            let row = self.reload(&row.id).await?;
-            match row.state {
-                State::Running => {}
-                State::Paused => self.resume_locked(&row).await?,
-                _ => {
-                    return Err(CoreError::NotRunning {
-                        id: row.id.clone(),
-                        state: row.state.as_str().into(),
-                    })
-                }
-            }
+            let (row, live) = self.lifecycle(caller, id_or_name, Op::Resume).await?;
             self.touch(&live, &row.id).await;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
@@ -940,22 +1049,7 @@ impl Manager {
     pub async fn stop(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         let r = async {
             caller.require(Scope::SandboxesWrite)?;
-
-            let row = self.resolve(caller, id_or_name).await?;
-            let live = self.live(&row.id);
-            let _g = live.lifecycle.lock().await;
-            let row = self.reload(&row.id).await?;
-            if row.state != State::Stopped {
-                self.meter(&row, false).await;
-                Self::take_conn(&live);
-                let d = self.driver.clone();
-                let i = row.id.clone();
-                blocking(move || d.stop(&i)).await?;
-                self.store.set_state(&row.id, State::Stopped, None).await?;
-                // Restarts the CPU baseline (the next boot has a new cgroup) and samples the disk.
-                self.meter(&self.reload(&row.id).await?, true).await;
-                tracing::info!(sandbox = %row.id, "stopped");
-            }
+            let (row, _) = self.lifecycle(caller, id_or_name, Op::Stop).await?;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
@@ -966,24 +1060,7 @@ impl Manager {
     pub async fn start(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         let r = async {
             caller.require(Scope::SandboxesWrite)?;
-
-            let row = self.resolve(caller, id_or_name).await?;
-            let live = self.live(&row.id);
-            let _g = live.lifecycle.lock().await;
-            let row = self.reload(&row.id).await?;
-            match row.state {
-                State::Running => {}
-                State::Paused => self.resume_locked(&row).await?,
-                _ => {
-                    let _adm = self.gov.admission.lock().await;
-                    self.admit(&row.tenant, Admit::Run).await?;
-                    let pid = self.boot(&row, &live).await?;
-                    self.store
-                        .set_state(&row.id, State::Running, Some(pid))
-                        .await?;
-                    tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
-                }
-            }
+            let (row, live) = self.lifecycle(caller, id_or_name, Op::Start).await?;
             self.touch(&live, &row.id).await;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
@@ -997,30 +1074,9 @@ impl Manager {
     pub async fn delete(&self, caller: &Caller, id_or_name: &str, force: bool) -> Result<()> {
         let r = async {
             caller.require(Scope::SandboxesDelete)?;
-
-            let row = self.resolve(caller, id_or_name).await?;
-            let live = self.live(&row.id);
-            let _g = live.lifecycle.lock().await;
-            let row = self.reload(&row.id).await?;
-            if !force && matches!(row.state, State::Running | State::Paused) {
-                return Err(CoreError::Conflict(format!(
-                    "sandbox {} is {}; stop it first or delete with force",
-                    row.id,
-                    row.state.as_str()
-                )));
-            }
-            self.meter(&row, false).await;
-            // Recorded first, so a crash mid-delete is finished by the next start.
-            self.store.set_state(&row.id, State::Deleting, None).await?;
-            Self::take_conn(&live);
-            let d = self.driver.clone();
-            let i = row.id.clone();
-            blocking(move || d.destroy(&i)).await?;
-            self.store.delete_sandbox(&row.id).await?;
-            self.store.mark_usage_deleted(&row.id, now_ms()).await?;
-            self.forget(&row.id);
-            tracing::info!(sandbox = %row.id, "deleted");
-            Ok(())
+            self.lifecycle(caller, id_or_name, Op::Delete { force })
+                .await
+                .map(|_| ())
         }
         .await;
         self.audit(caller, "sandbox.delete", id_or_name, &r).await;
@@ -1064,19 +1120,10 @@ impl Manager {
                 (row, live, g)
             }
         };
-        match row.state {
-            State::Running if work => self.admit(&row.tenant, Admit::Work).await?,
-            State::Running => {}
-            State::Paused => {
-                self.resume_locked(&row).await?;
-                tracing::info!(sandbox = %row.id, "resumed for a call");
-            }
-            _ => {
-                return Err(CoreError::NotRunning {
-                    id: row.id.clone(),
-                    state: row.state.as_str().into(),
-                })
-            }
+        match self.apply(&row, &live, Op::Call).await? {
+            Step::Keep if work => self.admit(&row.tenant, Admit::Work).await?,
+            Step::Thaw => tracing::info!(sandbox = %row.id, "resumed for a call"),
+            _ => {}
         }
         let current = live.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let conn = match current {

@@ -340,13 +340,45 @@ impl Store {
         rows.iter().map(row_to_sandbox).collect()
     }
 
-    pub async fn set_state(&self, id: &str, state: State, agent_pid: Option<i32>) -> Result<()> {
-        sqlx::query("UPDATE sandboxes SET state = ?, agent_pid = ? WHERE id = ?")
-            .bind(state.as_str())
-            .bind(agent_pid)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+    /// Moves sandbox `id` to `to` (with `agent_pid`) only if it is in one of `from`: a
+    /// caller that read a state earlier cannot overwrite what changed since. `Conflict`
+    /// when the row is not (or no longer) in one of `from`.
+    pub async fn transition(
+        &self,
+        id: &str,
+        from: &[State],
+        to: State,
+        agent_pid: Option<i32>,
+    ) -> Result<()> {
+        if from.is_empty() {
+            return Err(CoreError::Internal(format!(
+                "a transition of {id} to {} from no state",
+                to.as_str()
+            )));
+        }
+        let marks = vec!["?"; from.len()].join(", ");
+        let sql = format!(
+            "UPDATE sandboxes SET state = ?, agent_pid = ? WHERE id = ? AND state IN ({marks})"
+        );
+        let mut q = sqlx::query(&sql).bind(to.as_str()).bind(agent_pid).bind(id);
+        for s in from {
+            q = q.bind(s.as_str());
+        }
+        let done = q.execute(&self.pool).await?;
+        if done.rows_affected() != 1 {
+            let now = self.get_by_id_any(id).await?;
+            return Err(CoreError::Conflict(match now {
+                Some(r) => format!(
+                    "sandbox {id} is {}, no longer {}",
+                    r.state.as_str(),
+                    from.iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+                None => format!("sandbox {id} no longer exists"),
+            }));
+        }
         Ok(())
     }
 

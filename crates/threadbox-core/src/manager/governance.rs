@@ -668,7 +668,7 @@ impl Manager {
         for row in self.store.all_sandboxes().await? {
             if row.state == State::Running && over.contains(&row.tenant) {
                 let caller = Caller::system(&row.tenant);
-                match self.pause(&caller, &row.id).await {
+                match self.pause_for(&caller, &row.id, super::Op::CapPause).await {
                     Ok(_) => tracing::info!(
                         sandbox = %row.id, tenant = %row.tenant,
                         "paused: the tenant reached its daily CPU cap"

@@ -112,7 +112,9 @@ impl Manager {
         .await;
         match result {
             Ok(pid) => {
-                self.store.set_state(&id, State::Running, Some(pid)).await?;
+                self.store
+                    .transition(&id, &[State::Creating], State::Running, Some(pid))
+                    .await?;
                 tracing::info!(sandbox = %id, agent_pid = pid, "warm pool: sandbox ready");
                 Ok(())
             }
@@ -125,7 +127,20 @@ impl Manager {
 
     /// Destroys a pooled sandbox and its row. Caller holds its lifecycle lock.
     pub(super) async fn discard_pooled(&self, id: &str, live: &Live) {
-        let _ = self.store.set_state(id, State::Deleting, None).await;
+        let _ = self
+            .store
+            .transition(
+                id,
+                &[
+                    State::Creating,
+                    State::Running,
+                    State::Paused,
+                    State::Stopped,
+                ],
+                State::Deleting,
+                None,
+            )
+            .await;
         Self::take_conn(live);
         let d = self.driver.clone();
         let i = id.to_string();

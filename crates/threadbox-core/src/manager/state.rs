@@ -1,0 +1,227 @@
+//! The lifecycle of a sandbox as one table: which operation is allowed in which state,
+//! and what it does. Every lifecycle path of the manager (the API's pause, resume, stop,
+//! start and delete, the implicit resume of a call on a paused sandbox, idle pause, the
+//! TTL, the CPU-cap pause, reconcile after a restart) asks [`plan`] first, under the
+//! sandbox's lifecycle lock, and records the result with `Store::transition`, which
+//! only changes a row that is still in the state the plan started from.
+//!
+//! # Lock order
+//!
+//! Always in this order, never the other way round, each released before an `.await` on
+//! anything slower than the store unless said otherwise:
+//!
+//! 1. `Manager::create_lock` (name uniqueness: held only around the existence check and
+//!    the insert);
+//! 2. the sandbox's `Live::lifecycle` mutex (held for the whole operation, across driver
+//!    calls: one lifecycle operation per sandbox at a time);
+//! 3. `GovState::admission` (quota check and the state change it admits);
+//! 4. the store's connections (inside each query).
+//!
+//! `Live::conn` and the `Live` map are plain mutexes never held across an `.await`.
+
+use crate::error::CoreError;
+use crate::store::State;
+
+/// What a caller wants of a sandbox's lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `pause` through the API.
+    Pause,
+    /// The idle sweeper: pause a running sandbox with no call in flight. `inflight` is
+    /// read under the lifecycle lock, where calls register, so no call can start between
+    /// the check and the freeze (F1).
+    IdlePause { inflight: usize },
+    /// The daily CPU cap of the tenant was reached.
+    CapPause,
+    /// `resume` through the API.
+    Resume,
+    /// `start` through the API (a paused sandbox is resumed).
+    Start,
+    /// `stop` through the API, or the TTL with `stop`.
+    Stop,
+    /// `delete` through the API, or the TTL with `delete`; `force` stops a live one.
+    Delete { force: bool },
+    /// A call that needs the sandbox's processes (exec, files, processes, selftest): runs
+    /// on a running sandbox, resumes a paused one transparently (ADR 0002).
+    Call,
+}
+
+/// What the manager does to carry an operation out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The sandbox already is where the operation leads (or the operation does not apply
+    /// and is not an error, like an idle pause of a stopped sandbox).
+    Keep,
+    /// Freeze the cgroup: `Running → Paused`.
+    Freeze,
+    /// Thaw the cgroup, if the tenant's quota admits one more running sandbox:
+    /// `Paused → Running`.
+    Thaw,
+    /// Boot a fresh agent on the kept disk, if the quota admits it: `Stopped → Running`.
+    Boot,
+    /// End every process, keep the disk: `Running | Paused → Stopped`.
+    Halt,
+    /// Record `Deleting`, destroy everything on the host, remove the row.
+    Destroy,
+}
+
+impl Step {
+    /// The states the row may be in for this step's transition, and the state it ends in
+    /// (`None`: the row goes away, or nothing changes).
+    pub fn transition(self) -> (&'static [State], Option<State>) {
+        match self {
+            Step::Keep => (&[], None),
+            Step::Freeze => (&[State::Running], Some(State::Paused)),
+            Step::Thaw => (&[State::Paused], Some(State::Running)),
+            Step::Boot => (&[State::Stopped], Some(State::Running)),
+            Step::Halt => (
+                &[State::Running, State::Paused, State::Creating],
+                Some(State::Stopped),
+            ),
+            Step::Destroy => (
+                &[
+                    State::Running,
+                    State::Paused,
+                    State::Stopped,
+                    State::Creating,
+                    State::Deleting,
+                ],
+                Some(State::Deleting),
+            ),
+        }
+    }
+}
+
+fn not_running(id: &str, state: State) -> CoreError {
+    CoreError::NotRunning {
+        id: id.to_string(),
+        state: state.as_str().into(),
+    }
+}
+
+/// The one table. `id` only names the sandbox in errors.
+pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
+    use Op::*;
+    use State::*;
+    Ok(match (op, state) {
+        (Pause, Running) | (CapPause, Running) => Step::Freeze,
+        (Pause, Paused) | (CapPause, _) => Step::Keep,
+        (Pause, s) => return Err(not_running(id, s)),
+
+        (IdlePause { inflight: 0 }, Running) => Step::Freeze,
+        (IdlePause { .. }, _) => Step::Keep,
+
+        (Resume, Paused) | (Call, Paused) => Step::Thaw,
+        (Resume, Running) | (Call, Running) => Step::Keep,
+        (Resume, s) | (Call, s) => return Err(not_running(id, s)),
+
+        (Start, Stopped) => Step::Boot,
+        (Start, Paused) => Step::Thaw,
+        (Start, Running) => Step::Keep,
+        (Start, s @ (Creating | Deleting)) => {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {id} is {}; it cannot be started",
+                s.as_str()
+            )))
+        }
+
+        (Stop, Running | Paused | Creating) => Step::Halt,
+        (Stop, Stopped) => Step::Keep,
+        (Stop, Deleting) => {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {id} is being deleted"
+            )))
+        }
+
+        (Delete { force: false }, s @ (Running | Paused)) => {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {id} is {}; stop it first or delete with force",
+                s.as_str()
+            )))
+        }
+        // A delete that failed half-way (`deleting`) can be retried (F3).
+        (Delete { .. }, _) => Step::Destroy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATES: [State; 5] = [
+        State::Creating,
+        State::Running,
+        State::Paused,
+        State::Stopped,
+        State::Deleting,
+    ];
+    const OPS: [Op; 10] = [
+        Op::Pause,
+        Op::IdlePause { inflight: 0 },
+        Op::IdlePause { inflight: 1 },
+        Op::CapPause,
+        Op::Resume,
+        Op::Start,
+        Op::Stop,
+        Op::Delete { force: false },
+        Op::Delete { force: true },
+        Op::Call,
+    ];
+
+    #[test]
+    fn every_step_starts_from_a_state_its_transition_accepts() {
+        for s in STATES {
+            for op in OPS {
+                if let Ok(step) = plan("sb-x", s, op) {
+                    let (from, _) = step.transition();
+                    assert!(
+                        step == Step::Keep || from.contains(&s),
+                        "{op:?} in {s:?} plans {step:?}, whose transition refuses {s:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_table() {
+        let p = |s, op| plan("sb-x", s, op);
+        assert_eq!(p(State::Running, Op::Pause).unwrap(), Step::Freeze);
+        assert_eq!(p(State::Paused, Op::Pause).unwrap(), Step::Keep);
+        assert!(matches!(
+            p(State::Stopped, Op::Pause),
+            Err(CoreError::NotRunning { .. })
+        ));
+        // F1: an idle pause never freezes a sandbox with a call in flight.
+        assert_eq!(
+            p(State::Running, Op::IdlePause { inflight: 1 }).unwrap(),
+            Step::Keep
+        );
+        assert_eq!(
+            p(State::Running, Op::IdlePause { inflight: 0 }).unwrap(),
+            Step::Freeze
+        );
+        assert_eq!(p(State::Paused, Op::Call).unwrap(), Step::Thaw);
+        assert!(matches!(
+            p(State::Stopped, Op::Call),
+            Err(CoreError::NotRunning { .. })
+        ));
+        assert_eq!(p(State::Stopped, Op::Start).unwrap(), Step::Boot);
+        assert_eq!(p(State::Paused, Op::Start).unwrap(), Step::Thaw);
+        assert!(matches!(
+            p(State::Running, Op::Delete { force: false }),
+            Err(CoreError::Conflict(_))
+        ));
+        assert_eq!(
+            p(State::Running, Op::Delete { force: true }).unwrap(),
+            Step::Destroy
+        );
+        // F3: a delete that failed half-way can be retried.
+        assert_eq!(
+            p(State::Deleting, Op::Delete { force: false }).unwrap(),
+            Step::Destroy
+        );
+        assert_eq!(p(State::Stopped, Op::Stop).unwrap(), Step::Keep);
+        assert_eq!(p(State::Stopped, Op::CapPause).unwrap(), Step::Keep);
+    }
+}
