@@ -221,6 +221,31 @@ fn spawn(
     }
 }
 
+/// How often a call with a timeout wakes up while its process runs.
+const FROZEN_TICK: Duration = Duration::from_millis(200);
+/// A gap between two wake-ups longer than this is time the sandbox spent frozen. Far above
+/// the tick, so scheduling delays on a busy host do not count (at worst they extend a
+/// deadline by the delay).
+const FROZEN_GAP: Duration = Duration::from_secs(1);
+
+/// Moves `deadline` by the time since `last_seen` when that is a freeze; records now.
+/// True when it moved.
+fn credit_frozen(
+    deadline: &mut Option<tokio::time::Instant>,
+    last_seen: &mut tokio::time::Instant,
+) -> bool {
+    let now = tokio::time::Instant::now();
+    let gap = now.saturating_duration_since(*last_seen);
+    *last_seen = now;
+    match deadline {
+        Some(d) if gap > FROZEN_GAP => {
+            *d += gap;
+            true
+        }
+        _ => false,
+    }
+}
+
 enum Ending {
     Exited,
     TimedOut,
@@ -282,9 +307,16 @@ pub async fn exec(
     let mut obuf = vec![0u8; CHUNK];
     let mut ebuf = vec![0u8; CHUNK];
     let mut pending: VecDeque<Frame> = VecDeque::new();
-    let timeout_at = spec
+    let mut timeout_at = spec
         .timeout_ms
         .map(|ms| tokio::time::Instant::from_std(started) + Duration::from_millis(ms));
+    // A timeout measures time the sandbox ran: while its cgroup is frozen (pause) the
+    // agent does not run either, so a wake-up long after the previous one is time spent
+    // frozen, and moves the deadline. The tick keeps wake-ups frequent while a timed call
+    // runs, so the gap seen after a thaw is the freeze.
+    let mut last_seen = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(FROZEN_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut status: Option<WaitStatus> = None;
     let mut exited = false;
     let mut ending: Option<Ending> = None;
@@ -292,6 +324,7 @@ pub async fn exec(
     let mut cancel_open = true;
 
     loop {
+        credit_frozen(&mut timeout_at, &mut last_seen);
         let pipes_done = out.eof && err.eof;
         if pipes_done && (exited || ending.is_some()) && pending.is_empty() {
             break;
@@ -309,7 +342,12 @@ pub async fn exec(
                     stop_at = Some(tokio::time::Instant::now() + DRAIN_AFTER_KILL);
                 }
             }
+            _ = tick.tick(), if timeout_at.is_some() && ending.is_none() && !exited => {}
             _ = sleep_until(timeout_at.unwrap_or_else(far_future)), if timeout_at.is_some() && ending.is_none() && !exited => {
+                if credit_frozen(&mut timeout_at, &mut last_seen) {
+                    // Woken by the thaw, not by running out of time.
+                    continue;
+                }
                 agent.kill_tree(p.cgroup.as_deref(), pid);
                 ending = Some(Ending::TimedOut);
                 stop_at = Some(tokio::time::Instant::now() + DRAIN_AFTER_KILL);

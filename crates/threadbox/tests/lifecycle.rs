@@ -193,3 +193,65 @@ fn concurrent_get_or_create_never_answers_not_found() {
         assert!(!d.tb(&["info", &name]).status.success(), "{name} was left");
     }
 }
+
+/// A timeout measures time the sandbox ran: a call paused for longer than its timeout
+/// finishes after the resume instead of being killed at once.
+#[test]
+fn frozen_time_does_not_count_toward_a_timeout() {
+    require_root!();
+    let d = Daemon::start();
+    d.json(&["create", "--name", "napper", "--json"]);
+    let url = d.url.clone();
+    let call = std::thread::spawn(move || {
+        Command::new(bin())
+            .args([
+                "exec",
+                "napper",
+                "--json",
+                "--timeout",
+                "4",
+                "--",
+                "sh",
+                "-c",
+                "touch /tmp/started; sleep 2; echo done",
+            ])
+            .env("THREADBOX_URL", &url)
+            .output()
+            .expect("run cli")
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !d
+        .tb(&["exec", "napper", "--", "test", "-e", "/tmp/started"])
+        .status
+        .success()
+    {
+        assert!(Instant::now() < deadline, "the call did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.json(&["pause", "napper", "--json"]);
+    // What is tested: a pause longer than the call's whole timeout.
+    std::thread::sleep(Duration::from_secs(5));
+    d.json(&["resume", "napper", "--json"]);
+    let out = call.join().expect("thread");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    assert_eq!(
+        v["timed_out"], false,
+        "killed for time it spent frozen: {v}"
+    );
+    assert_eq!(v["stdout"], "done\n", "{v}");
+
+    // Positive control: running time still counts.
+    let v = d.json(&[
+        "exec",
+        "napper",
+        "--json",
+        "--timeout",
+        "1",
+        "--",
+        "sleep",
+        "5",
+    ]);
+    assert_eq!(v["timed_out"], true, "{v}");
+}
