@@ -123,6 +123,43 @@ impl JailDriver {
     }
 }
 
+/// Longest a launch helper may take: it mounts, forks and execs, normally in tens of
+/// milliseconds; one stuck in the kernel must not hold its caller forever (F7).
+const HELPER_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Feeds the helper its spec and waits for it to exit, at most `deadline`; past it the
+/// helper is killed. The helper is reaped on every path (F18).
+fn run_helper(
+    mut child: std::process::Child,
+    input: &[u8],
+    deadline: Duration,
+) -> Result<std::process::Output> {
+    if let Some(mut stdin) = child.stdin.take() {
+        if let Err(e) = stdin.write_all(input) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e.into());
+        }
+    }
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(out) => Ok(out?),
+        Err(_) => {
+            let _ = threadbox_sys::child::kill(pid, libc::SIGKILL);
+            // The waiting thread reaps it.
+            let _ = rx.recv();
+            Err(CoreError::Unavailable(format!(
+                "the jail helper did not finish within {}s",
+                deadline.as_secs()
+            )))
+        }
+    }
+}
+
 /// Gives a sandbox its disk image: a sparse copy of a template made once per size under
 /// `templates` (mkfs costs ~10 ms per create; the copy moves the few MiB the empty file
 /// system occupies). Templates are only ever read after their atomic rename.
@@ -297,7 +334,7 @@ impl Driver for JailDriver {
             test_weaken: weaken.list().to_vec(),
         };
         let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
-        let mut child = std::process::Command::new(&self.config.helper_path)
+        let child = std::process::Command::new(&self.config.helper_path)
             .arg("__jail-launch")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -310,10 +347,14 @@ impl Driver for JailDriver {
                     self.config.helper_path.display()
                 ))
             })?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&input)?;
-        }
-        let out = child.wait_with_output()?;
+        let out = match run_helper(child, &input, HELPER_DEADLINE) {
+            Ok(out) => out,
+            Err(e) => {
+                // Nothing the helper started for this sandbox is left running.
+                let _ = self.stop(req.id);
+                return Err(e);
+            }
+        };
         let line = String::from_utf8_lossy(&out.stdout);
         let report: LaunchReport = serde_json::from_str(line.lines().next().unwrap_or(""))
             .map_err(|_| {

@@ -933,13 +933,30 @@ impl Manager {
                     .await?;
             }
             Step::Boot => {
-                let _adm = self.gov.admission.lock().await;
-                self.admit(&row.tenant, Admit::Run).await?;
-                let pid = self.boot(row, live).await?;
-                self.store
-                    .transition(&row.id, from, State::Running, Some(pid))
-                    .await?;
-                tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
+                // The place is reserved under the admission lock (`creating` counts as
+                // running for quotas) and the boot runs without it: one slow boot must
+                // not hold every tenant's creates and starts (F7).
+                {
+                    let _adm = self.gov.admission.lock().await;
+                    self.admit(&row.tenant, Admit::Run).await?;
+                    self.store
+                        .transition(&row.id, from, State::Creating, None)
+                        .await?;
+                }
+                match self.boot(row, live).await {
+                    Ok(pid) => {
+                        self.store
+                            .transition(&row.id, &[State::Creating], State::Running, Some(pid))
+                            .await?;
+                        tracing::info!(sandbox = %row.id, agent_pid = pid, "started");
+                    }
+                    Err(e) => {
+                        self.store
+                            .transition(&row.id, &[State::Creating], State::Stopped, None)
+                            .await?;
+                        return Err(e);
+                    }
+                }
             }
             Step::Halt => {
                 self.meter(row, false).await;
