@@ -40,6 +40,9 @@ pub trait Driver: Send + Sync {
     fn destroy(&self, id: &str) -> Result<()>;
     fn socket_path(&self, id: &str) -> PathBuf;
     fn cpu_usage_usec(&self, id: &str) -> Result<u64>;
+    /// Whether the sandbox's agent, host pid `pid`, is still alive in the sandbox (it may
+    /// be alive and not answering yet).
+    fn agent_alive(&self, id: &str, pid: i32) -> bool;
 }
 
 pub struct LaunchRequest<'a> {
@@ -433,5 +436,10 @@ impl Driver for JailDriver {
 
     fn cpu_usage_usec(&self, id: &str) -> Result<u64> {
         Ok(self.cgroup(id).cpu_usage_usec()?)
+    }
+
+    fn agent_alive(&self, id: &str, pid: i32) -> bool {
+        let cg = self.cgroup(id);
+        cg.exists() && cg.pids().is_ok_and(|p| p.contains(&pid))
     }
 }

@@ -518,6 +518,19 @@ impl Manager {
                                 .await?;
                             tracing::info!(sandbox = %id, "re-adopted (running)");
                         }
+                        Err(e)
+                            if row
+                                .agent_pid
+                                .is_some_and(|pid| self.driver.agent_alive(&id, pid)) =>
+                        {
+                            // Alive but slow to answer (a loaded host, a stopped agent):
+                            // never kill the user's processes because the daemon is in a
+                            // hurry (F6). The next call connects again.
+                            self.store
+                                .transition(&id, LIVE, State::Running, row.agent_pid)
+                                .await?;
+                            tracing::warn!(sandbox = %id, "re-adopted, but its agent does not answer yet ({e}); the next call retries");
+                        }
                         Err(e) => {
                             let d = driver.clone();
                             let i = id.clone();
@@ -525,7 +538,7 @@ impl Manager {
                             self.store
                                 .transition(&id, LIVE, State::Stopped, None)
                                 .await?;
-                            tracing::warn!(sandbox = %id, "agent unreachable ({e}); marked stopped, disk kept");
+                            tracing::warn!(sandbox = %id, "agent gone ({e}); marked stopped, disk kept");
                         }
                     }
                 }

@@ -39,29 +39,54 @@ struct Daemon {
     url: String,
 }
 
+/// `threadbox serve` on `root`, its log appended to `root/daemon.log`.
+fn spawn(root: &std::path::Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("daemon.log"))
+        .expect("log");
+    Command::new(bin())
+        .args(["serve", "--root"])
+        .arg(root)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start daemon")
+}
+
 impl Daemon {
     fn start() -> Daemon {
         let root = tempfile::Builder::new()
             .prefix("tb-lifecycle-")
             .tempdir()
             .expect("tempdir");
-        let log = std::fs::File::create(root.path().join("daemon.log")).expect("log");
-        let child = Command::new(bin())
-            .args(["serve", "--root"])
-            .arg(root.path())
-            .args(["--listen", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start daemon");
+        Daemon::start_on(root)
+    }
+
+    /// SIGKILL (sandboxes keep running), then a new daemon on the same root.
+    fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(self.root.path());
+        self.wait_answering();
+    }
+
+    fn start_on(root: tempfile::TempDir) -> Daemon {
+        let child = spawn(root.path());
         let url = format!("unix://{}/threadbox.sock", root.path().display());
         let d = Daemon { child, root, url };
+        d.wait_answering();
+        d
+    }
+
+    fn wait_answering(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !d.tb(&["ls", "--json"]).status.success() {
+        while !self.tb(&["ls", "--json"]).status.success() {
             assert!(Instant::now() < deadline, "the daemon did not answer");
             std::thread::sleep(Duration::from_millis(20));
         }
-        d
     }
 
     fn tb(&self, args: &[&str]) -> Output {
@@ -254,4 +279,50 @@ fn frozen_time_does_not_count_toward_a_timeout() {
         "5",
     ]);
     assert_eq!(v["timed_out"], true, "{v}");
+}
+
+/// F6: a sandbox whose agent is alive but slow to answer when the daemon restarts is
+/// re-adopted, not stopped: its processes survive.
+#[test]
+fn a_slow_agent_at_restart_keeps_its_sandbox() {
+    require_root!();
+    let mut d = Daemon::start();
+    d.json(&["create", "--name", "slowpoke", "--json"]);
+    let out = d.tb(&["spawn", "slowpoke", "--", "sleep", "600"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = d.json(&["info", "slowpoke", "--json"])["agent_pid"]
+        .as_i64()
+        .expect("agent pid")
+        .to_string();
+    let signal = |sig: &str| {
+        let st = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill");
+        assert!(st.success(), "kill {sig} {pid}");
+    };
+    // The agent cannot answer the restarted daemon's handshake.
+    signal("-STOP");
+    d.restart();
+    let state = d.json(&["info", "slowpoke", "--json"])["state"].clone();
+    signal("-CONT");
+    assert_eq!(state, "running", "the slow agent's sandbox was not kept");
+    let v = d.json(&["exec", "slowpoke", "--json", "--", "echo", "ok"]);
+    assert_eq!(v["stdout"], "ok\n", "{v}");
+    let ps = d.json(&["ps", "slowpoke", "--json"]);
+    let alive = ps["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|p| p["running"] == true);
+    // Positive control of the instrument: the background process is listed at all.
+    assert!(
+        ps["processes"].as_array().is_some_and(|a| !a.is_empty()),
+        "{ps}"
+    );
+    assert!(alive, "the user's process did not survive: {ps}");
 }
