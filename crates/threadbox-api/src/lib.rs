@@ -155,6 +155,9 @@ pub struct CreateSandboxRequest {
     pub ttl_secs: Option<u64>,
     #[serde(default)]
     pub ttl_action: TtlAction,
+    /// Isolation tier (default `jail`, the only one today).
+    #[serde(default)]
+    pub tier: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
@@ -179,6 +182,13 @@ pub struct Sandbox {
     /// Landlock on a kernel without it); empty in the default posture.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub isolation_warnings: Vec<String>,
+    /// The isolation tier that runs it (`jail`).
+    #[serde(default = "default_tier")]
+    pub tier: String,
+}
+
+fn default_tier() -> String {
+    "jail".to_string()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

@@ -24,8 +24,25 @@ pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
 /// group (contexts).
 pub const CGROUP_MAX_DEPTH: u32 = 2;
 
-/// What one sandbox needs from a driver, whatever isolates it.
+/// Most directory entries one disk-usage walk reads (a sandbox without a disk image).
+const MAX_DU_ENTRIES: usize = 2_000_000;
+
+/// The tier every sandbox has unless its create names another.
+pub const DEFAULT_TIER: &str = "jail";
+
+/// What one sandbox needs from a driver, whatever isolates it. The manager holds drivers
+/// as trait objects, one per isolation tier ([`Drivers`]), and asks a sandbox's own.
 pub trait Driver: Send + Sync {
+    /// The tier's name, as stored with each sandbox and shown in the API.
+    fn tier(&self) -> &'static str;
+    /// Whether the sandbox's persistent disk exists on the host.
+    fn has_disk(&self, id: &str) -> bool;
+    /// Memory in use by the sandbox's processes, in bytes.
+    fn memory_current(&self, id: &str) -> Result<u64>;
+    /// Bytes the sandbox's disk occupies on the host.
+    fn disk_usage(&self, id: &str) -> u64;
+    /// Applies new resource limits to a running sandbox.
+    fn set_limits(&self, id: &str, limits: &Limits) -> Result<()>;
     /// Creates the sandbox's persistent disk: an image of `disk_bytes` (0 = a plain
     /// directory without quota).
     fn prepare(&self, id: &str, slot: u32, disk_bytes: u64) -> Result<()>;
@@ -441,5 +458,104 @@ impl Driver for JailDriver {
     fn agent_alive(&self, id: &str, pid: i32) -> bool {
         let cg = self.cgroup(id);
         cg.exists() && cg.pids().is_ok_and(|p| p.contains(&pid))
+    }
+
+    fn tier(&self) -> &'static str {
+        DEFAULT_TIER
+    }
+
+    fn has_disk(&self, id: &str) -> bool {
+        self.disk_exists(id)
+    }
+
+    fn memory_current(&self, id: &str) -> Result<u64> {
+        Ok(self.cgroup(id).memory_current()?)
+    }
+
+    fn disk_usage(&self, id: &str) -> u64 {
+        // A quota'd sandbox's writable layer lives in its disk image (ADR 0011): what it
+        // occupies on the host is the image's allocated size.
+        use std::os::unix::fs::MetadataExt;
+        let p = self.paths(id);
+        match std::fs::metadata(&p.disk_image) {
+            Ok(m) if m.is_file() => m.blocks().saturating_mul(512),
+            _ => tree_usage(&p.upper),
+        }
+    }
+
+    fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
+        Ok(self.cgroup(id).set_limits(limits)?)
+    }
+}
+
+/// Bytes allocated under `dir`, not following symlinks (what `du` reports).
+fn tree_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > MAX_DU_ENTRIES {
+                return total;
+            }
+            let Ok(md) = e.path().symlink_metadata() else {
+                continue;
+            };
+            total = total.saturating_add(md.blocks().saturating_mul(512));
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
+/// The drivers of a daemon, one per tier.
+#[derive(Clone)]
+pub struct Drivers {
+    by_tier: std::collections::BTreeMap<&'static str, std::sync::Arc<dyn Driver>>,
+}
+
+impl Drivers {
+    /// A registry holding `default` (which must be the [`DEFAULT_TIER`]).
+    pub fn new(default: std::sync::Arc<dyn Driver>) -> Result<Drivers> {
+        if default.tier() != DEFAULT_TIER {
+            return Err(CoreError::Internal(format!(
+                "the default driver must be the {DEFAULT_TIER} tier, not {}",
+                default.tier()
+            )));
+        }
+        let mut by_tier = std::collections::BTreeMap::new();
+        by_tier.insert(default.tier(), default);
+        Ok(Drivers { by_tier })
+    }
+
+    /// Adds another tier (refused if that tier exists).
+    pub fn register(&mut self, driver: std::sync::Arc<dyn Driver>) -> Result<()> {
+        let tier = driver.tier();
+        if self.by_tier.contains_key(tier) {
+            return Err(CoreError::Internal(format!("tier {tier} registered twice")));
+        }
+        self.by_tier.insert(tier, driver);
+        Ok(())
+    }
+
+    /// The driver of `tier`; `invalid_argument` naming the known tiers otherwise.
+    pub fn get(&self, tier: &str) -> Result<std::sync::Arc<dyn Driver>> {
+        self.by_tier.get(tier).cloned().ok_or_else(|| {
+            CoreError::InvalidArgument(format!(
+                "unknown tier {tier:?}; this daemon has: {}",
+                self.tiers().join(", ")
+            ))
+        })
+    }
+
+    pub fn tiers(&self) -> Vec<&'static str> {
+        self.by_tier.keys().copied().collect()
     }
 }

@@ -15,7 +15,7 @@ pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
 use crate::agent::{AgentConn, CancelGuard};
 use crate::caller::{Caller, Scope, POOL_TENANT};
-use crate::driver::{Driver, JailDriver, LaunchRequest};
+use crate::driver::{Driver, Drivers, JailDriver, LaunchRequest};
 use crate::error::{CoreError, Result};
 use crate::images::{self, ImageSpec, HOST_IMAGE};
 use crate::store::{now_ms, ImageRow, SandboxRow, State, Store};
@@ -73,7 +73,7 @@ impl Drop for Inflight {
 pub struct Manager {
     config: Config,
     store: Store,
-    driver: Arc<JailDriver>,
+    drivers: Drivers,
     live: Mutex<HashMap<String, Arc<Live>>>,
     create_lock: tokio::sync::Mutex<()>,
     stop_tx: tokio::sync::watch::Sender<bool>,
@@ -129,6 +129,7 @@ fn to_api_full(config: &Config, row: &SandboxRow) -> Sandbox {
             _ => None,
         },
         isolation_warnings: config.isolation_warnings(),
+        tier: row.tier.clone(),
     }
 }
 
@@ -413,12 +414,12 @@ impl Manager {
                 })
                 .await?;
         }
-        let driver = Arc::new(JailDriver::new(config.clone())?);
+        let drivers = Drivers::new(Arc::new(JailDriver::new(config.clone())?))?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mgr = Arc::new(Manager {
             config,
             store,
-            driver,
+            drivers,
             live: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
             stop_tx,
@@ -445,6 +446,11 @@ impl Manager {
             }
         });
         Ok(mgr)
+    }
+
+    /// The driver of `row`'s tier.
+    fn driver_for(&self, row: &SandboxRow) -> Result<Arc<dyn Driver>> {
+        self.drivers.get(&row.tier)
     }
 
     fn live(&self, id: &str) -> Arc<Live> {
@@ -475,7 +481,7 @@ impl Manager {
         self.drain_pool().await?;
         for row in self.store.all_sandboxes().await? {
             let id = row.id.clone();
-            let driver = self.driver.clone();
+            let driver = self.driver_for(&row)?;
             match row.state {
                 State::Deleting => {
                     let d = driver.clone();
@@ -488,7 +494,7 @@ impl Manager {
                     let d = driver.clone();
                     let i = id.clone();
                     blocking(move || d.stop(&i)).await?;
-                    if self.driver.disk_exists(&id) {
+                    if driver.has_disk(&id) {
                         self.store
                             .transition(&id, &[State::Creating], State::Stopped, None)
                             .await?;
@@ -508,8 +514,7 @@ impl Manager {
                         tracing::info!(sandbox = %id, "re-adopted (paused)");
                         continue;
                     }
-                    match AgentConn::connect(&self.driver.socket_path(&id), Duration::from_secs(3))
-                        .await
+                    match AgentConn::connect(&driver.socket_path(&id), Duration::from_secs(3)).await
                     {
                         Ok(conn) => {
                             Self::set_conn(&self.live(&id), Some(conn));
@@ -521,7 +526,7 @@ impl Manager {
                         Err(e)
                             if row
                                 .agent_pid
-                                .is_some_and(|pid| self.driver.agent_alive(&id, pid)) =>
+                                .is_some_and(|pid| driver.agent_alive(&id, pid)) =>
                         {
                             // Alive but slow to answer (a loaded host, a stopped agent):
                             // never kill the user's processes because the daemon is in a
@@ -636,7 +641,7 @@ impl Manager {
     /// Starts the agent of `row` and connects to it. Caller holds the lifecycle lock.
     async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
         let image = self.image_spec(&row.image).await?;
-        let driver = self.driver.clone();
+        let driver = self.driver_for(row)?;
         let id = row.id.clone();
         let hostname = row.name.clone().unwrap_or_else(|| row.id.clone());
         let slot = row.slot;
@@ -655,13 +660,18 @@ impl Manager {
             })
         })
         .await?;
-        match AgentConn::connect(&self.driver.socket_path(&row.id), AGENT_CONNECT_TIMEOUT).await {
+        match AgentConn::connect(
+            &self.driver_for(row)?.socket_path(&row.id),
+            AGENT_CONNECT_TIMEOUT,
+        )
+        .await
+        {
             Ok(conn) => {
                 Self::set_conn(live, Some(conn));
                 Ok(pid)
             }
             Err(e) => {
-                let d = self.driver.clone();
+                let d = self.driver_for(row)?;
                 let i = row.id.clone();
                 let _ = blocking(move || d.stop(&i)).await;
                 Err(e)
@@ -726,6 +736,11 @@ impl Manager {
                 "cpus must be between 0.01 and 1024".into(),
             ));
         }
+        let tier = req
+            .tier
+            .clone()
+            .unwrap_or_else(|| crate::driver::DEFAULT_TIER.to_string());
+        self.drivers.get(&tier)?;
         let pids = req.limits.pids.unwrap_or(self.config.default_pids);
         if !(8..=1 << 22).contains(&pids) {
             return Err(CoreError::InvalidArgument(
@@ -792,6 +807,7 @@ impl Manager {
             agent_pid: None,
             created_at: created,
             last_active_at: created,
+            tier: tier.to_string(),
         };
         let live = self.live(&id);
         // Held across the insert so two creates of one name cannot both insert; the new
@@ -851,7 +867,7 @@ impl Manager {
             g
         };
         let result: Result<i32> = async {
-            let d = self.driver.clone();
+            let d = self.driver_for(&row)?;
             let (i, slot, disk) = (id.clone(), row.slot, row.disk_bytes);
             blocking(move || d.prepare(&i, slot, disk)).await?;
             self.boot(&row, &live).await
@@ -869,7 +885,7 @@ impl Manager {
             }
             Err(e) => {
                 // Nothing half-created: remove what exists, then the row.
-                let d = self.driver.clone();
+                let d = self.driver_for(&row)?;
                 let i = id.clone();
                 let _ = blocking(move || d.destroy(&i)).await;
                 let _ = self.store.delete_sandbox(&id).await;
@@ -918,12 +934,12 @@ impl Manager {
             Step::Keep => {}
             Step::Freeze => {
                 self.meter(row, false).await;
-                let d = self.driver.clone();
+                let d = self.driver_for(row)?;
                 let i = row.id.clone();
                 if let Err(e) = blocking(move || d.freeze(&i)).await {
                     // A freeze that timed out leaves cgroup.freeze set: the sandbox would
                     // end up frozen while recorded as running (F2). Undo it.
-                    let d = self.driver.clone();
+                    let d = self.driver_for(row)?;
                     let i = row.id.clone();
                     if let Err(t) = blocking(move || d.thaw(&i)).await {
                         tracing::error!(sandbox = %row.id, "could not undo a failed freeze: {t}");
@@ -938,7 +954,7 @@ impl Manager {
                 let _adm = self.gov.admission.lock().await;
                 self.admit(&row.tenant, Admit::Run).await?;
                 self.meter(row, false).await;
-                let d = self.driver.clone();
+                let d = self.driver_for(row)?;
                 let i = row.id.clone();
                 blocking(move || d.thaw(&i)).await?;
                 self.store
@@ -974,7 +990,7 @@ impl Manager {
             Step::Halt => {
                 self.meter(row, false).await;
                 Self::take_conn(live);
-                let d = self.driver.clone();
+                let d = self.driver_for(row)?;
                 let i = row.id.clone();
                 blocking(move || d.stop(&i)).await?;
                 self.store
@@ -991,7 +1007,7 @@ impl Manager {
                     .transition(&row.id, from, State::Deleting, None)
                     .await?;
                 Self::take_conn(live);
-                let d = self.driver.clone();
+                let d = self.driver_for(row)?;
                 let i = row.id.clone();
                 if let Err(e) = blocking(move || d.destroy(&i)).await {
                     // Its processes are gone (destroy stops first) but something of it is
@@ -1159,9 +1175,11 @@ impl Manager {
         let conn = match current {
             Some(c) if !c.is_closed() => c,
             _ => {
-                let c =
-                    AgentConn::connect(&self.driver.socket_path(&row.id), Duration::from_secs(3))
-                        .await?;
+                let c = AgentConn::connect(
+                    &self.driver_for(&row)?.socket_path(&row.id),
+                    Duration::from_secs(3),
+                )
+                .await?;
                 Self::set_conn(&live, Some(c.clone()));
                 c
             }
@@ -1781,7 +1799,7 @@ impl Manager {
         caller.require(Scope::SandboxesRead)?;
 
         let row = self.resolve(caller, id_or_name).await?;
-        let d = self.driver.clone();
+        let d = self.driver_for(&row)?;
         blocking(move || d.cpu_usage_usec(&row.id)).await
     }
 

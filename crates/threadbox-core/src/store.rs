@@ -67,6 +67,8 @@ pub struct SandboxRow {
     pub agent_pid: Option<i32>,
     pub created_at: i64,
     pub last_active_at: i64,
+    /// The isolation tier (driver) that runs it.
+    pub tier: String,
 }
 
 #[derive(Debug, Clone)]
@@ -124,6 +126,7 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
         agent_pid: r.try_get::<Option<i64>, _>("agent_pid")?.map(|v| v as i32),
         created_at: r.try_get("created_at")?,
         last_active_at: r.try_get("last_active_at")?,
+        tier: r.try_get("tier")?,
     })
 }
 
@@ -224,8 +227,8 @@ impl Store {
         let res = sqlx::query(
             "INSERT INTO sandboxes (id, tenant, name, state, labels, image, memory_bytes, cpus, pids, \
              idle_pause_secs, ttl_secs, ttl_action, slot, agent_pid, created_at, last_active_at, \
-             disk_bytes) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+             disk_bytes, tier) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
         )
         .bind(&row.id)
         .bind(&row.tenant)
@@ -243,6 +246,7 @@ impl Store {
         .bind(row.created_at)
         .bind(row.last_active_at)
         .bind(row.disk_bytes as i64)
+        .bind(&row.tier)
         .execute(&mut *tx)
         .await;
         match res {

@@ -185,6 +185,9 @@ pub struct CreateArgs {
     /// What the TTL does.
     #[arg(long, value_enum, value_name = "ACTION")]
     pub ttl_action: Option<TtlActionArg>,
+    /// Isolation tier [default: jail, the only one today].
+    #[arg(long, value_name = "TIER")]
+    pub tier: Option<String>,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,

@@ -321,6 +321,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
             Some(TtlActionArg::Delete) => TtlAction::Delete,
             Some(TtlActionArg::Stop) | None => TtlAction::Stop,
         },
+        tier: args.tier,
     };
     let (sandbox, _created) = client.create(&req).await?;
     if args.json {

@@ -326,3 +326,26 @@ fn a_slow_agent_at_restart_keeps_its_sandbox() {
     );
     assert!(alive, "the user's process did not survive: {ps}");
 }
+
+/// Every sandbox records the tier that runs it; an unknown tier is refused before anything
+/// exists.
+#[test]
+fn sandboxes_have_a_tier_and_unknown_tiers_are_refused() {
+    require_root!();
+    let d = Daemon::start();
+    let v = d.json(&["create", "--name", "tiered", "--json"]);
+    assert_eq!(v["tier"], "jail", "{v}");
+    let v = d.json(&["create", "--name", "tiered2", "--tier", "jail", "--json"]);
+    assert_eq!(v["tier"], "jail", "{v}");
+    let out = d.tb(&["create", "--name", "nowhere", "--tier", "no-such-tier"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("unknown tier"),
+        "{err}"
+    );
+    assert!(
+        err.contains("jail"),
+        "the error names the known tiers: {err}"
+    );
+    assert!(!d.tb(&["info", "nowhere"]).status.success());
+}

@@ -5,7 +5,6 @@
 use super::{blocking, Manager};
 use crate::audit;
 use crate::caller::{validate_tenant, Caller, Scope};
-use crate::driver::Driver;
 use crate::error::{CoreError, Result};
 use crate::gov_store::{AuditNew, KeyRow, UsageDelta, UsageRow};
 use crate::keys;
@@ -18,8 +17,6 @@ use threadbox_api::*;
 pub const MAX_AUDIT_PAGE: u32 = 10_000;
 /// `last_used_at` of a key is written at most this often.
 const KEY_TOUCH_MS: i64 = 60_000;
-/// A walk of a sandbox's writable layer stops counting after this many entries.
-const MAX_DU_ENTRIES: usize = 2_000_000;
 
 /// Governance state of the manager that is not in the store.
 #[derive(Default)]
@@ -91,33 +88,6 @@ fn parse_age_secs(s: &str) -> Option<i64> {
     };
     let n: i64 = s[..s.len() - 1].parse().ok()?;
     (n >= 0).then(|| n.saturating_mul(mult))
-}
-
-/// Bytes allocated under `dir`, not following symlinks (what `du` reports).
-fn disk_usage(dir: &std::path::Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    let mut seen = 0usize;
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            seen += 1;
-            if seen > MAX_DU_ENTRIES {
-                return total;
-            }
-            let Ok(md) = e.path().symlink_metadata() else {
-                continue;
-            };
-            total = total.saturating_add(md.blocks().saturating_mul(512));
-            if md.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    total
 }
 
 fn key_info(k: &KeyRow, now: i64) -> ApiKeyInfo {
@@ -571,10 +541,8 @@ impl Manager {
         let elapsed = (now - since).max(0);
         let last_usec = prev.as_ref().map(|p| p.last_cgroup_usec).unwrap_or(0);
         let live = matches!(row.state, State::Running | State::Paused);
-        let driver = self.driver.clone();
+        let driver = self.driver_for(row)?;
         let id = row.id.clone();
-        let paths = self.driver.paths(&row.id);
-        let (upper, image) = (paths.upper, paths.disk_image);
         let (cpu, mem, disk) = blocking(move || {
             let cpu = if live {
                 driver.cpu_usage_usec(&id).ok()
@@ -582,21 +550,11 @@ impl Manager {
                 None
             };
             let mem = if live {
-                driver.cgroup(&id).memory_current().ok()
+                driver.memory_current(&id).ok()
             } else {
                 None
             };
-            let disk = if with_disk {
-                // A quota'd sandbox's writable layer lives in its disk image (ADR 0011):
-                // what it occupies on the host is the image's allocated size.
-                use std::os::unix::fs::MetadataExt;
-                Some(match std::fs::metadata(&image) {
-                    Ok(m) if m.is_file() => m.blocks().saturating_mul(512),
-                    _ => disk_usage(&upper),
-                })
-            } else {
-                None
-            };
+            let disk = with_disk.then(|| driver.disk_usage(&id));
             Ok((cpu, mem, disk))
         })
         .await?;

@@ -6,7 +6,6 @@
 
 use super::{blocking, Live, Manager};
 use crate::caller::POOL_TENANT;
-use crate::driver::Driver;
 use crate::error::Result;
 use crate::images::HOST_IMAGE;
 use crate::store::{now_ms, SandboxRow, State};
@@ -93,6 +92,7 @@ impl Manager {
             agent_pid: None,
             created_at: created,
             last_active_at: created,
+            tier: crate::driver::DEFAULT_TIER.to_string(),
         };
         let live = self.live(&id);
         let _g = live.lifecycle.lock().await;
@@ -104,7 +104,7 @@ impl Manager {
             }
         };
         let result: Result<i32> = async {
-            let d = self.driver.clone();
+            let d = self.drivers.get(crate::driver::DEFAULT_TIER)?;
             let (i, slot, disk) = (id.clone(), row.slot, row.disk_bytes);
             blocking(move || d.prepare(&i, slot, disk)).await?;
             self.boot(&row, &live).await
@@ -142,7 +142,13 @@ impl Manager {
             )
             .await;
         Self::take_conn(live);
-        let d = self.driver.clone();
+        let d = match self.drivers.get(crate::driver::DEFAULT_TIER) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(sandbox = %id, "warm pool: {e}");
+                return;
+            }
+        };
         let i = id.to_string();
         if let Err(e) = blocking(move || d.destroy(&i)).await {
             tracing::warn!(sandbox = %id, "warm pool: cannot destroy a pooled sandbox: {e}");
@@ -174,6 +180,7 @@ impl Manager {
     /// create and admission locks and has admitted the request.
     pub(super) async fn adopt_from_pool(&self, row: &SandboxRow) -> Result<Option<String>> {
         if self.config.warm_pool == 0
+            || row.tier != crate::driver::DEFAULT_TIER
             || row.image != HOST_IMAGE
             || row.disk_bytes != self.config.default_disk_bytes
         {
@@ -212,9 +219,9 @@ impl Manager {
                 cpus: row.cpus,
                 pids: row.pids,
             };
-            let d = self.driver.clone();
+            let d = self.drivers.get(crate::driver::DEFAULT_TIER)?;
             let i = id.clone();
-            let set = blocking(move || Ok(d.cgroup(&i).set_limits(&limits)?)).await;
+            let set = blocking(move || d.set_limits(&i, &limits)).await;
             if let Err(e) = set {
                 tracing::warn!(sandbox = %id, "warm pool: cannot apply limits ({e}), discarding");
                 self.discard_pooled(&id, &live).await;

@@ -44,6 +44,7 @@ fn sandbox(name: &str) -> Sandbox {
         ttl_action: TtlAction::Stop,
         agent_pid: Some(42),
         isolation_warnings: Vec::new(),
+        tier: "jail".into(),
     }
 }
 
