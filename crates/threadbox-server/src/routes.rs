@@ -573,34 +573,9 @@ pub(crate) async fn exec_stream(
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<Response, ApiError> {
     check_exec(&req)?;
+    let started = std::time::Instant::now();
     let rx = st.manager()?.exec_stream(&caller, &sandbox, req).await?;
-    // Stops after the terminal event; a channel that closes without one ends with an
-    // `error` event, so a client never mistakes a cut stream for a finished process.
-    let lines = futures::stream::unfold((rx, false), |(mut rx, finished)| async move {
-        if finished {
-            return None;
-        }
-        let (event, terminal) = match rx.recv().await {
-            Some(ev) => {
-                let terminal = matches!(ev, ExecEvent::End { .. } | ExecEvent::Error { .. });
-                (ev, terminal)
-            }
-            None => (
-                {
-                    tracing::error!("an exec stream ended without an end event");
-                    ExecEvent::Error {
-                        code: ErrorCode::Internal,
-                        message: "the exec stream ended without an end event".to_string(),
-                    }
-                },
-                true,
-            ),
-        };
-        Some((
-            Ok::<_, std::convert::Infallible>(ndjson_line(&event)),
-            (rx, terminal),
-        ))
-    });
+    let lines = exec_event_lines(rx, st.metrics.clone(), started);
     Ok((
         [
             (
@@ -612,6 +587,45 @@ pub(crate) async fn exec_stream(
         Body::from_stream(lines),
     )
         .into_response())
+}
+
+/// The NDJSON lines of a streamed exec. Stops after the terminal event; a channel that
+/// closes without one ends with an `error` event, so a client never mistakes a cut stream
+/// for a finished process. The `end` event records the call in the exec histogram, from
+/// `started` (the request) to the process's end, as `exec` does for a buffered call.
+fn exec_event_lines(
+    rx: tokio::sync::mpsc::Receiver<ExecEvent>,
+    metrics: Arc<Metrics>,
+    started: std::time::Instant,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    futures::stream::unfold((rx, false), move |(mut rx, finished)| {
+        let metrics = metrics.clone();
+        async move {
+            if finished {
+                return None;
+            }
+            let (event, terminal) = match rx.recv().await {
+                Some(ev) => {
+                    let terminal = matches!(ev, ExecEvent::End { .. } | ExecEvent::Error { .. });
+                    (ev, terminal)
+                }
+                None => (
+                    {
+                        tracing::error!("an exec stream ended without an end event");
+                        ExecEvent::Error {
+                            code: ErrorCode::Internal,
+                            message: "the exec stream ended without an end event".to_string(),
+                        }
+                    },
+                    true,
+                ),
+            };
+            if matches!(event, ExecEvent::End { .. }) {
+                metrics.record_exec(started.elapsed());
+            }
+            Some((Ok(ndjson_line(&event)), (rx, terminal)))
+        }
+    })
 }
 
 fn ndjson_line(event: &ExecEvent) -> Bytes {
@@ -920,4 +934,72 @@ pub(crate) async fn add_image(
     }
     let image = st.manager()?.add_image(&caller, req).await?;
     Ok((StatusCode::CREATED, ApiJson(image)))
+}
+
+#[cfg(test)]
+mod exec_stream_tests {
+    use super::*;
+
+    fn exec_count(metrics: &Metrics) -> String {
+        let text = metrics.render(&BTreeMap::new());
+        text.lines()
+            .find(|l| l.starts_with("threadbox_exec_duration_seconds_count "))
+            .map(str::to_string)
+            .unwrap_or_default()
+    }
+
+    async fn drain(events: Vec<ExecEvent>, metrics: Arc<Metrics>) -> Vec<Bytes> {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        for ev in events {
+            tx.send(ev).await.expect("the receiver is alive");
+        }
+        drop(tx);
+        exec_event_lines(rx, metrics, std::time::Instant::now())
+            .map(|line| match line {
+                Ok(bytes) => bytes,
+                Err(never) => match never {},
+            })
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_streamed_exec_is_counted_in_the_exec_histogram_once_it_ends() {
+        let metrics = Arc::new(Metrics::default());
+        let lines = drain(
+            vec![
+                ExecEvent::Start { pid: 7 },
+                ExecEvent::Stdout {
+                    data: "hi\n".into(),
+                    encoding: Encoding::Utf8,
+                },
+                ExecEvent::End {
+                    exit_code: Some(0),
+                    signal: None,
+                    timed_out: false,
+                    truncated: false,
+                    duration_ms: 1,
+                },
+            ],
+            metrics.clone(),
+        )
+        .await;
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            exec_count(&metrics),
+            "threadbox_exec_duration_seconds_count 1"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_before_its_end_is_not_counted() {
+        let metrics = Arc::new(Metrics::default());
+        let lines = drain(vec![ExecEvent::Start { pid: 7 }], metrics.clone()).await;
+        assert_eq!(lines.len(), 2, "start, then the synthetic error");
+        assert!(String::from_utf8_lossy(&lines[1]).contains("\"error\""));
+        assert_eq!(
+            exec_count(&metrics),
+            "threadbox_exec_duration_seconds_count 0"
+        );
+    }
 }
