@@ -58,6 +58,8 @@ pub(crate) struct Shared {
     max_upload_bytes: u64,
     mcp: McpOptions,
     pub(crate) metrics: Arc<Metrics>,
+    /// How many refused authentications reach the audit log (see auth.rs).
+    pub(crate) refusals: threadbox_core::audit::RefusalBudget,
 }
 
 impl Shared {
@@ -77,6 +79,7 @@ pub fn app(state: AppState) -> Router {
         max_upload_bytes: state.max_upload_bytes,
         mcp: state.mcp,
         metrics: Arc::default(),
+        refusals: Default::default(),
     })
 }
 
@@ -88,6 +91,7 @@ pub(crate) fn app_without_manager_tcp() -> Router {
         max_upload_bytes: 1024,
         mcp: McpOptions::default(),
         metrics: Arc::default(),
+        refusals: Default::default(),
     })
     .layer(axum::Extension(auth::Door::Tcp))
 }
@@ -100,6 +104,7 @@ pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
         max_upload_bytes,
         mcp: McpOptions::default(),
         metrics: Arc::default(),
+        refusals: Default::default(),
     })
     // As if through the operator's socket: these tests are about the HTTP layer.
     .layer(axum::Extension(auth::Door::Socket))
