@@ -52,7 +52,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
 
 /// Routes anyone may call: liveness and the API description.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/v1/openapi.json")
+    path == threadbox_api::routes::HEALTHZ || path == threadbox_api::routes::OPENAPI
 }
 
 /// The key a request presents, if any. Never logged.

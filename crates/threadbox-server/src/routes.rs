@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use threadbox_api::routes;
 use threadbox_api::*;
 use threadbox_core::{Caller, Manager};
 use utoipa::{IntoParams, ToSchema};
@@ -136,58 +137,43 @@ fn router(shared: Shared) -> Router {
     let host_origin = Arc::new(shared.mcp.clone());
     let shared = Arc::new(shared);
     Router::new()
-        .route("/healthz", get(healthz))
+        .route(routes::HEALTHZ, get(healthz))
         // Stateless Streamable HTTP: POST only (GET and DELETE answer 405).
-        .route_service("/mcp", mcp)
-        .route("/v1/openapi.json", get(openapi_document))
-        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route_service(routes::MCP, mcp)
+        .route(routes::OPENAPI, get(openapi_document))
+        .route(routes::SANDBOXES, post(create_sandbox).get(list_sandboxes))
+        .route(routes::SANDBOX, get(get_sandbox).delete(delete_sandbox))
+        .route(routes::SANDBOX_PAUSE, post(pause_sandbox))
+        .route(routes::SANDBOX_RESUME, post(resume_sandbox))
+        .route(routes::SANDBOX_STOP, post(stop_sandbox))
+        .route(routes::SANDBOX_START, post(start_sandbox))
+        .route(routes::EXEC, post(exec))
+        .route(routes::EXEC_STREAM, post(exec_stream))
+        .route(routes::PROCESSES, post(start_process).get(list_processes))
+        .route(routes::PROCESS_LOGS, get(process_logs))
+        .route(routes::PROCESS_KILL, post(kill_process))
         .route(
-            "/v1/sandboxes/{sandbox}",
-            get(get_sandbox).delete(delete_sandbox),
-        )
-        .route("/v1/sandboxes/{sandbox}/pause", post(pause_sandbox))
-        .route("/v1/sandboxes/{sandbox}/resume", post(resume_sandbox))
-        .route("/v1/sandboxes/{sandbox}/stop", post(stop_sandbox))
-        .route("/v1/sandboxes/{sandbox}/start", post(start_sandbox))
-        .route("/v1/sandboxes/{sandbox}/exec", post(exec))
-        .route("/v1/sandboxes/{sandbox}/exec/stream", post(exec_stream))
-        .route(
-            "/v1/sandboxes/{sandbox}/processes",
-            post(start_process).get(list_processes),
-        )
-        .route(
-            "/v1/sandboxes/{sandbox}/processes/{process_id}/logs",
-            get(process_logs),
-        )
-        .route(
-            "/v1/sandboxes/{sandbox}/processes/{process_id}/kill",
-            post(kill_process),
-        )
-        .route(
-            "/v1/sandboxes/{sandbox}/files",
+            routes::FILES,
             get(read_file).put(write_file).delete(remove_file),
         )
-        .route("/v1/sandboxes/{sandbox}/files/list", get(list_files))
-        .route("/v1/sandboxes/{sandbox}/files/stat", get(stat_file))
-        .route("/v1/sandboxes/{sandbox}/files/mkdir", post(mkdir))
-        .route("/v1/sandboxes/{sandbox}/selftest", get(selftest))
-        .route("/v1/images", get(list_images).post(add_image))
+        .route(routes::FILES_LIST, get(list_files))
+        .route(routes::FILES_STAT, get(stat_file))
+        .route(routes::FILES_MKDIR, post(mkdir))
+        .route(routes::SANDBOX_SELFTEST, get(selftest))
+        .route(routes::IMAGES, get(list_images).post(add_image))
         .route(
-            "/v1/keys",
+            routes::KEYS,
             post(gov_routes::create_key).get(gov_routes::list_keys),
         )
+        .route(routes::KEY, axum::routing::delete(gov_routes::revoke_key))
         .route(
-            "/v1/keys/{key_id}",
-            axum::routing::delete(gov_routes::revoke_key),
-        )
-        .route(
-            "/v1/quotas/{tenant}",
+            routes::QUOTA,
             get(gov_routes::get_quota).put(gov_routes::set_quota),
         )
-        .route("/v1/usage", get(gov_routes::usage))
-        .route("/v1/audit", get(gov_routes::audit_list))
-        .route("/v1/audit/verify", get(gov_routes::audit_verify))
-        .route("/metrics", get(gov_routes::metrics))
+        .route(routes::USAGE, get(gov_routes::usage))
+        .route(routes::AUDIT, get(gov_routes::audit_list))
+        .route(routes::AUDIT_VERIFY, get(gov_routes::audit_verify))
+        .route(routes::METRICS, get(gov_routes::metrics))
         // Must come after the routes: it is installed on each existing method router.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(route_not_found)
@@ -1006,5 +992,54 @@ mod exec_stream_tests {
             exec_count(&metrics),
             "threadbox_exec_duration_seconds_count 0"
         );
+    }
+}
+
+#[cfg(test)]
+mod route_table_tests {
+    use super::*;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    /// The router and `threadbox_api::routes` (which the Rust client builds its URLs
+    /// from) are one table: every template there is routed here.
+    #[tokio::test]
+    async fn every_shared_path_template_is_routed() {
+        for template in routes::ALL {
+            let values: Vec<&str> = routes::placeholders(template).iter().map(|_| "7").collect();
+            let uri = routes::fill(template, &values);
+            let mut routed = false;
+            for method in [Method::GET, Method::POST, Method::PUT, Method::DELETE] {
+                let req = Request::builder()
+                    .method(method)
+                    .uri(&uri)
+                    .body(Body::empty())
+                    .expect("a request");
+                let resp = app_without_manager(1024)
+                    .oneshot(req)
+                    .await
+                    .expect("the router is infallible");
+                let status = resp.status();
+                let body = resp.into_body().collect().await.expect("a body").to_bytes();
+                if !(status == StatusCode::NOT_FOUND
+                    && String::from_utf8_lossy(&body).contains("no such route"))
+                {
+                    routed = true;
+                    break;
+                }
+            }
+            assert!(routed, "{template} ({uri}) is not routed");
+        }
+        // And the check can fail: a path outside the table is not routed.
+        let resp = app_without_manager(1024)
+            .oneshot(
+                Request::get("/v1/sandboxes/7/nope")
+                    .body(Body::empty())
+                    .expect("a request"),
+            )
+            .await
+            .expect("the router is infallible");
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     }
 }
