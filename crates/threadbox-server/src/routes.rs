@@ -384,7 +384,7 @@ fn check_exec(req: &ExecRequest) -> Result<(), ApiError> {
 
 // ---- handlers -------------------------------------------------------------------------
 
-#[utoipa::path(get, path = "/healthz", tag = "meta",
+#[utoipa::path(get, path = routes::HEALTHZ, tag = "meta",
     responses((status = 200, description = "The daemon is up", body = Health)))]
 pub(crate) async fn healthz() -> ApiJson<Health> {
     ApiJson(Health {
@@ -393,7 +393,7 @@ pub(crate) async fn healthz() -> ApiJson<Health> {
     })
 }
 
-#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta",
+#[utoipa::path(get, path = routes::OPENAPI, tag = "meta",
     responses((status = 200, description = "This OpenAPI document", content_type = "application/json")))]
 pub(crate) async fn openapi_document() -> Response {
     (
@@ -406,7 +406,7 @@ pub(crate) async fn openapi_document() -> Response {
         .into_response()
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOXES, tag = "sandboxes",
     request_body = CreateSandboxRequest,
     responses(
         (status = 201, description = "Created", body = Sandbox),
@@ -431,7 +431,7 @@ pub(crate) async fn create_sandbox(
     Ok((status, ApiJson(sandbox)))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+#[utoipa::path(get, path = routes::SANDBOXES, tag = "sandboxes",
     params(
         ("label" = Option<Vec<String>>, Query, explode = true,
             description = "`key=value`; repeat to require several labels"),
@@ -449,7 +449,7 @@ pub(crate) async fn list_sandboxes(
     Ok(ApiJson(SandboxList { sandboxes }))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}", tag = "sandboxes",
+#[utoipa::path(get, path = routes::SANDBOX, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The sandbox", body = Sandbox),
@@ -462,7 +462,7 @@ pub(crate) async fn get_sandbox(
     Ok(ApiJson(st.manager()?.get(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{sandbox}", tag = "sandboxes",
+#[utoipa::path(delete, path = routes::SANDBOX, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), DeleteQuery),
     responses(
         (status = 204, description = "Deleted"),
@@ -479,7 +479,7 @@ pub(crate) async fn delete_sandbox(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/pause", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_PAUSE, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The paused sandbox", body = Sandbox),
@@ -492,7 +492,7 @@ pub(crate) async fn pause_sandbox(
     Ok(ApiJson(st.manager()?.pause(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/resume", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_RESUME, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The resumed sandbox", body = Sandbox),
@@ -505,7 +505,7 @@ pub(crate) async fn resume_sandbox(
     Ok(ApiJson(st.manager()?.resume(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/stop", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_STOP, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The stopped sandbox", body = Sandbox),
@@ -518,7 +518,7 @@ pub(crate) async fn stop_sandbox(
     Ok(ApiJson(st.manager()?.stop(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/start", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_START, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The started sandbox", body = Sandbox),
@@ -531,7 +531,7 @@ pub(crate) async fn start_sandbox(
     Ok(ApiJson(st.manager()?.start(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec", tag = "exec",
+#[utoipa::path(post, path = routes::EXEC, tag = "exec",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     request_body = ExecRequest,
     responses(
@@ -550,7 +550,7 @@ pub(crate) async fn exec(
     Ok(ApiJson(result))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec/stream", tag = "exec",
+#[utoipa::path(post, path = routes::EXEC_STREAM, tag = "exec",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     request_body = ExecRequest,
     responses(
@@ -628,7 +628,7 @@ fn ndjson_line(event: &ExecEvent) -> Bytes {
     Bytes::from(line)
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/processes", tag = "processes",
+#[utoipa::path(post, path = routes::PROCESSES, tag = "processes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     request_body = StartProcessRequest,
     responses(
@@ -645,7 +645,7 @@ pub(crate) async fn start_process(
     Ok((StatusCode::CREATED, ApiJson(info)))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/processes", tag = "processes",
+#[utoipa::path(get, path = routes::PROCESSES, tag = "processes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "Background processes", body = ProcessList),
@@ -660,7 +660,7 @@ pub(crate) async fn list_processes(
     ))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/processes/{process_id}/logs", tag = "processes",
+#[utoipa::path(get, path = routes::PROCESS_LOGS, tag = "processes",
     params(
         ("sandbox" = String, Path, description = "Sandbox id or name"),
         ("process_id" = u64, Path, description = "Background process id")),
@@ -679,7 +679,7 @@ pub(crate) async fn process_logs(
     ))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/processes/{process_id}/kill", tag = "processes",
+#[utoipa::path(post, path = routes::PROCESS_KILL, tag = "processes",
     params(
         ("sandbox" = String, Path, description = "Sandbox id or name"),
         ("process_id" = u64, Path, description = "Background process id")),
@@ -712,7 +712,7 @@ pub(crate) async fn kill_process(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+#[utoipa::path(get, path = routes::FILES, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     responses(
         (status = 200, description = "The file's bytes", body = RawBytes, content_type = "application/octet-stream"),
@@ -746,7 +746,7 @@ pub(crate) async fn read_file(
         .into_response())
 }
 
-#[utoipa::path(put, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+#[utoipa::path(put, path = routes::FILES, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     request_body(content = RawBytes, content_type = "application/octet-stream",
         description = "The new contents (replaces the file)"),
@@ -803,7 +803,7 @@ pub(crate) async fn write_file(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+#[utoipa::path(delete, path = routes::FILES, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), RemoveFileQuery),
     responses(
         (status = 204, description = "Removed"),
@@ -822,7 +822,7 @@ pub(crate) async fn remove_file(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files/list", tag = "files",
+#[utoipa::path(get, path = routes::FILES_LIST, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     responses(
         (status = 200, description = "Directory entries", body = FileList),
@@ -842,7 +842,7 @@ pub(crate) async fn list_files(
     ))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files/stat", tag = "files",
+#[utoipa::path(get, path = routes::FILES_STAT, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     responses(
         (status = 200, description = "The entry", body = FileEntry),
@@ -862,7 +862,7 @@ pub(crate) async fn stat_file(
     ))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/files/mkdir", tag = "files",
+#[utoipa::path(post, path = routes::FILES_MKDIR, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), MkdirQuery),
     responses(
         (status = 204, description = "Created"),
@@ -881,7 +881,7 @@ pub(crate) async fn mkdir(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/selftest", tag = "sandboxes",
+#[utoipa::path(get, path = routes::SANDBOX_SELFTEST, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "Isolation checks run inside the sandbox", body = SelftestReport),
@@ -894,7 +894,7 @@ pub(crate) async fn selftest(
     Ok(ApiJson(st.manager()?.selftest(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(get, path = "/v1/images", tag = "images",
+#[utoipa::path(get, path = routes::IMAGES, tag = "images",
     responses(
         (status = 200, description = "Known images", body = ImageList),
         (status = "default", description = "Error", body = ErrorResponse)))]
@@ -905,7 +905,7 @@ pub(crate) async fn list_images(
     Ok(ApiJson(st.manager()?.list_images(&caller).await?))
 }
 
-#[utoipa::path(post, path = "/v1/images", tag = "images",
+#[utoipa::path(post, path = routes::IMAGES, tag = "images",
     request_body = AddImageRequest,
     responses(
         (status = 201, description = "Added", body = Image),
