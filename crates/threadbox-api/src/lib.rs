@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
 mod governance;
+pub mod routes;
 pub use governance::*;
 
 /// Stable error codes. Scripts and SDKs match on these strings.

@@ -1,7 +1,9 @@
 //! Governance calls: API keys, quotas, usage, the audit log, metrics.
 
-use super::{empty_body, json_body, segment, Client, Result};
+use crate::transport::{empty_body, json_body};
+use crate::{Client, Result};
 use hyper::Method;
+use threadbox_api::routes::{self, fill};
 use threadbox_api::*;
 
 fn query(pairs: &[(&str, Option<String>)]) -> String {
@@ -22,22 +24,21 @@ fn query(pairs: &[(&str, Option<String>)]) -> String {
 impl Client {
     /// Creates an API key; the returned `key` is shown only this once.
     pub async fn create_key(&self, req: &CreateKeyRequest) -> Result<CreatedKey> {
-        self.post_json("/v1/keys", req).await
+        self.post_json(routes::KEYS, req).await
     }
 
     pub async fn list_keys(&self, tenant: Option<&str>) -> Result<ApiKeyList> {
         let q = query(&[("tenant", tenant.map(str::to_string))]);
-        self.get_json(&format!("/v1/keys{q}")).await
+        self.get_json(&format!("{}{q}", routes::KEYS)).await
     }
 
     pub async fn revoke_key(&self, key_id: &str) -> Result<()> {
-        self.no_content(Method::DELETE, &format!("/v1/keys/{}", segment(key_id)))
+        self.no_content(Method::DELETE, &fill(routes::KEY, &[key_id]))
             .await
     }
 
     pub async fn get_quota(&self, tenant: &str) -> Result<TenantQuota> {
-        self.get_json(&format!("/v1/quotas/{}", segment(tenant)))
-            .await
+        self.get_json(&fill(routes::QUOTA, &[tenant])).await
     }
 
     /// Replaces a tenant's quota (absent fields: unlimited).
@@ -45,7 +46,7 @@ impl Client {
         let resp = self
             .send(
                 Method::PUT,
-                &format!("/v1/quotas/{}", segment(tenant)),
+                &fill(routes::QUOTA, &[tenant]),
                 json_body(quota)?,
                 Some("application/json"),
             )
@@ -59,7 +60,7 @@ impl Client {
             ("tenant", tenant.map(str::to_string)),
             ("since", since.map(str::to_string)),
         ]);
-        self.get_json(&format!("/v1/usage{q}")).await
+        self.get_json(&format!("{}{q}", routes::USAGE)).await
     }
 
     /// One page of the audit log: entries after position `after`, oldest first.
@@ -74,17 +75,17 @@ impl Client {
             ("since", since.map(str::to_string)),
             ("limit", limit.map(|l| l.to_string())),
         ]);
-        self.get_json(&format!("/v1/audit{q}")).await
+        self.get_json(&format!("{}{q}", routes::AUDIT)).await
     }
 
     pub async fn audit_verify(&self) -> Result<AuditVerification> {
-        self.get_json("/v1/audit/verify").await
+        self.get_json(routes::AUDIT_VERIFY).await
     }
 
     /// The Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> Result<String> {
         let resp = self
-            .send(Method::GET, "/metrics", empty_body(), None)
+            .send(Method::GET, routes::METRICS, empty_body(), None)
             .await?;
         let body = self.read_body(resp).await?;
         Ok(String::from_utf8_lossy(&body).into_owned())

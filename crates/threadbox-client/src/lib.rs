@@ -1,94 +1,36 @@
 //! Rust client of the threadbox REST API, over a unix socket (`unix:///path/to.sock`) or
 //! TCP (`http://host:port`). One HTTP/1 connection per request: calls are few and long
 //! (exec), and a fresh connection never trips over a daemon restart.
+//!
+//! `transport` holds the exchange (timeouts, body bounds), `url` where the daemon is,
+//! `error` the one error type, `ndjson` the exec stream's parser; the endpoints below and
+//! in `governance` build their paths from `threadbox_api::routes`, as the router does.
 #![forbid(unsafe_code)]
 
+mod error;
 mod governance;
+mod ndjson;
+mod transport;
+mod url;
+
+pub use error::{ClientError, Result};
+pub use transport::{CONNECT_TIMEOUT, MAX_ERROR_BODY_BYTES, MAX_JSON_RESPONSE_BYTES};
+pub use url::{resolve_url, socket_path, DEFAULT_HTTP_URL, DEFAULT_ROOT, SOCKET_NAME};
 
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper::header::{self, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper::{Method, StatusCode};
+use ndjson::ndjson_events;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
+use threadbox_api::routes::{self, fill};
 use threadbox_api::*;
 use tokio::io::{AsyncRead, AsyncReadExt};
-
-/// Default root of the daemon's state; `THREADBOX_ROOT` overrides it.
-pub const DEFAULT_ROOT: &str = "/var/lib/threadbox";
-/// Name of the daemon's unix socket inside its root.
-pub const SOCKET_NAME: &str = "threadbox.sock";
-/// TCP address tried when no socket is found.
-pub const DEFAULT_HTTP_URL: &str = "http://127.0.0.1:7420";
-
-/// Bound on one NDJSON line of an exec stream.
-const MAX_EVENT_LINE_BYTES: usize = 64 << 20;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The daemon answered with an error.
-    #[error("{message}")]
-    Api {
-        status: u16,
-        code: ErrorCode,
-        message: String,
-    },
-    #[error(
-        "cannot connect to the threadbox daemon at {url} (is it running? start it with \
-         `threadbox serve`, or set THREADBOX_URL)"
-    )]
-    Connect {
-        url: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("invalid daemon URL {url:?}: {reason}")]
-    InvalidUrl { url: String, reason: String },
-    #[error("the connection to the daemon at {url} failed")]
-    Http {
-        url: String,
-        #[source]
-        source: hyper::Error,
-    },
-    #[error("cannot decode the daemon's response: {0}")]
-    Decode(String),
-    #[error("cannot read the data to send")]
-    Body(#[source] std::io::Error),
-}
-
-impl ClientError {
-    /// The API error code, when the daemon answered with one.
-    pub fn code(&self) -> Option<ErrorCode> {
-        match self {
-            ClientError::Api { code, .. } => Some(*code),
-            _ => None,
-        }
-    }
-}
-
-pub type Result<T, E = ClientError> = std::result::Result<T, E>;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type ReqBody = UnsyncBoxBody<Bytes, BoxError>;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Endpoint {
-    Unix(PathBuf),
-    /// `host:port`, plus a path prefix without a trailing slash.
-    Tcp {
-        authority: String,
-        prefix: String,
-    },
-}
+use transport::{empty_body, full_body, json_body, BoxError, ReqBody};
+use url::{parse_url, Endpoint};
 
 /// A client of one daemon.
 #[derive(Debug, Clone)]
@@ -98,93 +40,7 @@ pub struct Client {
     api_key: Option<String>,
     /// Sent as `X-Threadbox-Tenant`: the tenant an operator or admin acts for.
     tenant: Option<String>,
-}
-
-/// The URL the CLI talks to: `explicit`, else `THREADBOX_URL`, else the local socket
-/// `<THREADBOX_ROOT or /var/lib/threadbox>/threadbox.sock` when it exists, else
-/// `http://127.0.0.1:7420`.
-pub fn resolve_url(explicit: Option<&str>) -> String {
-    if let Some(url) = explicit.filter(|u| !u.is_empty()) {
-        return url.to_string();
-    }
-    if let Some(url) = std::env::var("THREADBOX_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-    {
-        return url;
-    }
-    let root = std::env::var_os("THREADBOX_ROOT")
-        .filter(|r| !r.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT));
-    let socket = root.join(SOCKET_NAME);
-    if socket.exists() {
-        return format!("unix://{}", socket.display());
-    }
-    DEFAULT_HTTP_URL.to_string()
-}
-
-fn parse_url(url: &str) -> Result<Endpoint> {
-    let invalid = |reason: &str| ClientError::InvalidUrl {
-        url: url.to_string(),
-        reason: reason.to_string(),
-    };
-    if let Some(path) = url.strip_prefix("unix://") {
-        if !path.starts_with('/') {
-            return Err(invalid(
-                "a unix socket URL needs an absolute path: unix:///path/to.sock",
-            ));
-        }
-        return Ok(Endpoint::Unix(PathBuf::from(path)));
-    }
-    if let Some(rest) = url.strip_prefix("http://") {
-        let (authority, prefix) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        if authority.is_empty() {
-            return Err(invalid("missing host"));
-        }
-        if authority.contains('@') || authority.contains('?') || authority.contains('#') {
-            return Err(invalid("expected http://host:port"));
-        }
-        let authority = if has_port(authority) {
-            authority.to_string()
-        } else {
-            format!("{authority}:80")
-        };
-        return Ok(Endpoint::Tcp {
-            authority,
-            prefix: prefix.to_string(),
-        });
-    }
-    if url.starts_with("https://") {
-        return Err(invalid(
-            "https is not supported yet; use http:// on loopback or unix://",
-        ));
-    }
-    Err(invalid("expected unix:///path/to.sock or http://host:port"))
-}
-
-fn has_port(authority: &str) -> bool {
-    match authority.rfind(':') {
-        // `[::1]:7420` has a port, `[::1]` has none.
-        Some(i) => !authority[i..].contains(']'),
-        None => false,
-    }
-}
-
-/// Percent-encodes one path segment (a sandbox id or name).
-fn segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    connect_timeout: Duration,
 }
 
 fn user_str(user: User) -> &'static str {
@@ -204,39 +60,6 @@ fn file_query(path: &str, user: User, extra: &[(&str, &str)]) -> String {
     q.finish()
 }
 
-fn empty_body() -> ReqBody {
-    Empty::<Bytes>::new()
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-fn full_body(bytes: impl Into<Bytes>) -> ReqBody {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-fn json_body<T: Serialize>(value: &T) -> Result<ReqBody> {
-    let bytes = serde_json::to_vec(value)
-        .map_err(|e| ClientError::Decode(format!("cannot encode the request: {e}")))?;
-    Ok(full_body(bytes))
-}
-
-/// The fallback code of an error response that is not in the API's error shape.
-fn code_for_status(status: StatusCode) -> ErrorCode {
-    match status.as_u16() {
-        400 | 405 | 415 | 422 => ErrorCode::InvalidArgument,
-        401 => ErrorCode::Unauthenticated,
-        403 => ErrorCode::PermissionDenied,
-        404 => ErrorCode::NotFound,
-        409 => ErrorCode::Conflict,
-        413 => ErrorCode::PayloadTooLarge,
-        429 => ErrorCode::QuotaExceeded,
-        502..=504 => ErrorCode::Unavailable,
-        _ => ErrorCode::Internal,
-    }
-}
-
 impl Client {
     /// A client of the daemon at `url` (`unix:///path/to.sock` or `http://host:port`).
     pub fn new(url: &str) -> Result<Self> {
@@ -245,6 +68,7 @@ impl Client {
             endpoint: parse_url(url)?,
             api_key: None,
             tenant: None,
+            connect_timeout: CONNECT_TIMEOUT,
         })
     }
 
@@ -273,205 +97,34 @@ impl Client {
         self
     }
 
+    /// Bounds each connect, on the unix socket and on TCP (default [`CONNECT_TIMEOUT`]).
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    // ---- transport ----------------------------------------------------------------
-
-    async fn send(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        body: ReqBody,
-        content_type: Option<&'static str>,
-    ) -> Result<Response<Incoming>> {
-        let (uri, host) = match &self.endpoint {
-            Endpoint::Unix(_) => (path_and_query.to_string(), "localhost".to_string()),
-            Endpoint::Tcp { authority, prefix } => {
-                (format!("{prefix}{path_and_query}"), authority.clone())
-            }
-        };
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(&uri)
-            .header(header::HOST, host)
-            .header(
-                header::USER_AGENT,
-                concat!("threadbox-client/", env!("CARGO_PKG_VERSION")),
-            );
-        if let Some(ct) = content_type {
-            builder = builder.header(header::CONTENT_TYPE, ct);
+    /// A sandbox's path from its template, with an optional query string.
+    fn sandbox_path(template: &str, sandbox: &str, query: Option<&str>) -> String {
+        let path = fill(template, &[sandbox]);
+        match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
         }
-        if let Some(key) = &self.api_key {
-            let value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                ClientError::InvalidUrl {
-                    url: self.url.clone(),
-                    reason: "THREADBOX_API_KEY contains characters not allowed in a header"
-                        .to_string(),
-                }
-            })?;
-            builder = builder.header(header::AUTHORIZATION, value);
-        }
-        if let Some(t) = &self.tenant {
-            let value = HeaderValue::from_str(t).map_err(|_| ClientError::InvalidUrl {
-                url: self.url.clone(),
-                reason: "THREADBOX_TENANT contains characters not allowed in a header".into(),
-            })?;
-            builder = builder.header("x-threadbox-tenant", value);
-        }
-        let request = builder.body(body).map_err(|e| ClientError::InvalidUrl {
-            url: format!("{}{uri}", self.url),
-            reason: e.to_string(),
-        })?;
-        match &self.endpoint {
-            Endpoint::Unix(path) => {
-                let stream = tokio::net::UnixStream::connect(path)
-                    .await
-                    .map_err(|source| self.connect_error(source))?;
-                self.round_trip(TokioIo::new(stream), request).await
-            }
-            Endpoint::Tcp { authority, .. } => {
-                let stream = tokio::time::timeout(
-                    CONNECT_TIMEOUT,
-                    tokio::net::TcpStream::connect(authority.as_str()),
-                )
-                .await
-                .map_err(|_| {
-                    self.connect_error(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "connection timed out",
-                    ))
-                })?
-                .map_err(|source| self.connect_error(source))?;
-                let _ = stream.set_nodelay(true);
-                self.round_trip(TokioIo::new(stream), request).await
-            }
-        }
-    }
-
-    fn connect_error(&self, source: std::io::Error) -> ClientError {
-        ClientError::Connect {
-            url: self.url.clone(),
-            source,
-        }
-    }
-
-    async fn round_trip<T>(&self, io: T, request: Request<ReqBody>) -> Result<Response<Incoming>>
-    where
-        T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
-        let http_err = |source| ClientError::Http {
-            url: self.url.clone(),
-            source,
-        };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(http_err)?;
-        // The connection task ends when the response body is consumed or dropped.
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let response = sender.send_request(request).await.map_err(http_err)?;
-        self.check(response).await
-    }
-
-    /// Turns a non-2xx answer into [`ClientError::Api`].
-    async fn check(&self, response: Response<Incoming>) -> Result<Response<Incoming>> {
-        let status = response.status();
-        if status.is_success() {
-            return Ok(response);
-        }
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        match serde_json::from_slice::<ErrorResponse>(&body) {
-            Ok(err) => Err(ClientError::Api {
-                status: status.as_u16(),
-                code: err.error.code,
-                message: err.error.message,
-            }),
-            Err(_) => {
-                let text = String::from_utf8_lossy(&body);
-                let text = text.trim();
-                Err(ClientError::Api {
-                    status: status.as_u16(),
-                    code: code_for_status(status),
-                    message: if text.is_empty() {
-                        format!("the daemon answered {status}")
-                    } else {
-                        format!("the daemon answered {status}: {text}")
-                    },
-                })
-            }
-        }
-    }
-
-    async fn read_body(&self, response: Response<Incoming>) -> Result<Bytes> {
-        response
-            .into_body()
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .map_err(|source| ClientError::Http {
-                url: self.url.clone(),
-                source,
-            })
-    }
-
-    async fn json<T: DeserializeOwned>(&self, response: Response<Incoming>) -> Result<T> {
-        let body = self.read_body(response).await?;
-        serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
-    }
-
-    async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let resp = self.send(Method::GET, path, empty_body(), None).await?;
-        self.json(resp).await
-    }
-
-    async fn post_json<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> Result<T> {
-        let resp = self
-            .send(
-                Method::POST,
-                path,
-                json_body(body)?,
-                Some("application/json"),
-            )
-            .await?;
-        self.json(resp).await
-    }
-
-    async fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let resp = self.send(Method::POST, path, empty_body(), None).await?;
-        self.json(resp).await
-    }
-
-    async fn no_content(&self, method: Method, path: &str) -> Result<()> {
-        let resp = self.send(method, path, empty_body(), None).await?;
-        self.read_body(resp).await?;
-        Ok(())
-    }
-
-    fn sandbox_path(sandbox: &str, rest: &str) -> String {
-        format!("/v1/sandboxes/{}{rest}", segment(sandbox))
     }
 
     // ---- meta -----------------------------------------------------------------------
 
     pub async fn health(&self) -> Result<Health> {
-        self.get_json("/healthz").await
+        self.get_json(routes::HEALTHZ).await
     }
 
     /// The daemon's OpenAPI document.
     pub async fn openapi(&self) -> Result<serde_json::Value> {
-        self.get_json("/v1/openapi.json").await
+        self.get_json(routes::OPENAPI).await
     }
 
     // ---- sandboxes ------------------------------------------------------------------
@@ -481,7 +134,7 @@ impl Client {
         let resp = self
             .send(
                 Method::POST,
-                "/v1/sandboxes",
+                routes::SANDBOXES,
                 json_body(req)?,
                 Some("application/json"),
             )
@@ -507,43 +160,45 @@ impl Client {
             q.finish()
         };
         let path = if q.is_empty() {
-            "/v1/sandboxes".to_string()
+            routes::SANDBOXES.to_string()
         } else {
-            format!("/v1/sandboxes?{q}")
+            format!("{}?{q}", routes::SANDBOXES)
         };
         self.get_json(&path).await
     }
 
     pub async fn get(&self, sandbox: &str) -> Result<Sandbox> {
-        self.get_json(&Self::sandbox_path(sandbox, "")).await
+        self.get_json(&Self::sandbox_path(routes::SANDBOX, sandbox, None))
+            .await
     }
 
     pub async fn delete(&self, sandbox: &str, force: bool) -> Result<()> {
-        let path = Self::sandbox_path(sandbox, if force { "?force=true" } else { "" });
+        let path = Self::sandbox_path(routes::SANDBOX, sandbox, force.then_some("force=true"));
         self.no_content(Method::DELETE, &path).await
     }
 
     pub async fn pause(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(sandbox, "/pause"))
+        self.post_empty(&Self::sandbox_path(routes::SANDBOX_PAUSE, sandbox, None))
             .await
     }
 
     pub async fn resume(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(sandbox, "/resume"))
+        self.post_empty(&Self::sandbox_path(routes::SANDBOX_RESUME, sandbox, None))
             .await
     }
 
     pub async fn stop(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(sandbox, "/stop")).await
+        self.post_empty(&Self::sandbox_path(routes::SANDBOX_STOP, sandbox, None))
+            .await
     }
 
     pub async fn start(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(sandbox, "/start"))
+        self.post_empty(&Self::sandbox_path(routes::SANDBOX_START, sandbox, None))
             .await
     }
 
     pub async fn selftest(&self, sandbox: &str) -> Result<SelftestReport> {
-        self.get_json(&Self::sandbox_path(sandbox, "/selftest"))
+        self.get_json(&Self::sandbox_path(routes::SANDBOX_SELFTEST, sandbox, None))
             .await
     }
 
@@ -551,7 +206,7 @@ impl Client {
 
     /// Runs a command to completion.
     pub async fn exec(&self, sandbox: &str, req: &ExecRequest) -> Result<ExecResponse> {
-        self.post_json(&Self::sandbox_path(sandbox, "/exec"), req)
+        self.post_json(&Self::sandbox_path(routes::EXEC, sandbox, None), req)
             .await
     }
 
@@ -565,7 +220,7 @@ impl Client {
         let resp = self
             .send(
                 Method::POST,
-                &Self::sandbox_path(sandbox, "/exec/stream"),
+                &Self::sandbox_path(routes::EXEC_STREAM, sandbox, None),
                 json_body(req)?,
                 Some("application/json"),
             )
@@ -580,19 +235,19 @@ impl Client {
         sandbox: &str,
         req: &StartProcessRequest,
     ) -> Result<ProcessInfo> {
-        self.post_json(&Self::sandbox_path(sandbox, "/processes"), req)
+        self.post_json(&Self::sandbox_path(routes::PROCESSES, sandbox, None), req)
             .await
     }
 
     pub async fn list_processes(&self, sandbox: &str) -> Result<ProcessList> {
-        self.get_json(&Self::sandbox_path(sandbox, "/processes"))
+        self.get_json(&Self::sandbox_path(routes::PROCESSES, sandbox, None))
             .await
     }
 
     pub async fn process_logs(&self, sandbox: &str, process_id: u64) -> Result<ProcessLogs> {
-        self.get_json(&Self::sandbox_path(
-            sandbox,
-            &format!("/processes/{process_id}/logs"),
+        self.get_json(&fill(
+            routes::PROCESS_LOGS,
+            &[sandbox, &process_id.to_string()],
         ))
         .await
     }
@@ -608,7 +263,7 @@ impl Client {
         let resp = self
             .send(
                 Method::POST,
-                &Self::sandbox_path(sandbox, &format!("/processes/{process_id}/kill")),
+                &fill(routes::PROCESS_KILL, &[sandbox, &process_id.to_string()]),
                 body,
                 Some("application/json"),
             )
@@ -629,7 +284,7 @@ impl Client {
         let resp = self
             .send(
                 Method::GET,
-                &Self::sandbox_path(sandbox, &format!("/files?{}", file_query(path, user, &[]))),
+                &Self::sandbox_path(routes::FILES, sandbox, Some(&file_query(path, user, &[]))),
                 empty_body(),
                 None,
             )
@@ -715,7 +370,7 @@ impl Client {
         let resp = self
             .send(
                 Method::PUT,
-                &Self::sandbox_path(sandbox, &format!("/files?{}", file_query(path, user, &[]))),
+                &Self::sandbox_path(routes::FILES, sandbox, Some(&file_query(path, user, &[]))),
                 body,
                 Some("application/octet-stream"),
             )
@@ -738,26 +393,25 @@ impl Client {
         };
         self.no_content(
             Method::DELETE,
-            &Self::sandbox_path(
-                sandbox,
-                &format!("/files?{}", file_query(path, user, extra)),
-            ),
+            &Self::sandbox_path(routes::FILES, sandbox, Some(&file_query(path, user, extra))),
         )
         .await
     }
 
     pub async fn list_files(&self, sandbox: &str, path: &str, user: User) -> Result<FileList> {
         self.get_json(&Self::sandbox_path(
+            routes::FILES_LIST,
             sandbox,
-            &format!("/files/list?{}", file_query(path, user, &[])),
+            Some(&file_query(path, user, &[])),
         ))
         .await
     }
 
     pub async fn stat_file(&self, sandbox: &str, path: &str, user: User) -> Result<FileEntry> {
         self.get_json(&Self::sandbox_path(
+            routes::FILES_STAT,
             sandbox,
-            &format!("/files/stat?{}", file_query(path, user, &[])),
+            Some(&file_query(path, user, &[])),
         ))
         .await
     }
@@ -767,8 +421,9 @@ impl Client {
         self.no_content(
             Method::POST,
             &Self::sandbox_path(
+                routes::FILES_MKDIR,
                 sandbox,
-                &format!("/files/mkdir?{}", file_query(path, user, extra)),
+                Some(&file_query(path, user, extra)),
             ),
         )
         .await
@@ -777,97 +432,13 @@ impl Client {
     // ---- images -------------------------------------------------------------------------
 
     pub async fn list_images(&self) -> Result<ImageList> {
-        self.get_json("/v1/images").await
+        self.get_json(routes::IMAGES).await
     }
 
     /// Registers a root filesystem directory on the daemon's host as an image.
     pub async fn add_image(&self, req: &AddImageRequest) -> Result<Image> {
-        self.post_json("/v1/images", req).await
+        self.post_json(routes::IMAGES, req).await
     }
-}
-
-/// Splits an NDJSON body into events. A body that ends without a terminal event yields
-/// a final error, so callers never mistake a cut stream for a finished process.
-fn ndjson_events(body: Incoming, url: String) -> BoxStream<'static, Result<ExecEvent>> {
-    struct St {
-        body: Incoming,
-        buf: BytesMut,
-        done: bool,
-        url: String,
-    }
-    let st = St {
-        body,
-        buf: BytesMut::new(),
-        done: false,
-        url,
-    };
-    futures::stream::unfold(st, |mut st| async move {
-        if st.done {
-            return None;
-        }
-        loop {
-            if let Some(i) = st.buf.iter().position(|b| *b == b'\n') {
-                let line = st.buf.split_to(i + 1);
-                let line = &line[..i];
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let item = serde_json::from_slice::<ExecEvent>(line)
-                    .map_err(|e| ClientError::Decode(format!("bad exec event: {e}")));
-                if matches!(
-                    item,
-                    Ok(ExecEvent::End { .. } | ExecEvent::Error { .. }) | Err(_)
-                ) {
-                    st.done = true;
-                }
-                return Some((item, st));
-            }
-            if st.buf.len() > MAX_EVENT_LINE_BYTES {
-                st.done = true;
-                return Some((
-                    Err(ClientError::Decode(
-                        "an exec event line is too long".to_string(),
-                    )),
-                    st,
-                ));
-            }
-            match st.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        st.buf.extend_from_slice(&data);
-                    }
-                }
-                Some(Err(source)) => {
-                    st.done = true;
-                    let url = st.url.clone();
-                    return Some((Err(ClientError::Http { url, source }), st));
-                }
-                None => {
-                    st.done = true;
-                    if !st.buf.iter().all(u8::is_ascii_whitespace) {
-                        // A last line without its newline.
-                        let item = serde_json::from_slice::<ExecEvent>(&st.buf)
-                            .map_err(|e| ClientError::Decode(format!("bad exec event: {e}")));
-                        if matches!(item, Ok(ExecEvent::End { .. } | ExecEvent::Error { .. })) {
-                            return Some((item, st));
-                        }
-                    }
-                    return Some((
-                        Err(ClientError::Decode(
-                            "the exec stream ended before the process did".to_string(),
-                        )),
-                        st,
-                    ));
-                }
-            }
-        }
-    })
-    .boxed()
-}
-
-/// The path of the daemon's socket under `root`.
-pub fn socket_path(root: &Path) -> PathBuf {
-    root.join(SOCKET_NAME)
 }
 
 #[cfg(test)]
@@ -875,47 +446,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_parse() {
-        assert_eq!(
-            parse_url("unix:///var/lib/threadbox/threadbox.sock").unwrap(),
-            Endpoint::Unix(PathBuf::from("/var/lib/threadbox/threadbox.sock"))
-        );
-        assert_eq!(
-            parse_url("http://127.0.0.1:7420").unwrap(),
-            Endpoint::Tcp {
-                authority: "127.0.0.1:7420".into(),
-                prefix: String::new()
-            }
-        );
-        assert_eq!(
-            parse_url("http://localhost/api/").unwrap(),
-            Endpoint::Tcp {
-                authority: "localhost:80".into(),
-                prefix: "/api".into()
-            }
-        );
-        assert_eq!(
-            parse_url("http://[::1]").unwrap(),
-            Endpoint::Tcp {
-                authority: "[::1]:80".into(),
-                prefix: String::new()
-            }
-        );
-        for bad in [
-            "unix://relative",
-            "ftp://x",
-            "https://x",
-            "http://",
-            "127.0.0.1:7420",
-        ] {
-            assert!(parse_url(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn segments_and_queries_are_encoded() {
-        assert_eq!(segment("my box/1"), "my%20box%2F1");
-        assert_eq!(segment("sb-1_a.b~"), "sb-1_a.b~");
+        assert_eq!(
+            Client::sandbox_path(routes::FILES, "my box/1", Some("path=%2F")),
+            "/v1/sandboxes/my%20box%2F1/files?path=%2F"
+        );
         assert_eq!(
             file_query("/tmp/a b&c", User::Root, &[("recursive", "true")]),
             "path=%2Ftmp%2Fa+b%26c&user=root&recursive=true"

@@ -116,9 +116,126 @@ pub fn to_api(e: &Stored, time: String) -> AuditEntry {
     }
 }
 
+/// Refused authentications recorded one by one per [`RefusalBudget::WINDOW`].
+pub const REFUSALS_PER_WINDOW: u32 = 10;
+
+/// What to write for one refused authentication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalAudit {
+    /// Write its row; first a summary row for `suppressed_before` refusals of the
+    /// previous window that were not written one by one, when there were any.
+    Record { suppressed_before: u64 },
+    /// Write nothing: this window's budget is spent. It is counted for the summary.
+    Suppress,
+}
+
+/// Bounds the audit rows that refused authentications write (F9). Anyone who can reach
+/// the TCP port can be refused, and each row is an fsynced transaction contending with
+/// every state transition for the store's one writer; so each window records its first
+/// [`REFUSALS_PER_WINDOW`] refusals, counts the rest, and the next window opens with one
+/// row saying how many were not written. The first refusal of a flood is always recorded.
+/// A window's count still pending when the daemon stops is in the log (`warn`), not here.
+#[derive(Debug)]
+pub struct RefusalBudget {
+    per_window: u32,
+    state: std::sync::Mutex<BudgetState>,
+}
+
+#[derive(Debug)]
+struct BudgetState {
+    window_start: Option<std::time::Instant>,
+    recorded: u32,
+    suppressed: u64,
+}
+
+impl Default for RefusalBudget {
+    fn default() -> Self {
+        Self::new(REFUSALS_PER_WINDOW)
+    }
+}
+
+impl RefusalBudget {
+    pub const WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
+    pub fn new(per_window: u32) -> Self {
+        RefusalBudget {
+            per_window,
+            state: std::sync::Mutex::new(BudgetState {
+                window_start: None,
+                recorded: 0,
+                suppressed: 0,
+            }),
+        }
+    }
+
+    /// Decides for one refusal at `now`.
+    pub fn admit(&self, now: std::time::Instant) -> RefusalAudit {
+        // A poisoned lock only means a panic elsewhere mid-update of plain counters.
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let expired = st
+            .window_start
+            .is_none_or(|start| now.saturating_duration_since(start) >= Self::WINDOW);
+        if expired {
+            let suppressed_before = std::mem::take(&mut st.suppressed);
+            st.window_start = Some(now);
+            st.recorded = 1;
+            return RefusalAudit::Record { suppressed_before };
+        }
+        if st.recorded < self.per_window {
+            st.recorded += 1;
+            return RefusalAudit::Record {
+                suppressed_before: 0,
+            };
+        }
+        st.suppressed += 1;
+        if st.suppressed == 1 {
+            tracing::warn!(
+                per_window = self.per_window,
+                "refused authentications beyond the audit budget are counted, not recorded \
+                 one by one, until the window ends"
+            );
+        }
+        RefusalAudit::Suppress
+    }
+
+    /// Refusals counted in the current window and not yet written.
+    pub fn pending(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .suppressed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_beyond_the_budget_are_counted_and_summed_up_in_the_next_window() {
+        let budget = RefusalBudget::new(3);
+        let t0 = std::time::Instant::now();
+        let record = |n| RefusalAudit::Record {
+            suppressed_before: n,
+        };
+        assert_eq!(budget.admit(t0), record(0), "the first is always recorded");
+        assert_eq!(budget.admit(t0), record(0));
+        assert_eq!(budget.admit(t0), record(0));
+        for _ in 0..100 {
+            assert_eq!(budget.admit(t0), RefusalAudit::Suppress);
+        }
+        assert_eq!(budget.pending(), 100);
+        let later = t0 + RefusalBudget::WINDOW;
+        assert_eq!(budget.admit(later), record(100), "the next window sums up");
+        assert_eq!(budget.pending(), 0);
+        assert_eq!(budget.admit(later), record(0));
+        assert_eq!(budget.admit(later), record(0));
+        assert_eq!(budget.admit(later), RefusalAudit::Suppress);
+        // A window with nothing suppressed opens without a summary.
+        let quiet = RefusalBudget::new(3);
+        assert_eq!(quiet.admit(t0), record(0));
+        assert_eq!(quiet.admit(later), record(0));
+    }
 
     fn chain(n: u64) -> Vec<Stored> {
         let mut prev = GENESIS.to_string();

@@ -15,6 +15,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use threadbox_api::ErrorCode;
+use threadbox_core::audit::{RefusalAudit, RefusalBudget, REFUSALS_PER_WINDOW};
 use threadbox_core::{Caller, Manager};
 
 /// Header naming the tenant an operator or admin acts for.
@@ -51,7 +52,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
 
 /// Routes anyone may call: liveness and the API description.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/v1/openapi.json")
+    path == threadbox_api::routes::HEALTHZ || path == threadbox_api::routes::OPENAPI
 }
 
 /// The key a request presents, if any. Never logged.
@@ -73,16 +74,28 @@ fn presented_key(headers: &HeaderMap) -> Option<Result<&str, ()>> {
         .map(|v| v.to_str().map(str::trim).map_err(|_| ()))
 }
 
-async fn refuse(
-    manager: Option<&Manager>,
-    key_id: Option<&str>,
-    target: &str,
-    reason: &str,
-) -> Response {
-    if let Some(m) = manager {
-        m.record_refused_auth(key_id, target, reason).await;
+/// Answers 401 and audits the refusal within the daemon's budget for them (F9: anyone
+/// who reaches the port can be refused, and each row is an fsynced write).
+async fn refuse(st: &Shared, key_id: Option<&str>, target: &str, reason: &str) -> Response {
+    let audit = st.refusals.admit(std::time::Instant::now());
+    match (st.manager().ok(), audit) {
+        (Some(m), RefusalAudit::Record { suppressed_before }) => {
+            if suppressed_before > 0 {
+                let summary = format!(
+                    "{suppressed_before} more refused requests in the previous window were \
+                     not recorded one by one (audit budget: {REFUSALS_PER_WINDOW} per {}s)",
+                    RefusalBudget::WINDOW.as_secs()
+                );
+                m.record_refused_auth(None, "(refusals over budget)", &summary)
+                    .await;
+            }
+            m.record_refused_auth(key_id, target, reason).await;
+            tracing::info!(target_route = %target, key_id = ?key_id, reason, "authentication refused");
+        }
+        _ => {
+            tracing::debug!(target_route = %target, key_id = ?key_id, reason, "authentication refused (not audited: over budget)");
+        }
     }
-    tracing::info!(target_route = %target, key_id = ?key_id, reason, "authentication refused");
     ApiError::new(ErrorCode::Unauthenticated, reason_message(reason)).into_response()
 }
 
@@ -111,9 +124,9 @@ pub(crate) async fn authenticate(
             let manager = st.manager().ok();
             let target = format!("{} {}", req.method(), req.uri().path());
             match presented_key(req.headers()) {
-                None => return refuse(manager, None, &target, "missing API key").await,
+                None => return refuse(&st, None, &target, "missing API key").await,
                 Some(Err(())) => {
-                    return refuse(manager, None, &target, "malformed Authorization header").await
+                    return refuse(&st, None, &target, "malformed Authorization header").await
                 }
                 Some(Ok(key)) => {
                     let Some(manager) = manager else {
@@ -133,8 +146,7 @@ pub(crate) async fn authenticate(
                         Err(e) => {
                             let key_id = Manager::presented_key_id(key).map(str::to_string);
                             let reason = e.public_message();
-                            return refuse(Some(manager), key_id.as_deref(), &target, &reason)
-                                .await;
+                            return refuse(&st, key_id.as_deref(), &target, &reason).await;
                         }
                     }
                 }

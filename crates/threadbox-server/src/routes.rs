@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use threadbox_api::routes;
 use threadbox_api::*;
 use threadbox_core::{Caller, Manager};
 use utoipa::{IntoParams, ToSchema};
@@ -58,6 +59,8 @@ pub(crate) struct Shared {
     max_upload_bytes: u64,
     mcp: McpOptions,
     pub(crate) metrics: Arc<Metrics>,
+    /// How many refused authentications reach the audit log (see auth.rs).
+    pub(crate) refusals: threadbox_core::audit::RefusalBudget,
 }
 
 impl Shared {
@@ -77,6 +80,7 @@ pub fn app(state: AppState) -> Router {
         max_upload_bytes: state.max_upload_bytes,
         mcp: state.mcp,
         metrics: Arc::default(),
+        refusals: Default::default(),
     })
 }
 
@@ -88,6 +92,7 @@ pub(crate) fn app_without_manager_tcp() -> Router {
         max_upload_bytes: 1024,
         mcp: McpOptions::default(),
         metrics: Arc::default(),
+        refusals: Default::default(),
     })
     .layer(axum::Extension(auth::Door::Tcp))
 }
@@ -100,6 +105,7 @@ pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
         max_upload_bytes,
         mcp: McpOptions::default(),
         metrics: Arc::default(),
+        refusals: Default::default(),
     })
     // As if through the operator's socket: these tests are about the HTTP layer.
     .layer(axum::Extension(auth::Door::Socket))
@@ -131,58 +137,43 @@ fn router(shared: Shared) -> Router {
     let host_origin = Arc::new(shared.mcp.clone());
     let shared = Arc::new(shared);
     Router::new()
-        .route("/healthz", get(healthz))
+        .route(routes::HEALTHZ, get(healthz))
         // Stateless Streamable HTTP: POST only (GET and DELETE answer 405).
-        .route_service("/mcp", mcp)
-        .route("/v1/openapi.json", get(openapi_document))
-        .route("/v1/sandboxes", post(create_sandbox).get(list_sandboxes))
+        .route_service(routes::MCP, mcp)
+        .route(routes::OPENAPI, get(openapi_document))
+        .route(routes::SANDBOXES, post(create_sandbox).get(list_sandboxes))
+        .route(routes::SANDBOX, get(get_sandbox).delete(delete_sandbox))
+        .route(routes::SANDBOX_PAUSE, post(pause_sandbox))
+        .route(routes::SANDBOX_RESUME, post(resume_sandbox))
+        .route(routes::SANDBOX_STOP, post(stop_sandbox))
+        .route(routes::SANDBOX_START, post(start_sandbox))
+        .route(routes::EXEC, post(exec))
+        .route(routes::EXEC_STREAM, post(exec_stream))
+        .route(routes::PROCESSES, post(start_process).get(list_processes))
+        .route(routes::PROCESS_LOGS, get(process_logs))
+        .route(routes::PROCESS_KILL, post(kill_process))
         .route(
-            "/v1/sandboxes/{sandbox}",
-            get(get_sandbox).delete(delete_sandbox),
-        )
-        .route("/v1/sandboxes/{sandbox}/pause", post(pause_sandbox))
-        .route("/v1/sandboxes/{sandbox}/resume", post(resume_sandbox))
-        .route("/v1/sandboxes/{sandbox}/stop", post(stop_sandbox))
-        .route("/v1/sandboxes/{sandbox}/start", post(start_sandbox))
-        .route("/v1/sandboxes/{sandbox}/exec", post(exec))
-        .route("/v1/sandboxes/{sandbox}/exec/stream", post(exec_stream))
-        .route(
-            "/v1/sandboxes/{sandbox}/processes",
-            post(start_process).get(list_processes),
-        )
-        .route(
-            "/v1/sandboxes/{sandbox}/processes/{process_id}/logs",
-            get(process_logs),
-        )
-        .route(
-            "/v1/sandboxes/{sandbox}/processes/{process_id}/kill",
-            post(kill_process),
-        )
-        .route(
-            "/v1/sandboxes/{sandbox}/files",
+            routes::FILES,
             get(read_file).put(write_file).delete(remove_file),
         )
-        .route("/v1/sandboxes/{sandbox}/files/list", get(list_files))
-        .route("/v1/sandboxes/{sandbox}/files/stat", get(stat_file))
-        .route("/v1/sandboxes/{sandbox}/files/mkdir", post(mkdir))
-        .route("/v1/sandboxes/{sandbox}/selftest", get(selftest))
-        .route("/v1/images", get(list_images).post(add_image))
+        .route(routes::FILES_LIST, get(list_files))
+        .route(routes::FILES_STAT, get(stat_file))
+        .route(routes::FILES_MKDIR, post(mkdir))
+        .route(routes::SANDBOX_SELFTEST, get(selftest))
+        .route(routes::IMAGES, get(list_images).post(add_image))
         .route(
-            "/v1/keys",
+            routes::KEYS,
             post(gov_routes::create_key).get(gov_routes::list_keys),
         )
+        .route(routes::KEY, axum::routing::delete(gov_routes::revoke_key))
         .route(
-            "/v1/keys/{key_id}",
-            axum::routing::delete(gov_routes::revoke_key),
-        )
-        .route(
-            "/v1/quotas/{tenant}",
+            routes::QUOTA,
             get(gov_routes::get_quota).put(gov_routes::set_quota),
         )
-        .route("/v1/usage", get(gov_routes::usage))
-        .route("/v1/audit", get(gov_routes::audit_list))
-        .route("/v1/audit/verify", get(gov_routes::audit_verify))
-        .route("/metrics", get(gov_routes::metrics))
+        .route(routes::USAGE, get(gov_routes::usage))
+        .route(routes::AUDIT, get(gov_routes::audit_list))
+        .route(routes::AUDIT_VERIFY, get(gov_routes::audit_verify))
+        .route(routes::METRICS, get(gov_routes::metrics))
         // Must come after the routes: it is installed on each existing method router.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(route_not_found)
@@ -393,7 +384,7 @@ fn check_exec(req: &ExecRequest) -> Result<(), ApiError> {
 
 // ---- handlers -------------------------------------------------------------------------
 
-#[utoipa::path(get, path = "/healthz", tag = "meta",
+#[utoipa::path(get, path = routes::HEALTHZ, tag = "meta",
     responses((status = 200, description = "The daemon is up", body = Health)))]
 pub(crate) async fn healthz() -> ApiJson<Health> {
     ApiJson(Health {
@@ -402,7 +393,7 @@ pub(crate) async fn healthz() -> ApiJson<Health> {
     })
 }
 
-#[utoipa::path(get, path = "/v1/openapi.json", tag = "meta",
+#[utoipa::path(get, path = routes::OPENAPI, tag = "meta",
     responses((status = 200, description = "This OpenAPI document", content_type = "application/json")))]
 pub(crate) async fn openapi_document() -> Response {
     (
@@ -415,7 +406,7 @@ pub(crate) async fn openapi_document() -> Response {
         .into_response()
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOXES, tag = "sandboxes",
     request_body = CreateSandboxRequest,
     responses(
         (status = 201, description = "Created", body = Sandbox),
@@ -440,7 +431,7 @@ pub(crate) async fn create_sandbox(
     Ok((status, ApiJson(sandbox)))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+#[utoipa::path(get, path = routes::SANDBOXES, tag = "sandboxes",
     params(
         ("label" = Option<Vec<String>>, Query, explode = true,
             description = "`key=value`; repeat to require several labels"),
@@ -458,7 +449,7 @@ pub(crate) async fn list_sandboxes(
     Ok(ApiJson(SandboxList { sandboxes }))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}", tag = "sandboxes",
+#[utoipa::path(get, path = routes::SANDBOX, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The sandbox", body = Sandbox),
@@ -471,7 +462,7 @@ pub(crate) async fn get_sandbox(
     Ok(ApiJson(st.manager()?.get(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{sandbox}", tag = "sandboxes",
+#[utoipa::path(delete, path = routes::SANDBOX, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), DeleteQuery),
     responses(
         (status = 204, description = "Deleted"),
@@ -488,7 +479,7 @@ pub(crate) async fn delete_sandbox(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/pause", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_PAUSE, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The paused sandbox", body = Sandbox),
@@ -501,7 +492,7 @@ pub(crate) async fn pause_sandbox(
     Ok(ApiJson(st.manager()?.pause(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/resume", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_RESUME, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The resumed sandbox", body = Sandbox),
@@ -514,7 +505,7 @@ pub(crate) async fn resume_sandbox(
     Ok(ApiJson(st.manager()?.resume(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/stop", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_STOP, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The stopped sandbox", body = Sandbox),
@@ -527,7 +518,7 @@ pub(crate) async fn stop_sandbox(
     Ok(ApiJson(st.manager()?.stop(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/start", tag = "sandboxes",
+#[utoipa::path(post, path = routes::SANDBOX_START, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "The started sandbox", body = Sandbox),
@@ -540,7 +531,7 @@ pub(crate) async fn start_sandbox(
     Ok(ApiJson(st.manager()?.start(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec", tag = "exec",
+#[utoipa::path(post, path = routes::EXEC, tag = "exec",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     request_body = ExecRequest,
     responses(
@@ -559,7 +550,7 @@ pub(crate) async fn exec(
     Ok(ApiJson(result))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/exec/stream", tag = "exec",
+#[utoipa::path(post, path = routes::EXEC_STREAM, tag = "exec",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     request_body = ExecRequest,
     responses(
@@ -573,34 +564,9 @@ pub(crate) async fn exec_stream(
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<Response, ApiError> {
     check_exec(&req)?;
+    let started = std::time::Instant::now();
     let rx = st.manager()?.exec_stream(&caller, &sandbox, req).await?;
-    // Stops after the terminal event; a channel that closes without one ends with an
-    // `error` event, so a client never mistakes a cut stream for a finished process.
-    let lines = futures::stream::unfold((rx, false), |(mut rx, finished)| async move {
-        if finished {
-            return None;
-        }
-        let (event, terminal) = match rx.recv().await {
-            Some(ev) => {
-                let terminal = matches!(ev, ExecEvent::End { .. } | ExecEvent::Error { .. });
-                (ev, terminal)
-            }
-            None => (
-                {
-                    tracing::error!("an exec stream ended without an end event");
-                    ExecEvent::Error {
-                        code: ErrorCode::Internal,
-                        message: "the exec stream ended without an end event".to_string(),
-                    }
-                },
-                true,
-            ),
-        };
-        Some((
-            Ok::<_, std::convert::Infallible>(ndjson_line(&event)),
-            (rx, terminal),
-        ))
-    });
+    let lines = exec_event_lines(rx, st.metrics.clone(), started);
     Ok((
         [
             (
@@ -614,6 +580,45 @@ pub(crate) async fn exec_stream(
         .into_response())
 }
 
+/// The NDJSON lines of a streamed exec. Stops after the terminal event; a channel that
+/// closes without one ends with an `error` event, so a client never mistakes a cut stream
+/// for a finished process. The `end` event records the call in the exec histogram, from
+/// `started` (the request) to the process's end, as `exec` does for a buffered call.
+fn exec_event_lines(
+    rx: tokio::sync::mpsc::Receiver<ExecEvent>,
+    metrics: Arc<Metrics>,
+    started: std::time::Instant,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    futures::stream::unfold((rx, false), move |(mut rx, finished)| {
+        let metrics = metrics.clone();
+        async move {
+            if finished {
+                return None;
+            }
+            let (event, terminal) = match rx.recv().await {
+                Some(ev) => {
+                    let terminal = matches!(ev, ExecEvent::End { .. } | ExecEvent::Error { .. });
+                    (ev, terminal)
+                }
+                None => (
+                    {
+                        tracing::error!("an exec stream ended without an end event");
+                        ExecEvent::Error {
+                            code: ErrorCode::Internal,
+                            message: "the exec stream ended without an end event".to_string(),
+                        }
+                    },
+                    true,
+                ),
+            };
+            if matches!(event, ExecEvent::End { .. }) {
+                metrics.record_exec(started.elapsed());
+            }
+            Some((Ok(ndjson_line(&event)), (rx, terminal)))
+        }
+    })
+}
+
 fn ndjson_line(event: &ExecEvent) -> Bytes {
     let mut line = serde_json::to_vec(event).unwrap_or_else(|err| {
         tracing::error!(%err, "cannot serialize an exec event");
@@ -623,7 +628,7 @@ fn ndjson_line(event: &ExecEvent) -> Bytes {
     Bytes::from(line)
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/processes", tag = "processes",
+#[utoipa::path(post, path = routes::PROCESSES, tag = "processes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     request_body = StartProcessRequest,
     responses(
@@ -640,7 +645,7 @@ pub(crate) async fn start_process(
     Ok((StatusCode::CREATED, ApiJson(info)))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/processes", tag = "processes",
+#[utoipa::path(get, path = routes::PROCESSES, tag = "processes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "Background processes", body = ProcessList),
@@ -655,7 +660,7 @@ pub(crate) async fn list_processes(
     ))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/processes/{process_id}/logs", tag = "processes",
+#[utoipa::path(get, path = routes::PROCESS_LOGS, tag = "processes",
     params(
         ("sandbox" = String, Path, description = "Sandbox id or name"),
         ("process_id" = u64, Path, description = "Background process id")),
@@ -674,7 +679,7 @@ pub(crate) async fn process_logs(
     ))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/processes/{process_id}/kill", tag = "processes",
+#[utoipa::path(post, path = routes::PROCESS_KILL, tag = "processes",
     params(
         ("sandbox" = String, Path, description = "Sandbox id or name"),
         ("process_id" = u64, Path, description = "Background process id")),
@@ -707,7 +712,7 @@ pub(crate) async fn kill_process(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+#[utoipa::path(get, path = routes::FILES, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     responses(
         (status = 200, description = "The file's bytes", body = RawBytes, content_type = "application/octet-stream"),
@@ -741,7 +746,7 @@ pub(crate) async fn read_file(
         .into_response())
 }
 
-#[utoipa::path(put, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+#[utoipa::path(put, path = routes::FILES, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     request_body(content = RawBytes, content_type = "application/octet-stream",
         description = "The new contents (replaces the file)"),
@@ -798,7 +803,7 @@ pub(crate) async fn write_file(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(delete, path = "/v1/sandboxes/{sandbox}/files", tag = "files",
+#[utoipa::path(delete, path = routes::FILES, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), RemoveFileQuery),
     responses(
         (status = 204, description = "Removed"),
@@ -817,7 +822,7 @@ pub(crate) async fn remove_file(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files/list", tag = "files",
+#[utoipa::path(get, path = routes::FILES_LIST, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     responses(
         (status = 200, description = "Directory entries", body = FileList),
@@ -837,7 +842,7 @@ pub(crate) async fn list_files(
     ))
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/files/stat", tag = "files",
+#[utoipa::path(get, path = routes::FILES_STAT, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
     responses(
         (status = 200, description = "The entry", body = FileEntry),
@@ -857,7 +862,7 @@ pub(crate) async fn stat_file(
     ))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{sandbox}/files/mkdir", tag = "files",
+#[utoipa::path(post, path = routes::FILES_MKDIR, tag = "files",
     params(("sandbox" = String, Path, description = "Sandbox id or name"), MkdirQuery),
     responses(
         (status = 204, description = "Created"),
@@ -876,7 +881,7 @@ pub(crate) async fn mkdir(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes/{sandbox}/selftest", tag = "sandboxes",
+#[utoipa::path(get, path = routes::SANDBOX_SELFTEST, tag = "sandboxes",
     params(("sandbox" = String, Path, description = "Sandbox id or name")),
     responses(
         (status = 200, description = "Isolation checks run inside the sandbox", body = SelftestReport),
@@ -889,7 +894,7 @@ pub(crate) async fn selftest(
     Ok(ApiJson(st.manager()?.selftest(&caller, &sandbox).await?))
 }
 
-#[utoipa::path(get, path = "/v1/images", tag = "images",
+#[utoipa::path(get, path = routes::IMAGES, tag = "images",
     responses(
         (status = 200, description = "Known images", body = ImageList),
         (status = "default", description = "Error", body = ErrorResponse)))]
@@ -900,7 +905,7 @@ pub(crate) async fn list_images(
     Ok(ApiJson(st.manager()?.list_images(&caller).await?))
 }
 
-#[utoipa::path(post, path = "/v1/images", tag = "images",
+#[utoipa::path(post, path = routes::IMAGES, tag = "images",
     request_body = AddImageRequest,
     responses(
         (status = 201, description = "Added", body = Image),
@@ -920,4 +925,121 @@ pub(crate) async fn add_image(
     }
     let image = st.manager()?.add_image(&caller, req).await?;
     Ok((StatusCode::CREATED, ApiJson(image)))
+}
+
+#[cfg(test)]
+mod exec_stream_tests {
+    use super::*;
+
+    fn exec_count(metrics: &Metrics) -> String {
+        let text = metrics.render(&BTreeMap::new());
+        text.lines()
+            .find(|l| l.starts_with("threadbox_exec_duration_seconds_count "))
+            .map(str::to_string)
+            .unwrap_or_default()
+    }
+
+    async fn drain(events: Vec<ExecEvent>, metrics: Arc<Metrics>) -> Vec<Bytes> {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        for ev in events {
+            tx.send(ev).await.expect("the receiver is alive");
+        }
+        drop(tx);
+        exec_event_lines(rx, metrics, std::time::Instant::now())
+            .map(|line| match line {
+                Ok(bytes) => bytes,
+                Err(never) => match never {},
+            })
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_streamed_exec_is_counted_in_the_exec_histogram_once_it_ends() {
+        let metrics = Arc::new(Metrics::default());
+        let lines = drain(
+            vec![
+                ExecEvent::Start { pid: 7 },
+                ExecEvent::Stdout {
+                    data: "hi\n".into(),
+                    encoding: Encoding::Utf8,
+                },
+                ExecEvent::End {
+                    exit_code: Some(0),
+                    signal: None,
+                    timed_out: false,
+                    truncated: false,
+                    duration_ms: 1,
+                },
+            ],
+            metrics.clone(),
+        )
+        .await;
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            exec_count(&metrics),
+            "threadbox_exec_duration_seconds_count 1"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_before_its_end_is_not_counted() {
+        let metrics = Arc::new(Metrics::default());
+        let lines = drain(vec![ExecEvent::Start { pid: 7 }], metrics.clone()).await;
+        assert_eq!(lines.len(), 2, "start, then the synthetic error");
+        assert!(String::from_utf8_lossy(&lines[1]).contains("\"error\""));
+        assert_eq!(
+            exec_count(&metrics),
+            "threadbox_exec_duration_seconds_count 0"
+        );
+    }
+}
+
+#[cfg(test)]
+mod route_table_tests {
+    use super::*;
+    use axum::http::{Method, Request};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    /// The router and `threadbox_api::routes` (which the Rust client builds its URLs
+    /// from) are one table: every template there is routed here.
+    #[tokio::test]
+    async fn every_shared_path_template_is_routed() {
+        for template in routes::ALL {
+            let values: Vec<&str> = routes::placeholders(template).iter().map(|_| "7").collect();
+            let uri = routes::fill(template, &values);
+            let mut routed = false;
+            for method in [Method::GET, Method::POST, Method::PUT, Method::DELETE] {
+                let req = Request::builder()
+                    .method(method)
+                    .uri(&uri)
+                    .body(Body::empty())
+                    .expect("a request");
+                let resp = app_without_manager(1024)
+                    .oneshot(req)
+                    .await
+                    .expect("the router is infallible");
+                let status = resp.status();
+                let body = resp.into_body().collect().await.expect("a body").to_bytes();
+                if !(status == StatusCode::NOT_FOUND
+                    && String::from_utf8_lossy(&body).contains("no such route"))
+                {
+                    routed = true;
+                    break;
+                }
+            }
+            assert!(routed, "{template} ({uri}) is not routed");
+        }
+        // And the check can fail: a path outside the table is not routed.
+        let resp = app_without_manager(1024)
+            .oneshot(
+                Request::get("/v1/sandboxes/7/nope")
+                    .body(Body::empty())
+                    .expect("a request"),
+            )
+            .await
+            .expect("the router is infallible");
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    }
 }

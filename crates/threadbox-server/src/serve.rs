@@ -7,7 +7,7 @@ use crate::mcp::McpOptions;
 use crate::routes::{app, AppState, DEFAULT_MAX_UPLOAD_BYTES};
 use std::future::IntoFuture;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use threadbox_core::{Config, CoreError, Manager};
@@ -258,17 +258,88 @@ async fn bind_unix_socket(path: &Path) -> Result<UnixListener, ServeError> {
         tracing::info!(path = %path.display(), "removing a stale socket file");
         std::fs::remove_file(path).map_err(listen_err)?;
     }
-    let listener = UnixListener::bind(path).map_err(listen_err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
-        ServeError::WriteFile {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
-    Ok(listener)
+    // The socket answers with every scope and no key. Bound at its path and chmodded
+    // after, it would be `0777 & !umask` for a moment, long enough for a local user to
+    // connect and keep the connection. So it is bound inside a fresh 0700 directory,
+    // made 0600 there, and only then renamed into place (rename keeps the inode, and a
+    // listening socket keeps working under its new name). A umask would do the same but
+    // is process-wide: another thread creating a file meanwhile would get it too.
+    let parent = path.parent().unwrap_or(Path::new("."));
+    // Short names: the staged path must fit a socket address whenever the final one does.
+    let staging = parent.join(format!(".sk{}", std::process::id()));
+    if staging.exists() {
+        // Left by a daemon of the same pid that died mid-bind.
+        std::fs::remove_dir_all(&staging).map_err(listen_err)?;
+    }
+    // `mode` is masked by the umask, which can only narrow 0700.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(listen_err)?;
+    let staged = staging.join("s");
+    let bound = (|| -> std::io::Result<UnixListener> {
+        let listener = UnixListener::bind(&staged)?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&staged, path)?;
+        Ok(listener)
+    })();
+    // Empty after the rename; on an error, the staged socket goes with it.
+    let _ = std::fs::remove_dir_all(&staging);
+    bound.map_err(listen_err)
 }
 
 /// Logs an error with its whole chain (for the binary's convenience).
 pub fn describe_error(err: &(dyn std::error::Error + 'static)) -> String {
     ErrorChain(err).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileTypeExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// The operator's socket answers with every scope and no key, so no other user may
+    /// ever connect to it: from the moment a socket exists at its path its mode is 0600.
+    /// A watcher stats the path in a tight loop while the daemon binds it again and again;
+    /// a bind-then-chmod shows its `0777 & !umask` mode there now and then.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_operator_socket_is_never_visible_with_a_wider_mode() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("threadbox.sock");
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut seen = std::collections::BTreeSet::new();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(m) = std::fs::symlink_metadata(&path) {
+                        if m.file_type().is_socket() {
+                            seen.insert(m.permissions().mode() & 0o7777);
+                        }
+                    }
+                }
+                seen
+            })
+        };
+        for _ in 0..400 {
+            let listener = bind_unix_socket(&path).await.expect("bind");
+            drop(listener);
+            std::fs::remove_file(&path).expect("remove the socket");
+        }
+        stop.store(true, Ordering::Relaxed);
+        let seen = watcher.join().expect("the watcher ran");
+        assert!(
+            seen.iter().all(|m| *m == 0o600),
+            "modes seen at the socket's path: {:?}",
+            seen.iter().map(|m| format!("{m:o}")).collect::<Vec<_>>()
+        );
+        // The staging directories are gone.
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("read the dir")
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
 }

@@ -20,6 +20,11 @@ fn is_root() -> bool {
 macro_rules! require_root {
     () => {
         if !is_root() {
+            // Under CI a skip would read as a pass: fail instead.
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "engine tests need root (namespaces, cgroups, overlayfs) and CI is set"
+            );
             eprintln!("skipped: engine tests need root (namespaces, cgroups, overlayfs)");
             return;
         }

@@ -336,6 +336,97 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
     client.cancel().await.unwrap();
 }
 
+/// The `format` values JSON Schema 2020-12 defines (§7.3 of the validation vocabulary).
+/// Validators such as LangChain.js's warn on anything else, on every tool.
+const STANDARD_FORMATS: &[&str] = &[
+    "date-time",
+    "date",
+    "time",
+    "duration",
+    "email",
+    "idn-email",
+    "hostname",
+    "idn-hostname",
+    "ipv4",
+    "ipv6",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+    "uuid",
+    "uri-template",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
+];
+
+/// Every non-standard `format` keyword under `schema`, with its JSON pointer.
+fn nonstandard_formats(schema: &Value, at: &str, found: &mut Vec<String>) {
+    match schema {
+        Value::Object(o) => {
+            for (k, v) in o {
+                let here = format!("{at}/{k}");
+                // A string under `format` is the keyword; an object there is a property
+                // that happens to be called `format`, walked like any other.
+                match (k.as_str(), v) {
+                    ("format", Value::String(f)) if !STANDARD_FORMATS.contains(&f.as_str()) => {
+                        found.push(format!("{here} = {f}"))
+                    }
+                    _ => nonstandard_formats(v, &here, found),
+                }
+            }
+        }
+        Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                nonstandard_formats(v, &format!("{at}/{i}"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_format_walk_finds_what_schemars_emits() {
+    // The check must be able to fail: schemars' own formats are caught, and a property
+    // named `format` is not taken for the keyword.
+    let mut found = Vec::new();
+    let schema = json!({"properties": {
+        "n": {"type": "integer", "format": "uint64"},
+        "format": {"type": "string", "format": "date-time"},
+        "x": {"anyOf": [{"type": "number", "format": "double"}]}
+    }});
+    nonstandard_formats(&schema, "", &mut found);
+    assert_eq!(
+        found,
+        [
+            "/properties/n/format = uint64",
+            "/properties/x/anyOf/0/format = double"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn tool_schemas_use_only_standard_formats() {
+    let client = connect(Arc::new(Fake::default())).await;
+    let listed = client.list_all_tools().await.unwrap();
+    let mut found = Vec::new();
+    for t in &listed {
+        let input = Value::Object((*t.input_schema).clone());
+        nonstandard_formats(&input, &format!("{}:input", t.name), &mut found);
+        if let Some(output) = &t.output_schema {
+            let output = Value::Object((**output).clone());
+            nonstandard_formats(&output, &format!("{}:output", t.name), &mut found);
+        }
+    }
+    assert!(found.is_empty(), "non-standard formats: {found:#?}");
+    // Integer bounds that the formats carried survive as standard keywords.
+    let create = listed.iter().find(|t| t.name == "sandbox_create").unwrap();
+    let pids = &create.input_schema["properties"]["limits"]["properties"]["pids"];
+    assert_eq!(pids["minimum"], json!(0), "{pids}");
+    assert_eq!(pids["maximum"], json!(u32::MAX), "{pids}");
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn create_is_get_or_create_and_exec_returns_structured_results() {
     let fake = Arc::new(Fake::default());

@@ -204,7 +204,64 @@ fn schema<T: JsonSchema>() -> Arc<JsonObject> {
     };
     object.remove("title");
     object.remove("$schema");
+    for v in object.values_mut() {
+        standard_formats_only(v);
+    }
     Arc::new(object)
+}
+
+/// Replaces schemars' own `format`s (`uint64`, `int32`, `double`…), which JSON Schema
+/// does not define and validators (LangChain.js's among them) warn about on every tool,
+/// by the bounds they stand for. `minimum: 0` of unsigned types is already there.
+fn standard_formats_only(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    match schema {
+        Value::Object(o) => {
+            let bounds: Option<(Option<i64>, i64)> = match o.get("format").and_then(Value::as_str) {
+                Some("uint8") => Some((Some(0), u8::MAX.into())),
+                Some("uint16") => Some((Some(0), u16::MAX.into())),
+                Some("uint32") => Some((Some(0), u32::MAX.into())),
+                Some("int8") => Some((Some(i8::MIN.into()), i8::MAX.into())),
+                Some("int16") => Some((Some(i16::MIN.into()), i16::MAX.into())),
+                Some("int32") => Some((Some(i32::MIN.into()), i32::MAX.into())),
+                _ => None,
+            };
+            if let Some((min, max)) = bounds {
+                if let Some(min) = min {
+                    o.entry("minimum").or_insert(min.into());
+                }
+                o.entry("maximum").or_insert(max.into());
+            }
+            let nonstandard = matches!(
+                o.get("format").and_then(Value::as_str),
+                Some(
+                    "uint"
+                        | "uint8"
+                        | "uint16"
+                        | "uint32"
+                        | "uint64"
+                        | "uint128"
+                        | "int"
+                        | "int8"
+                        | "int16"
+                        | "int32"
+                        | "int64"
+                        | "int128"
+                        | "float"
+                        | "double"
+                )
+            );
+            if nonstandard {
+                o.remove("format");
+            }
+            // Walks every value: a property called `format` is an object, not the keyword.
+            for v in o.values_mut() {
+                standard_formats_only(v);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(standard_formats_only),
+        _ => {}
+    }
 }
 
 fn annotations(read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations {

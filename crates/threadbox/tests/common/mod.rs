@@ -21,10 +21,16 @@ pub fn agent_bin() -> PathBuf {
     threadbox_bin().with_file_name("threadbox-agent")
 }
 
-/// True when running as root; otherwise prints why the test is skipped.
+/// True when running as root; otherwise prints why the test is skipped. Under `CI` it
+/// fails instead: a skipped test must never read as a passed one there.
 pub fn require_root(test: &str) -> bool {
     let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
     if !root {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test} needs root (namespaces and cgroups) and CI is set: run it as root, \
+             not skipped"
+        );
         eprintln!("skipping {test}: needs root (sandboxes need namespaces and cgroups)");
     }
     root
