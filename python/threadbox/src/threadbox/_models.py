@@ -93,6 +93,7 @@ class SandboxInfo:
     ttl_secs: int | None
     ttl_action: TtlAction
     agent_pid: int | None
+    tier: str
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -111,6 +112,7 @@ class SandboxInfo:
                 ttl_secs=_opt_int(d.get("ttl_secs")),
                 ttl_action=d.get("ttl_action", "stop"),
                 agent_pid=_opt_int(d.get("agent_pid")),
+                tier=str(d.get("tier", "jail")),
                 raw=d,
             )
         except (KeyError, TypeError, ValueError) as e:
