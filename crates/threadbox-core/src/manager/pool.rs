@@ -213,7 +213,8 @@ impl Manager {
             self.config.default_cpus,
             self.config.default_pids,
         );
-        if (row.memory_bytes, row.cpus, row.pids) != defaults {
+        let rewritten = (row.memory_bytes, row.cpus, row.pids) != defaults;
+        if rewritten {
             let limits = threadbox_sys::cgroup::Limits {
                 memory_bytes: row.memory_bytes,
                 cpus: row.cpus,
@@ -236,6 +237,12 @@ impl Manager {
             }
             Ok(false) => {
                 tracing::warn!(sandbox = %id, "warm pool: sandbox changed during adoption");
+                if rewritten {
+                    // It kept this request's limits: a later adoption would hand them to
+                    // someone who asked for the defaults (F5). Never reuse it.
+                    self.discard_pooled(&id, &live).await;
+                    self.pool_wake.notify_one();
+                }
                 Ok(None)
             }
             Err(e) => {
