@@ -31,36 +31,65 @@ const STREAM_BACKLOG: usize = 16;
 /// Background processes remembered; beyond that the oldest finished ones are forgotten.
 const MAX_BACKGROUND: usize = 256;
 
-/// Bounded capture of one output stream.
+/// Bounded capture of one output stream: the first half of the bound is kept as it
+/// comes, the second half as a ring of the latest bytes, so the end of a long output
+/// (where test runners and compilers print their summary) is never lost.
 struct Capture {
     stream: Stream,
-    limit: usize,
+    head_limit: usize,
     accepted: usize,
     kept: Vec<u8>,
+    tail: Ring,
     truncated: bool,
     eof: bool,
 }
 
+/// The line put between the head and the tail of an output that was cut.
+pub fn cut_marker(dropped: u64) -> Vec<u8> {
+    format!(
+        "\n[... {dropped} bytes of output cut here by the sandbox: the first and the last part are kept ...]\n"
+    )
+    .into_bytes()
+}
+
 impl Capture {
     fn new(stream: Stream, limit: usize) -> Self {
+        let head_limit = limit / 2;
         Capture {
             stream,
-            limit,
+            head_limit,
             accepted: 0,
             kept: Vec::new(),
+            tail: Ring::new(limit - head_limit),
             truncated: false,
             eof: false,
         }
     }
 
-    /// The part of `chunk` within the bound; the rest is dropped and marks truncation.
+    /// The part of `chunk` that belongs to the head; the rest goes to the tail ring
+    /// (whose oldest bytes are dropped, which marks truncation).
     fn admit<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
-        let take = chunk.len().min(self.limit - self.accepted);
-        if take < chunk.len() {
-            self.truncated = true;
-        }
+        let take = chunk.len().min(self.head_limit - self.accepted);
         self.accepted += take;
+        if take < chunk.len() {
+            self.tail.push(&chunk[take..]);
+            if self.tail.dropped > 0 {
+                self.truncated = true;
+            }
+        }
         &chunk[..take]
+    }
+
+    /// What follows the head at the end: the tail, behind a marker when bytes were
+    /// dropped between them (empty when everything fitted in the head).
+    fn finish(&mut self) -> Vec<u8> {
+        let tail = self.tail.contents();
+        if self.tail.dropped == 0 {
+            return tail;
+        }
+        let mut out = cut_marker(self.tail.dropped);
+        out.extend_from_slice(&tail);
+        out
     }
 }
 
@@ -361,7 +390,27 @@ pub async fn exec(
             }
         }
     }
-    // Frames admitted before the end are still delivered, in order, before `Exited`.
+    // Frames admitted before the end are still delivered, in order, before `Exited`;
+    // then the tail kept past the head (in stream mode as frames of its own).
+    for cap in [&mut out, &mut err] {
+        let rest = cap.finish();
+        if rest.is_empty() {
+            continue;
+        }
+        if spec.stream {
+            for chunk in rest.chunks(CHUNK) {
+                pending.push_back(Frame::Response {
+                    id,
+                    resp: Response::Output {
+                        stream: cap.stream,
+                        data: chunk.to_vec(),
+                    },
+                });
+            }
+        } else {
+            cap.kept.extend_from_slice(&rest);
+        }
+    }
     for frame in pending {
         if tx.send(frame).await.is_err() {
             break;
@@ -637,11 +686,23 @@ mod tests {
     }
 
     #[test]
-    fn capture_bounds() {
-        let mut c = Capture::new(Stream::Stdout, 5);
-        assert_eq!(c.admit(b"abc"), b"abc");
-        assert_eq!(c.admit(b"defg"), b"de");
-        assert!(c.truncated);
-        assert_eq!(c.admit(b"x"), b"");
+    fn capture_keeps_head_and_tail() {
+        let mut c = Capture::new(Stream::Stdout, 6);
+        assert_eq!(c.admit(b"ab"), b"ab");
+        assert_eq!(c.admit(b"cdefg"), b"c");
+        assert!(c.truncated, "one byte fell off the tail ring");
+        assert_eq!(c.admit(b"xyz"), b"");
+        let mut expected = cut_marker(4);
+        expected.extend_from_slice(b"xyz");
+        assert_eq!(c.finish(), expected);
+    }
+
+    #[test]
+    fn capture_within_the_bound_is_whole() {
+        let mut c = Capture::new(Stream::Stdout, 6);
+        assert_eq!(c.admit(b"abcd"), b"abc");
+        assert_eq!(c.admit(b"ef"), b"");
+        assert!(!c.truncated);
+        assert_eq!(c.finish(), b"def");
     }
 }

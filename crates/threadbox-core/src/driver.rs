@@ -36,6 +36,9 @@ pub trait Driver: Send + Sync {
     fn destroy(&self, id: &str) -> Result<()>;
     fn socket_path(&self, id: &str) -> PathBuf;
     fn cpu_usage_usec(&self, id: &str) -> Result<u64>;
+    /// How many processes of the sandbox the kernel's OOM killer has ended so far
+    /// (the cgroup's `oom_kill` counter; `memory.oom_control` on v1).
+    fn oom_kills(&self, id: &str) -> Result<u64>;
 }
 
 pub struct LaunchRequest<'a> {
@@ -378,5 +381,9 @@ impl Driver for JailDriver {
 
     fn cpu_usage_usec(&self, id: &str) -> Result<u64> {
         Ok(self.cgroup(id).cpu_usage_usec()?)
+    }
+
+    fn oom_kills(&self, id: &str) -> Result<u64> {
+        Ok(self.cgroup(id).oom_kills()?)
     }
 }

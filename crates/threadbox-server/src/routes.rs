@@ -405,14 +405,14 @@ pub(crate) async fn openapi_document() -> Response {
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
     request_body = CreateSandboxRequest,
     responses(
-        (status = 201, description = "Created", body = Sandbox),
-        (status = 200, description = "A sandbox of that name already existed", body = Sandbox),
+        (status = 201, description = "Created", body = CreatedSandbox),
+        (status = 200, description = "A sandbox of that name already existed", body = CreatedSandbox),
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn create_sandbox(
     State(st): St,
     Auth(caller): Auth,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
-) -> Result<(StatusCode, ApiJson<Sandbox>), ApiError> {
+) -> Result<(StatusCode, ApiJson<CreatedSandbox>), ApiError> {
     if let Some(name) = &req.name {
         if name.is_empty() {
             return Err(ApiError::invalid("`name` must not be empty"));
@@ -424,7 +424,7 @@ pub(crate) async fn create_sandbox(
     } else {
         StatusCode::OK
     };
-    Ok((status, ApiJson(sandbox)))
+    Ok((status, ApiJson(CreatedSandbox { sandbox, created })))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",

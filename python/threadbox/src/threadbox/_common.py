@@ -117,6 +117,24 @@ def create_body(
     return body
 
 
+def created_from(status: int, data: Any) -> bool:
+    """Whether a ``POST /v1/sandboxes`` answer says this call created the sandbox.
+
+    The body's ``created`` is authoritative; older daemons only tell by the status
+    (201 created, 200 found).
+    """
+    flag = data.get("created") if isinstance(data, dict) else None
+    if isinstance(flag, bool):
+        return flag
+    return status == 201
+
+
+def effective_on_exit(on_exit: OnExit, created: bool) -> OnExit:
+    """What a ``with`` block ends with: only a sandbox this call created is deleted or
+    stopped; an existing one (get-or-create found it) is always left alone."""
+    return on_exit if created else "none"
+
+
 def command_fields(cmd: Command) -> dict[str, Any]:
     """A string is a shell command line (``/bin/sh -c``); a sequence is an argv."""
     if isinstance(cmd, str):
