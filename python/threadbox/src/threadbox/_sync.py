@@ -157,7 +157,9 @@ class Threadbox:
         resp = self._send("POST", "/v1/sandboxes", json_body=body)
         data = resp.json()
         created = c.created_from(resp.status_code, data)
-        return Sandbox(self, SandboxInfo.from_dict(data), created=created, on_exit=c.effective_on_exit(on_exit, created))
+        return Sandbox(
+            self, SandboxInfo.from_dict(data), created=created, on_exit=c.effective_on_exit(on_exit, created)
+        )
 
     def create(
         self,
