@@ -209,7 +209,7 @@ def _validate(tool: BaseTool, args: dict[str, Any]) -> dict[str, Any]:
     schema = tool.args_schema
     if inspect.isclass(schema) and issubclass(schema, BaseModel):
         try:
-            return schema.model_validate(args).model_dump()
+            return schema.model_validate(args).model_dump(exclude_unset=True)
         except Exception as e:
             raise InvalidDecision(f"the edited arguments for {tool.name} are invalid: {e}") from e
     return args
@@ -321,28 +321,35 @@ def _config_param(func: Any) -> str | None:
     return None
 
 
-def _normalize(tool: BaseTool, result: Any) -> tuple[str, dict[str, Any]]:
+def _normalize(tool: BaseTool, result: Any) -> tuple[Any, dict[str, Any]]:
     if tool.response_format == "content_and_artifact" and isinstance(result, tuple) and len(result) == 2:
         content, artifact = result
-        return (content if isinstance(content, str) else str(content)), dict(artifact or {})
-    return (result if isinstance(result, str) else str(result)), {}
+        return (content if isinstance(content, (str, list)) else str(content)), dict(artifact or {})
+    return (result if isinstance(result, (str, list)) else str(result)), {}
 
 
-def _call(tool: BaseTool, args: dict[str, Any], config: RunnableConfig) -> tuple[str, dict[str, Any]]:
+def _kwargs(func: Any, args: dict[str, Any], config: RunnableConfig, runtime: ToolRuntime | None) -> dict[str, Any]:
+    kwargs = dict(args)
+    if p := _config_param(func):
+        kwargs[p] = config
+    if runtime is not None and "runtime" in inspect.signature(func).parameters:
+        kwargs["runtime"] = runtime  # the inner tool streams output and sees the conversation
+    return kwargs
+
+
+def _call(
+    tool: BaseTool, args: dict[str, Any], config: RunnableConfig, runtime: ToolRuntime | None
+) -> tuple[Any, dict[str, Any]]:
     if isinstance(tool, StructuredTool) and tool.func is not None:
-        kwargs = dict(args)
-        if p := _config_param(tool.func):
-            kwargs[p] = config
-        return _normalize(tool, tool.func(**kwargs))
+        return _normalize(tool, tool.func(**_kwargs(tool.func, args, config, runtime)))
     return _normalize(tool, tool.invoke(args, config))
 
 
-async def _acall(tool: BaseTool, args: dict[str, Any], config: RunnableConfig) -> tuple[str, dict[str, Any]]:
+async def _acall(
+    tool: BaseTool, args: dict[str, Any], config: RunnableConfig, runtime: ToolRuntime | None
+) -> tuple[Any, dict[str, Any]]:
     if isinstance(tool, StructuredTool) and tool.coroutine is not None:
-        kwargs = dict(args)
-        if p := _config_param(tool.coroutine):
-            kwargs[p] = config
-        return _normalize(tool, await tool.coroutine(**kwargs))
+        return _normalize(tool, await tool.coroutine(**_kwargs(tool.coroutine, args, config, runtime)))
     return _normalize(tool, await tool.ainvoke(args, config))
 
 
@@ -387,7 +394,9 @@ def require_approval(
 
     def request(kwargs: dict[str, Any], runtime: ToolRuntime | None) -> _Request:
         call_id = runtime.tool_call_id if runtime is not None else None
-        return _Request(call_id=call_id, tool=tool, args=dict(kwargs), allowed=allowed_list, description=desc)
+        # Optional arguments the model left out arrive as None: not part of its request.
+        args = {k: v for k, v in kwargs.items() if v is not None}
+        return _Request(call_id=call_id, tool=tool, args=args, allowed=allowed_list, description=desc)
 
     def finish(decision: Decision, args: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Any]:
         artifact.update({"approval": decision.kind, "rejected": False})
@@ -395,18 +404,18 @@ def require_approval(
             artifact["edited_args"] = args
         return artifact
 
-    def run(config: RunnableConfig, runtime: ToolRuntime = None, **kwargs: Any) -> tuple[str, dict[str, Any]]:  # type: ignore[assignment]
+    def run(config: RunnableConfig, runtime: ToolRuntime = None, **kwargs: Any) -> tuple[Any, dict[str, Any]]:  # type: ignore[assignment]
         decision, args = _decide(request(kwargs, runtime), runtime, config)
         if decision.kind == "reject":
             return rejected(decision)
-        content, artifact = _call(tool, args, config)
+        content, artifact = _call(tool, args, config, runtime)
         return content, finish(decision, args, artifact)
 
-    async def arun(config: RunnableConfig, runtime: ToolRuntime = None, **kwargs: Any) -> tuple[str, dict[str, Any]]:  # type: ignore[assignment]
+    async def arun(config: RunnableConfig, runtime: ToolRuntime = None, **kwargs: Any) -> tuple[Any, dict[str, Any]]:  # type: ignore[assignment]
         decision, args = _decide(request(kwargs, runtime), runtime, config)
         if decision.kind == "reject":
             return rejected(decision)
-        content, artifact = await _acall(tool, args, config)
+        content, artifact = await _acall(tool, args, config, runtime)
         return content, finish(decision, args, artifact)
 
     return StructuredTool(

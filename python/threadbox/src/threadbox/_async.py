@@ -120,7 +120,11 @@ class AsyncThreadbox:
                 body = await resp.aread()
             finally:
                 await resp.aclose()
-            raise error_from_response(resp.status_code, body, path)
+            err = error_from_response(resp.status_code, body, path)
+            if err.code == "not_found":
+                err.message = c.route_hint(self._config, err.message)
+                err.args = (err.message,)
+            raise err
         return resp
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:

@@ -60,6 +60,20 @@ def resolve_config(url: str | None, api_key: str | None) -> ClientConfig:
     return ClientConfig(base_url=raw.rstrip("/"), uds=None, api_key=key, display_url=raw)
 
 
+def route_hint(config: ClientConfig, message: str) -> str:
+    """``message``, with a hint when the daemon knows no such route because the URL
+    has a path (``THREADBOX_URL=http://host:7420/v1`` is the usual mistake)."""
+    if "no such route" not in message or config.uds:
+        return message
+    path = httpx.URL(config.base_url).path.rstrip("/")
+    if not path:
+        return message
+    return (
+        f"{message}: THREADBOX_URL is the daemon's root URL, without {path} "
+        f"(for example {config.base_url[: -len(path)]}, not {config.base_url})"
+    )
+
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 

@@ -123,7 +123,11 @@ class Threadbox:
                 body = resp.read()
             finally:
                 resp.close()
-            raise error_from_response(resp.status_code, body, path)
+            err = error_from_response(resp.status_code, body, path)
+            if err.code == "not_found":
+                err.message = c.route_hint(self._config, err.message)
+                err.args = (err.message,)
+            raise err
         return resp
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
