@@ -223,3 +223,28 @@ def test_a_bad_edit_asks_again(tb: Threadbox, names: Names) -> None:
     out = graph.invoke(Command(resume={"type": "edit", "args": {"command": "echo fixed"}}), c)
     (msg,) = _tool_messages(out)
     assert str(msg.content).startswith("fixed\n")
+
+
+def test_create_agent_runs_each_approved_call_once(tb: Threadbox, names: Names) -> None:
+    """create_agent runs each call as its own task: one interrupt per call, each listing the message."""
+    from langchain.agents import create_agent
+
+    from langchain_threadbox import with_approval
+    from langchain_threadbox.testing import ScriptedChatModel, ScriptRule, call
+
+    model = ScriptedChatModel(
+        rules=[ScriptRule("two", [[call("run_shell", command=COUNT), call("run_shell", command="echo 2")]])]
+    )
+    agent: Any = create_agent(
+        model, with_approval(ThreadboxToolkit(client=tb).get_tools()), checkpointer=InMemorySaver()
+    )
+    c = cfg(names.thread("agent"))
+    out = agent.invoke({"messages": [HumanMessage("two")]}, c)
+    interrupts = out["__interrupt__"]
+    assert [len(i.value["action_requests"]) for i in interrupts] == [2, 2]
+    decisions = {"decisions": [{"type": "approve"}, {"type": "reject", "message": "no"}]}
+    out = agent.invoke(Command(resume={i.id: decisions for i in interrupts}), c)
+    assert "__interrupt__" not in out
+    first, second = _tool_messages(out)
+    assert str(first.content).startswith("1\n") and second.artifact["rejected"] is True
+    assert tb.get(thread_sandbox_name(c["configurable"]["thread_id"])).files.read("count.txt") == b"run\n"
