@@ -389,3 +389,11 @@ async def test_concurrency_asyncio_many_sandboxes(atb: AsyncThreadbox, names: Na
     results = await asyncio.gather(*(s.exec("sleep 1; echo done") for s in sbs))
     assert all(r.stdout == "done\n" for r in results)
     assert time.monotonic() - t0 < 4, "execs in different sandboxes did not run concurrently"
+
+
+def test_a_url_with_v1_gets_a_hint(daemon: Daemon) -> None:
+    """P12: THREADBOX_URL=http://host:port/v1 is a URL mistake, and the error says so."""
+    with Threadbox(daemon.url + "/v1") as bad, pytest.raises(threadbox.NotFound) as ei:
+        bad.list()
+    assert "no such route" in str(ei.value) and "without /v1" in str(ei.value)
+    assert f"for example {daemon.url}," in str(ei.value)
