@@ -212,3 +212,12 @@ async def test_async_tools_stream_and_report_errors(tb: Threadbox, names: Names)
     assert "".join(texts) == "one\ntwo\n"
     shell, missing = tool_messages((await graph.aget_state(c)).values)
     assert shell.status == "success" and missing.status == "error"
+
+
+def test_read_file_shows_the_start_of_one_huge_line(tb: Threadbox, names: Names) -> None:
+    tk = ThreadboxToolkit(client=tb, max_output_chars=1000)
+    c = cfg(names.thread("oneline"))
+    tk.run_shell.invoke({"command": "head -c 3000000 /dev/zero | tr '\\0' z > line.txt"}, c)
+    msg = tk.read_file.invoke({"type": "tool_call", "id": "r", "name": "read_file", "args": {"path": "line.txt"}}, c)
+    assert str(msg.content).startswith("z" * 1000) and msg.artifact["truncated"] is True
+    assert msg.artifact["bytes_read"] < 1 << 20

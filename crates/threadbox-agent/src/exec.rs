@@ -36,6 +36,7 @@ const MAX_BACKGROUND: usize = 256;
 /// (where test runners and compilers print their summary) is never lost.
 struct Capture {
     stream: Stream,
+    limit: usize,
     head_limit: usize,
     accepted: usize,
     kept: Vec<u8>,
@@ -43,6 +44,10 @@ struct Capture {
     truncated: bool,
     eof: bool,
 }
+
+/// The marker line is at most this long (111 bytes); a bound below 4x this keeps only the
+/// head, as captures did before they kept a tail.
+const MARKER_RESERVE: usize = 128;
 
 /// The line put between the head and the tail of an output that was cut.
 pub fn cut_marker(dropped: u64) -> Vec<u8> {
@@ -54,13 +59,19 @@ pub fn cut_marker(dropped: u64) -> Vec<u8> {
 
 impl Capture {
     fn new(stream: Stream, limit: usize) -> Self {
-        let head_limit = limit / 2;
+        // A bound too small to share keeps only the head, as before.
+        let (head_limit, tail_limit) = if limit >= 4 * MARKER_RESERVE {
+            (limit / 2, limit - limit / 2)
+        } else {
+            (limit, 0)
+        };
         Capture {
             stream,
+            limit,
             head_limit,
             accepted: 0,
             kept: Vec::new(),
-            tail: Ring::new(limit - head_limit),
+            tail: Ring::new(tail_limit),
             truncated: false,
             eof: false,
         }
@@ -80,15 +91,26 @@ impl Capture {
         &chunk[..take]
     }
 
+    /// Bytes dropped between the head and the tail.
+    fn dropped(&self) -> u64 {
+        self.tail.dropped
+    }
+
     /// What follows the head at the end: the tail, behind a marker when bytes were
     /// dropped between them (empty when everything fitted in the head).
+    /// Output that fitted in the bound comes back whole; otherwise the oldest bytes of the
+    /// tail make room for the marker, so head + marker + tail stay within the bound.
     fn finish(&mut self) -> Vec<u8> {
         let tail = self.tail.contents();
-        if self.tail.dropped == 0 {
+        if self.dropped() == 0 || self.tail.cap == 0 {
             return tail;
         }
-        let mut out = cut_marker(self.tail.dropped);
-        out.extend_from_slice(&tail);
+        let room = self.limit - self.accepted;
+        let widest = cut_marker(self.dropped() + tail.len() as u64).len();
+        let keep = tail.len().min(room.saturating_sub(widest));
+        let cut = (tail.len() - keep) as u64;
+        let mut out = cut_marker(self.dropped() + cut);
+        out.extend_from_slice(&tail[tail.len() - keep..]);
         out
     }
 }
@@ -686,23 +708,44 @@ mod tests {
     }
 
     #[test]
-    fn capture_keeps_head_and_tail() {
-        let mut c = Capture::new(Stream::Stdout, 6);
-        assert_eq!(c.admit(b"ab"), b"ab");
-        assert_eq!(c.admit(b"cdefg"), b"c");
-        assert!(c.truncated, "one byte fell off the tail ring");
-        assert_eq!(c.admit(b"xyz"), b"");
-        let mut expected = cut_marker(4);
-        expected.extend_from_slice(b"xyz");
-        assert_eq!(c.finish(), expected);
+    fn capture_keeps_head_and_tail_within_the_bound() {
+        let limit = 1024;
+        let mut c = Capture::new(Stream::Stdout, limit);
+        let head = vec![b'h'; 512];
+        assert_eq!(c.admit(&head), &head[..]);
+        assert_eq!(c.admit(&[b'm'; 5000]), b"");
+        assert!(c.truncated, "bytes fell off the tail ring");
+        assert_eq!(c.admit(&[b't'; 512]), b"");
+        let rest = c.finish();
+        let tail = rest.iter().rev().take_while(|&&b| b == b't').count();
+        let mut expected = cut_marker((5000 + 512 - tail) as u64);
+        expected.extend_from_slice(&vec![b't'; tail]);
+        assert_eq!(rest, expected);
+        assert!(tail > 300, "most of the tail is kept");
+        assert!(
+            512 + rest.len() <= limit,
+            "head + marker + tail stay within the bound"
+        );
+        assert!(cut_marker(u64::MAX).len() <= MARKER_RESERVE);
     }
 
     #[test]
     fn capture_within_the_bound_is_whole() {
-        let mut c = Capture::new(Stream::Stdout, 6);
-        assert_eq!(c.admit(b"abcd"), b"abc");
-        assert_eq!(c.admit(b"ef"), b"");
+        let mut c = Capture::new(Stream::Stdout, 1024);
+        let data = vec![b'x'; 1000];
+        let head = c.admit(&data).len();
         assert!(!c.truncated);
-        assert_eq!(c.finish(), b"def");
+        let mut all = data[..head].to_vec();
+        all.extend(c.finish());
+        assert_eq!(all, data);
+    }
+
+    #[test]
+    fn a_small_bound_keeps_only_the_head() {
+        let mut c = Capture::new(Stream::Stdout, 5);
+        assert_eq!(c.admit(b"abc"), b"abc");
+        assert_eq!(c.admit(b"defg"), b"de");
+        assert!(c.truncated);
+        assert_eq!(c.finish(), b"");
     }
 }

@@ -256,6 +256,11 @@ class _Gate:
         self.pending: BaseException | None = None
 
 
+try:
+    from langgraph._internal._constants import CONFIG_KEY_SCRATCHPAD as _SCRATCHPAD_KEY
+except ImportError:  # pragma: no cover - the constant moved; its value has been stable
+    _SCRATCHPAD_KEY = "__pregel_scratchpad"
+
 _GATES: OrderedDict[int, _Gate] = OrderedDict()
 _GATES_LOCK = threading.Lock()
 _MAX_GATES = 1024
@@ -264,7 +269,7 @@ _MAX_GATES = 1024
 def _gate(config: RunnableConfig) -> _Gate | None:
     # LangGraph's per-task scratchpad: a new object for every (re-)execution of a node,
     # shared by the calls ToolNode runs in parallel within it.
-    scratchpad = ((config or {}).get("configurable") or {}).get("__pregel_scratchpad")
+    scratchpad = ((config or {}).get("configurable") or {}).get(_SCRATCHPAD_KEY)
     if scratchpad is None:
         return None
     with _GATES_LOCK:

@@ -195,6 +195,11 @@ class _Reader:
         for ln in lines:
             if self._take(ln + b"\n"):
                 return True
+        if self.line >= self.offset and not self.kept and len(self.buf) > self.max_chars:
+            # One line longer than the whole budget: show its start.
+            self.kept.append(self.buf[: self.max_chars])
+            self.more = self.done = True
+            return True
         if self.pulled >= self.max_bytes:
             self.more = True
             self.done = True
