@@ -200,3 +200,9 @@ def test_deep_agent_relative_paths_and_prompt(tb: Threadbox, names: Names) -> No
 def test_per_thread_id_outside_a_run_is_a_clear_error(tb: Threadbox) -> None:
     with pytest.raises(RuntimeError, match="no id outside a LangGraph run"):
         _ = ThreadboxSandbox(per_thread=True, client=tb).id
+
+
+def test_execute_names_an_oom_kill(tb: Threadbox, names: Names) -> None:
+    backend = ThreadboxSandbox(sandbox=tb.create(names.new("da-oom"), memory="256M"))
+    r = backend.execute("python3 -c 'x = bytearray(1 << 30)'")
+    assert r.exit_code == 137 and r.output.endswith("Killed: out of memory (limit 256 MiB)"), r

@@ -27,6 +27,7 @@ from threadbox import (
     ThreadboxError,
 )
 
+from ._output import human_bytes
 from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
@@ -127,6 +128,11 @@ def _combine(r: ExecResult, timeout: float) -> ExecuteResponse:
     exit_code = r.exit_code
     if exit_code is None and r.signal is not None:
         exit_code = 128 + r.signal
+    if r.oom_killed:
+        if out and not out.endswith("\n"):
+            out += "\n"
+        limit = f" (limit {human_bytes(r.memory_limit_bytes)})" if r.memory_limit_bytes else ""
+        out += f"Killed: out of memory{limit}"
     return ExecuteResponse(output=out, exit_code=exit_code, truncated=r.truncated)
 
 
