@@ -221,3 +221,21 @@ def test_read_file_shows_the_start_of_one_huge_line(tb: Threadbox, names: Names)
     msg = tk.read_file.invoke({"type": "tool_call", "id": "r", "name": "read_file", "args": {"path": "line.txt"}}, c)
     assert str(msg.content).startswith("z" * 1000) and msg.artifact["truncated"] is True
     assert msg.artifact["bytes_read"] < 1 << 20
+
+
+def test_without_custom_streaming_the_plain_exec_is_used(
+    tb: Threadbox, names: Names, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graph = build(ThreadboxToolkit(client=tb).get_tools(), {"hi": [("run_shell", {"command": "echo hi"})]})
+
+    def no_stream(*a: Any, **k: Any) -> Any:
+        raise AssertionError("exec_stream used although nobody streams custom events")
+
+    from threadbox import Sandbox
+
+    monkeypatch.setattr(Sandbox, "exec_stream", no_stream)
+    (msg,) = run_turn(graph, names.thread("plain"), "hi")
+    assert str(msg.content).startswith("hi\n") and msg.status == "success"
+    updates = list(graph.stream({"messages": [HumanMessage("hi")]}, cfg(names.thread("upd")), stream_mode="updates"))
+    (msg,) = [m for u in updates for m in (u.get("tools") or {}).get("messages", [])]
+    assert str(msg.content).startswith("hi\n")

@@ -156,7 +156,19 @@ def _writer_of(runtime: ToolRuntime | None) -> Callable[[Any], None] | None:
             return None
     except ImportError:  # pragma: no cover - older langgraph
         pass
+    # Without stream_mode="custom", LangGraph passes a local `def stream_writer(c): pass`:
+    # then the plain (not streamed) exec is used.
+    code = getattr(writer, "__code__", None)
+    if code is not None and getattr(writer, "__closure__", None) is None and code.co_code == _PASS_CODE:
+        return None
     return writer
+
+
+def _pass(_: Any) -> None:
+    pass
+
+
+_PASS_CODE = _pass.__code__.co_code
 
 
 def _had_sandbox_before(runtime: ToolRuntime | None) -> bool | None:
