@@ -2,6 +2,8 @@
 
     python examples/approval_graph.py
 
+Install (from the repository root): pip install -e python/threadbox -e "python/langchain-threadbox[examples]"
+
 Phase 1 runs the graph until `interrupt()` asks for approval (nothing has touched the
 sandbox yet) and exits. Phase 2 is started as a separate process: it opens the same
 SQLite checkpoint, resumes with `Command(resume={"type": "approve"})`, and the code

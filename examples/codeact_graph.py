@@ -4,6 +4,8 @@ Run against a daemon (THREADBOX_URL, default http://127.0.0.1:7420):
 
     python examples/codeact_graph.py
 
+Install (from the repository root): pip install -e python/threadbox -e "python/langchain-threadbox[examples]"
+
 The "model" is scripted so no LLM key is needed. To use a real model, replace the
 `model = ...` line below with:
 

@@ -2,6 +2,8 @@
 
     python examples/deep_agent.py
 
+Install (from the repository root): pip install -e python/threadbox -e "python/langchain-threadbox[examples]"
+
 The model is scripted (no LLM key). With a real model pass e.g.
 `model=init_chat_model("anthropic:claude-sonnet-4-5")` to `create_deep_agent` instead.
 """

@@ -33,5 +33,16 @@ if [ -f python/requirements-test.txt ]; then
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q -r python/requirements-test.txt
     THREADBOX_BIN="$PWD/target/debug/threadbox" .venv/bin/pytest -q python/tests
+
+    # The Deep Agents backend again at the newest deepagents 0.7.x (the main venv has the
+    # pinned 0.6.12): its own venv, because the two cannot be installed side by side.
+    echo "== python tests: deepagents 0.7"
+    if [ ! -x .venv-deepagents07/bin/python ]; then
+        python3 -m venv .venv-deepagents07
+    fi
+    .venv-deepagents07/bin/python -m pip install -q --upgrade pip
+    .venv-deepagents07/bin/python -m pip install -q -r python/requirements-deepagents-0.7.txt
+    THREADBOX_BIN="$PWD/target/debug/threadbox" .venv-deepagents07/bin/python -m pytest -q -p no:cacheprovider \
+        python/tests/test_deepagents.py
 fi
 echo "== all tests passed"

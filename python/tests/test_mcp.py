@@ -267,3 +267,28 @@ def test_tools_validate_against_their_own_output_schemas(daemon: Daemon) -> None
     result = r.json()["result"]
     assert result.get("isError") in (None, False)
     jsonschema.validate(result["structuredContent"], tools["sandbox_list"]["outputSchema"])
+
+
+async def test_stdio_fails_at_initialize_when_the_daemon_is_unreachable() -> None:
+    """P5: a stdio client learns at once that THREADBOX_URL did not reach the server."""
+    from mcp.shared.exceptions import McpError
+
+    params = StdioServerParameters(
+        command=str(threadbox_bin()),
+        args=["mcp", "--url", "http://127.0.0.1:1"],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    errors: list[BaseException] = []
+    try:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+    except BaseException as e:  # anyio wraps it in an exception group
+        pending = [e]
+        while pending:
+            x = pending.pop()
+            errors.append(x)
+            pending.extend(getattr(x, "exceptions", []))
+    (err,) = [e for e in errors if isinstance(e, McpError)]
+    msg = str(err)
+    assert "cannot connect to the threadbox daemon at http://127.0.0.1:1" in msg
+    assert '"--url"' in msg and "THREADBOX_URL" in msg

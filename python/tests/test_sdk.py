@@ -129,9 +129,33 @@ def test_exec_background_child_does_not_hang(tb: Threadbox, names: Names) -> Non
 
 def test_exec_output_bound(tb: Threadbox, names: Names) -> None:
     sb = tb.create(names.new("trunc"))
-    r = sb.exec("head -c 100000 /dev/zero | tr '\\0' x", max_output_bytes=1000)
+    r = sb.exec("head -c 100000 /dev/zero | tr '\\0' x; echo; echo SUMMARY", max_output_bytes=1000)
     assert r.truncated and r.stdout_truncated and not r.stderr_truncated
-    assert len(r.stdout_bytes) <= 1000 and r.exit_code == 0
+    # The bound keeps the head and the tail (the last lines are where summaries are),
+    # with one marker line between them.
+    assert len(r.stdout_bytes) <= 1000 and r.exit_code == 0  # the marker fits inside the bound
+    assert r.stdout.startswith("xxxx") and r.stdout.endswith("xxx\nSUMMARY\n")
+    assert "bytes of output cut here by the sandbox" in r.stdout
+
+
+def test_exec_stream_keeps_the_tail(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("trunc-stream"))
+    r = sb.exec_stream("head -c 100000 /dev/zero | tr '\\0' y; echo; echo END", max_output_bytes=1000).collect()
+    assert r.truncated and r.exit_code == 0
+    assert r.stdout.startswith("yyyy") and r.stdout.endswith("yyy\nEND\n")
+    assert "bytes of output cut here by the sandbox" in r.stdout and len(r.stdout_bytes) <= 1000
+
+
+def test_oom_kill_is_named(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("oom"), memory="256M")
+    r = sb.exec(["python3", "-c", "x = bytearray(1 << 30)"], timeout=60)
+    assert r.oom_killed and r.memory_limit_bytes == 256 << 20, r
+    assert r.signal == 9
+    ok = sb.exec("echo fine")
+    assert ok.ok and not ok.oom_killed and ok.memory_limit_bytes is None
+    with sb.exec_stream("python3 -c 'x = bytearray(1 << 30)'", timeout=60) as events:
+        end = events.collect()
+    assert end.oom_killed and end.memory_limit_bytes == 256 << 20
 
 
 def test_exec_stream(tb: Threadbox, names: Names) -> None:
@@ -243,6 +267,51 @@ def test_lifecycle(tb: Threadbox, names: Names) -> None:
     assert sb.exec("cat keep.txt").stdout == "kept"
 
 
+def test_get_or_create_block_keeps_an_existing_sandbox(tb: Threadbox, names: Names) -> None:
+    """P0: a ``with`` block deletes only a sandbox its own call created."""
+    name = names.new("keep")
+    first = tb.create(name, on_exit="none")
+    assert first.created
+    first.files.write("p.txt", b"precious\n")
+    with tb.get_or_create(name) as sb:
+        assert not sb.created and sb.on_exit == "none"
+        assert sb.files.read("p.txt") == b"precious\n"
+    assert tb.get(name).files.read("p.txt") == b"precious\n"
+    with tb.create(name, on_exit="stop") as again:  # create() of an existing name: same rule
+        assert not again.created
+    assert tb.get(name).state == "running"
+    # A sandbox the block did create is still deleted at its end.
+    fresh = names.new("fresh")
+    with tb.get_or_create(fresh) as sb2:
+        assert sb2.created and sb2.on_exit == "delete"
+    with pytest.raises(SandboxNotFound):
+        tb.get(fresh)
+
+
+def test_create_answer_says_created(tb: Threadbox, names: Names) -> None:
+    name = names.new("flag")
+    r1 = tb._send("POST", "/v1/sandboxes", json_body={"name": name})
+    r2 = tb._send("POST", "/v1/sandboxes", json_body={"name": name})
+    assert (r1.status_code, r1.json()["created"]) == (201, True)
+    assert (r2.status_code, r2.json()["created"]) == (200, False)
+    assert r1.json()["id"] == r2.json()["id"]
+
+
+async def test_async_get_or_create_block_keeps_an_existing_sandbox(atb: AsyncThreadbox, names: Names) -> None:
+    name = names.new("akeep")
+    first = await atb.create(name, on_exit="none")
+    await first.files.write("p.txt", b"precious\n")
+    async with await atb.get_or_create(name) as sb:
+        assert not sb.created
+        assert await sb.files.read("p.txt") == b"precious\n"
+    assert await (await atb.get(name)).files.read("p.txt") == b"precious\n"
+    fresh = names.new("afresh")
+    async with await atb.get_or_create(fresh) as sb2:
+        assert sb2.created
+    with pytest.raises(SandboxNotFound):
+        await atb.get(fresh)
+
+
 def test_context_managers(tb: Threadbox, names: Names) -> None:
     with tb.create(names.new("cm")) as sb:
         assert sb.exec("true").ok
@@ -320,3 +389,11 @@ async def test_concurrency_asyncio_many_sandboxes(atb: AsyncThreadbox, names: Na
     results = await asyncio.gather(*(s.exec("sleep 1; echo done") for s in sbs))
     assert all(r.stdout == "done\n" for r in results)
     assert time.monotonic() - t0 < 4, "execs in different sandboxes did not run concurrently"
+
+
+def test_a_url_with_v1_gets_a_hint(daemon: Daemon) -> None:
+    """P12: THREADBOX_URL=http://host:port/v1 is a URL mistake, and the error says so."""
+    with Threadbox(daemon.url + "/v1") as bad, pytest.raises(threadbox.NotFound) as ei:
+        bad.list()
+    assert "no such route" in str(ei.value) and "without /v1" in str(ei.value)
+    assert f"for example {daemon.url}," in str(ei.value)

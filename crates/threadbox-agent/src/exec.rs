@@ -30,36 +30,87 @@ const STREAM_BACKLOG: usize = 16;
 /// Background processes remembered; beyond that the oldest finished ones are forgotten.
 const MAX_BACKGROUND: usize = 256;
 
-/// Bounded capture of one output stream.
+/// Bounded capture of one output stream: the first half of the bound is kept as it
+/// comes, the second half as a ring of the latest bytes, so the end of a long output
+/// (where test runners and compilers print their summary) is never lost.
 struct Capture {
     stream: Stream,
     limit: usize,
+    head_limit: usize,
     accepted: usize,
     kept: Vec<u8>,
+    tail: Ring,
     truncated: bool,
     eof: bool,
 }
 
+/// The marker line is at most this long (111 bytes); a bound below 4x this keeps only the
+/// head, as captures did before they kept a tail.
+const MARKER_RESERVE: usize = 128;
+
+/// The line put between the head and the tail of an output that was cut.
+pub fn cut_marker(dropped: u64) -> Vec<u8> {
+    format!(
+        "\n[... {dropped} bytes of output cut here by the sandbox: the first and the last part are kept ...]\n"
+    )
+    .into_bytes()
+}
+
 impl Capture {
     fn new(stream: Stream, limit: usize) -> Self {
+        // A bound too small to share keeps only the head, as before.
+        let (head_limit, tail_limit) = if limit >= 4 * MARKER_RESERVE {
+            (limit / 2, limit - limit / 2)
+        } else {
+            (limit, 0)
+        };
         Capture {
             stream,
             limit,
+            head_limit,
             accepted: 0,
             kept: Vec::new(),
+            tail: Ring::new(tail_limit),
             truncated: false,
             eof: false,
         }
     }
 
-    /// The part of `chunk` within the bound; the rest is dropped and marks truncation.
+    /// The part of `chunk` that belongs to the head; the rest goes to the tail ring
+    /// (whose oldest bytes are dropped, which marks truncation).
     fn admit<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
-        let take = chunk.len().min(self.limit - self.accepted);
-        if take < chunk.len() {
-            self.truncated = true;
-        }
+        let take = chunk.len().min(self.head_limit - self.accepted);
         self.accepted += take;
+        if take < chunk.len() {
+            self.tail.push(&chunk[take..]);
+            if self.tail.dropped > 0 {
+                self.truncated = true;
+            }
+        }
         &chunk[..take]
+    }
+
+    /// Bytes dropped between the head and the tail.
+    fn dropped(&self) -> u64 {
+        self.tail.dropped
+    }
+
+    /// What follows the head at the end: the tail, behind a marker when bytes were
+    /// dropped between them (empty when everything fitted in the head).
+    /// Output that fitted in the bound comes back whole; otherwise the oldest bytes of the
+    /// tail make room for the marker, so head + marker + tail stay within the bound.
+    fn finish(&mut self) -> Vec<u8> {
+        let tail = self.tail.contents();
+        if self.dropped() == 0 || self.tail.cap == 0 {
+            return tail;
+        }
+        let room = self.limit - self.accepted;
+        let widest = cut_marker(self.dropped() + tail.len() as u64).len();
+        let keep = tail.len().min(room.saturating_sub(widest));
+        let cut = (tail.len() - keep) as u64;
+        let mut out = cut_marker(self.dropped() + cut);
+        out.extend_from_slice(&tail[tail.len() - keep..]);
+        out
     }
 }
 
@@ -374,7 +425,27 @@ pub async fn exec(
             }
         }
     }
-    // Frames admitted before the end are still delivered, in order, before `Exited`.
+    // Frames admitted before the end are still delivered, in order, before `Exited`;
+    // then the tail kept past the head (in stream mode as frames of its own).
+    for cap in [&mut out, &mut err] {
+        let rest = cap.finish();
+        if rest.is_empty() {
+            continue;
+        }
+        if spec.stream {
+            for chunk in rest.chunks(CHUNK) {
+                pending.push_back(Frame::Response {
+                    id,
+                    resp: Response::Output {
+                        stream: cap.stream,
+                        data: chunk.to_vec(),
+                    },
+                });
+            }
+        } else {
+            cap.kept.extend_from_slice(&rest);
+        }
+    }
     for frame in pending {
         if tx.send(frame).await.is_err() {
             break;
@@ -656,11 +727,44 @@ mod tests {
     }
 
     #[test]
-    fn capture_bounds() {
+    fn capture_keeps_head_and_tail_within_the_bound() {
+        let limit = 1024;
+        let mut c = Capture::new(Stream::Stdout, limit);
+        let head = vec![b'h'; 512];
+        assert_eq!(c.admit(&head), &head[..]);
+        assert_eq!(c.admit(&[b'm'; 5000]), b"");
+        assert!(c.truncated, "bytes fell off the tail ring");
+        assert_eq!(c.admit(&[b't'; 512]), b"");
+        let rest = c.finish();
+        let tail = rest.iter().rev().take_while(|&&b| b == b't').count();
+        let mut expected = cut_marker((5000 + 512 - tail) as u64);
+        expected.extend_from_slice(&vec![b't'; tail]);
+        assert_eq!(rest, expected);
+        assert!(tail > 300, "most of the tail is kept");
+        assert!(
+            512 + rest.len() <= limit,
+            "head + marker + tail stay within the bound"
+        );
+        assert!(cut_marker(u64::MAX).len() <= MARKER_RESERVE);
+    }
+
+    #[test]
+    fn capture_within_the_bound_is_whole() {
+        let mut c = Capture::new(Stream::Stdout, 1024);
+        let data = vec![b'x'; 1000];
+        let head = c.admit(&data).len();
+        assert!(!c.truncated);
+        let mut all = data[..head].to_vec();
+        all.extend(c.finish());
+        assert_eq!(all, data);
+    }
+
+    #[test]
+    fn a_small_bound_keeps_only_the_head() {
         let mut c = Capture::new(Stream::Stdout, 5);
         assert_eq!(c.admit(b"abc"), b"abc");
         assert_eq!(c.admit(b"defg"), b"de");
         assert!(c.truncated);
-        assert_eq!(c.admit(b"x"), b"");
+        assert_eq!(c.finish(), b"");
     }
 }

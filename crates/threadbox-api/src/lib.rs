@@ -192,6 +192,18 @@ fn default_tier() -> String {
     "jail".to_string()
 }
 
+/// The answer of `POST /v1/sandboxes`: the sandbox, and whether this call created it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
+pub struct CreatedSandbox {
+    #[serde(flatten)]
+    pub sandbox: Sandbox,
+    /// True when this call created the sandbox; false when a sandbox of that name
+    /// already existed and is returned as it is (get-or-create). A client that deletes
+    /// "what it created" (a context manager) must look at this, never at the name.
+    #[serde(default)]
+    pub created: bool,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
@@ -292,6 +304,13 @@ pub struct ExecResponse {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub duration_ms: u64,
+    /// The kernel's OOM killer ended the call (the sandbox's cgroup counted an
+    /// `oom_kill` during it and the process died of SIGKILL).
+    #[serde(default)]
+    pub oom_killed: bool,
+    /// The sandbox's memory limit in bytes, given when `oom_killed` is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// One line of the NDJSON stream of `/exec/stream`.
@@ -315,6 +334,11 @@ pub enum ExecEvent {
         timed_out: bool,
         truncated: bool,
         duration_ms: u64,
+        /// As in `ExecResponse`.
+        #[serde(default)]
+        oom_killed: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        memory_limit_bytes: Option<u64>,
     },
     Error {
         code: ErrorCode,

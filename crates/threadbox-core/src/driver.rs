@@ -60,6 +60,9 @@ pub trait Driver: Send + Sync {
     /// Whether the sandbox's agent, host pid `pid`, is still alive in the sandbox (it may
     /// be alive and not answering yet).
     fn agent_alive(&self, id: &str, pid: i32) -> bool;
+    /// How many processes of the sandbox the kernel's OOM killer has ended so far
+    /// (the cgroup's `oom_kill` counter; `memory.oom_control` on v1).
+    fn oom_kills(&self, id: &str) -> Result<u64>;
 }
 
 pub struct LaunchRequest<'a> {
@@ -458,6 +461,10 @@ impl Driver for JailDriver {
     fn agent_alive(&self, id: &str, pid: i32) -> bool {
         let cg = self.cgroup(id);
         cg.exists() && cg.pids().is_ok_and(|p| p.contains(&pid))
+    }
+
+    fn oom_kills(&self, id: &str) -> Result<u64> {
+        Ok(self.cgroup(id).oom_kills()?)
     }
 
     fn tier(&self) -> &'static str {

@@ -286,6 +286,25 @@ fn exec_spec(req: ExecRequest, stream: bool) -> Result<proto::ExecSpec> {
     })
 }
 
+/// The memory limit when the call that ended this way was ended by the OOM killer:
+/// the sandbox's `oom_kill` counter went up during the call and the process died of
+/// SIGKILL (directly, or as a shell reports it, 137). The counter is per sandbox, so
+/// another call of the same sandbox killed at that moment is named as well.
+fn oom_verdict(
+    driver: &dyn Driver,
+    row: &SandboxRow,
+    before: Option<u64>,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+) -> Option<u64> {
+    let killed = signal == Some(9) || (signal.is_none() && exit_code == Some(137));
+    if !killed {
+        return None;
+    }
+    let after = driver.oom_kills(&row.id).ok()?;
+    (after > before?).then_some(row.memory_bytes)
+}
+
 fn exec_response(r: proto::ExecResult) -> ExecResponse {
     let both_utf8 =
         std::str::from_utf8(&r.stdout).is_ok() && std::str::from_utf8(&r.stderr).is_ok();
@@ -315,6 +334,8 @@ fn exec_response(r: proto::ExecResult) -> ExecResponse {
         stdout_truncated: r.stdout_truncated,
         stderr_truncated: r.stderr_truncated,
         duration_ms: r.duration_ms,
+        oom_killed: false,
+        memory_limit_bytes: None,
     }
 }
 
@@ -1139,6 +1160,17 @@ impl Manager {
         id_or_name: &str,
         work: bool,
     ) -> Result<(Arc<AgentConn>, Inflight)> {
+        let (conn, inflight, _row) = self.running_conn_row(caller, id_or_name, work).await?;
+        Ok((conn, inflight))
+    }
+
+    /// [`Self::running_conn`], with the sandbox's row as it was when the call began.
+    async fn running_conn_row(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        work: bool,
+    ) -> Result<(Arc<AgentConn>, Inflight, SandboxRow)> {
         // Fast path: an id this daemon already tracks is locked first, then read once
         // under its lock (tenancy and current state in one query). Live entries are keyed
         // by id and names never start with "sb-", so the key names this very sandbox.
@@ -1187,7 +1219,7 @@ impl Manager {
         live.inflight.fetch_add(1, Ordering::SeqCst);
         let inflight = Inflight(live.clone());
         self.touch(&live, &row.id).await;
-        Ok((conn, inflight))
+        Ok((conn, inflight, row))
     }
 
     async fn call(
@@ -1225,7 +1257,8 @@ impl Manager {
             caller.require(Scope::SandboxesWrite)?;
 
             let spec = exec_spec(req, false)?;
-            let (conn, _inflight) = self.running_conn(caller, id_or_name, true).await?;
+            let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
+            let oom_before = self.driver_for(&row)?.oom_kills(&row.id).ok();
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let mut guard = CancelGuard {
                 conn: conn.clone(),
@@ -1236,7 +1269,16 @@ impl Manager {
                 match rx.recv().await {
                     Some(proto::Response::Exited(r)) => {
                         guard.armed = false;
-                        return Ok(exec_response(r));
+                        let mut resp = exec_response(r);
+                        resp.memory_limit_bytes = oom_verdict(
+                            self.driver_for(&row)?.as_ref(),
+                            &row,
+                            oom_before,
+                            resp.exit_code,
+                            resp.signal,
+                        );
+                        resp.oom_killed = resp.memory_limit_bytes.is_some();
+                        return Ok(resp);
                     }
                     Some(proto::Response::Started { .. })
                     | Some(proto::Response::Output { .. }) => {}
@@ -1269,10 +1311,12 @@ impl Manager {
             caller.require(Scope::SandboxesWrite)?;
 
             let spec = exec_spec(req, true)?;
-            let (conn, inflight) = self.running_conn(caller, id_or_name, true).await?;
+            let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
+            let oom_before = self.driver_for(&row)?.oom_kills(&row.id).ok();
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let (tx, out) = mpsc::channel(64);
             let conn_sandbox = id_or_name.to_string();
+            let driver = self.driver_for(&row)?;
             tokio::spawn(async move {
                 let _inflight = inflight;
                 let mut guard = CancelGuard {
@@ -1292,6 +1336,13 @@ impl Manager {
                         }
                         Some(proto::Response::Exited(r)) => {
                             guard.armed = false;
+                            let memory_limit_bytes = oom_verdict(
+                                driver.as_ref(),
+                                &row,
+                                oom_before,
+                                r.exit_code,
+                                r.signal,
+                            );
                             let _ = tx
                                 .send(ExecEvent::End {
                                     exit_code: r.exit_code,
@@ -1299,6 +1350,8 @@ impl Manager {
                                     timed_out: r.timed_out,
                                     truncated: r.stdout_truncated || r.stderr_truncated,
                                     duration_ms: r.duration_ms,
+                                    oom_killed: memory_limit_bytes.is_some(),
+                                    memory_limit_bytes,
                                 })
                                 .await;
                             return;

@@ -51,7 +51,7 @@ use utoipa::OpenApi;
     ),
     components(schemas(
         ErrorCode, ErrorBody, ErrorResponse, SandboxState, TtlAction, LimitsRequest, Limits,
-        CreateSandboxRequest, Sandbox, SandboxList, User, Encoding, ExecRequest, ExecResponse,
+        CreateSandboxRequest, Sandbox, CreatedSandbox, SandboxList, User, Encoding, ExecRequest, ExecResponse,
         ExecEvent, StartProcessRequest, ProcessInfo, ProcessList, ProcessLogs,
         KillProcessRequest, FileKind, FileEntry, FileList, PostureCheck, SelftestReport,
         Health, AddImageRequest, Image, ImageList,

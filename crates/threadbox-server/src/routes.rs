@@ -409,14 +409,14 @@ pub(crate) async fn openapi_document() -> Response {
 #[utoipa::path(post, path = routes::SANDBOXES, tag = "sandboxes",
     request_body = CreateSandboxRequest,
     responses(
-        (status = 201, description = "Created", body = Sandbox),
-        (status = 200, description = "A sandbox of that name already existed", body = Sandbox),
+        (status = 201, description = "Created", body = CreatedSandbox),
+        (status = 200, description = "A sandbox of that name already existed", body = CreatedSandbox),
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn create_sandbox(
     State(st): St,
     Auth(caller): Auth,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
-) -> Result<(StatusCode, ApiJson<Sandbox>), ApiError> {
+) -> Result<(StatusCode, ApiJson<CreatedSandbox>), ApiError> {
     if let Some(name) = &req.name {
         if name.is_empty() {
             return Err(ApiError::invalid("`name` must not be empty"));
@@ -428,7 +428,7 @@ pub(crate) async fn create_sandbox(
     } else {
         StatusCode::OK
     };
-    Ok((status, ApiJson(sandbox)))
+    Ok((status, ApiJson(CreatedSandbox { sandbox, created })))
 }
 
 #[utoipa::path(get, path = routes::SANDBOXES, tag = "sandboxes",
@@ -970,6 +970,8 @@ mod exec_stream_tests {
                     timed_out: false,
                     truncated: false,
                     duration_ms: 1,
+                    oom_killed: false,
+                    memory_limit_bytes: None,
                 },
             ],
             metrics.clone(),

@@ -137,9 +137,47 @@ pub async fn run(url: Option<&str>) -> anyhow::Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    // The daemon is reached lazily, per tool call: an MCP client can list the tools
-    // (and get a clear tool error) even while the daemon is down.
     let client = Client::from_env(url)?;
+    // The daemon is checked once at start: a stdio client (Claude Desktop, LangChain's
+    // MCP adapters) passes the server a minimal environment, so a THREADBOX_URL exported
+    // in the user's shell is often not there. Failing at `initialize` with the URL tried
+    // says so at once, instead of at the first tool call. Later outages are tool errors.
+    if let Err(e) = client.health().await {
+        let message = format!(
+            "threadbox mcp: {}. Stdio MCP clients do not pass your shell's environment to the server: \
+             give it the daemon's address in the client's server config, with \
+             \"args\": [\"mcp\", \"--url\", \"http://HOST:PORT\"] or \
+             \"env\": {{\"THREADBOX_URL\": \"http://HOST:PORT\", \"THREADBOX_API_KEY\": \"...\"}}",
+            describe(&e)
+        );
+        refuse_initialize(&message).await?;
+        anyhow::bail!("{message}");
+    }
     threadbox_server::mcp::serve_stdio(Arc::new(ClientBackend::new(client))).await?;
+    Ok(())
+}
+
+/// Answers the client's `initialize` with a JSON-RPC error carrying `message` (what an MCP
+/// client shows for a server that cannot start), then returns.
+async fn refuse_initialize(message: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut stdout = tokio::io::stdout();
+    while let Some(line) = lines.next_line().await? {
+        let Ok(req) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if req.get("method").and_then(|m| m.as_str()) != Some("initialize") {
+            continue;
+        }
+        let reply = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": req.get("id").cloned().unwrap_or(serde_json::Value::Null),
+            "error": {"code": -32603, "message": message},
+        });
+        stdout.write_all(format!("{reply}\n").as_bytes()).await?;
+        stdout.flush().await?;
+        break;
+    }
     Ok(())
 }

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import StructuredTool, ToolException
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
@@ -23,6 +24,8 @@ from langchain_threadbox import (
     require_approval,
     thread_sandbox_name,
 )
+from langchain_threadbox._output import safe_text
+from langchain_threadbox._paths import escape_name, raw_path
 from threadbox import ExecResult, Threadbox
 
 
@@ -141,8 +144,77 @@ def test_tool_schema_hides_config() -> None:
         schema: Any = tools[name].tool_call_schema
         return set(schema.model_json_schema()["properties"])
 
-    assert props("run_python") == {"code"}
+    assert props("run_python") == {"code", "timeout"}  # runtime and config stay hidden
+    assert props("run_shell") == {"command", "timeout"}
+    assert props("read_file") == {"path", "offset", "limit"}
     assert props("write_file") == {"path", "content"}
+
+
+def test_toolkit_is_a_base_toolkit_with_a_name_prefix() -> None:
+    from langchain_core.tools import BaseToolkit
+
+    tk = toolkit(FakeDaemon(), name_prefix="sandbox_")
+    assert isinstance(tk, BaseToolkit)
+    assert [t.name for t in tk.get_tools()] == [
+        "sandbox_run_python",
+        "sandbox_run_shell",
+        "sandbox_read_file",
+        "sandbox_write_file",
+        "sandbox_list_files",
+    ]
+    assert [t.name for t in tk.get_tools(["read_file"])] == ["sandbox_read_file"]
+
+
+def test_per_call_timeout_is_capped() -> None:
+    fake = FakeDaemon()
+    tk = toolkit(fake, timeout=5, max_timeout=30)
+    cfg: RunnableConfig = {"configurable": {"thread_id": "t-to"}}
+    msg = tk.run_shell.invoke({"type": "tool_call", "id": "c", "name": "run_shell", "args": {"command": "x"}}, cfg)
+    assert fake.requests[-1][2]["timeout_secs"] == 5.0 and msg.artifact["timeout"] == 5.0
+    tk.run_shell.invoke({"command": "x", "timeout": 20}, cfg)
+    assert fake.requests[-1][2]["timeout_secs"] == 20.0
+    msg = tk.run_shell.invoke(
+        {"type": "tool_call", "id": "c", "name": "run_shell", "args": {"command": "x", "timeout": 999}}, cfg
+    )
+    assert fake.requests[-1][2]["timeout_secs"] == 30.0 and msg.artifact["timeout_capped"] is True
+    assert "above the limit of 30s" in msg.content
+    assert "at most 30" in tk.run_shell.description and "run in parallel" in tk.run_shell.description
+
+
+def test_binary_and_nul_output_never_reach_the_message_raw() -> None:
+    text, binary = safe_text(b"some text ab\xff\xfecd\x00ef\n")
+    assert text == "some text ab\\xff\\xfecd\\x00ef\n" and not binary
+    assert "\x00" not in text and "\ufffd" not in text
+    text, binary = safe_text(bytes(range(256)) * 4)
+    assert binary and text.startswith("[binary output: 1024 bytes")
+    assert safe_text("héllo\n".encode())[0] == "héllo\n"
+
+
+def test_oom_kill_is_named_in_the_text() -> None:
+    r = _result(exit_code=137, signal=9, oom_killed=True, memory_limit_bytes=256 << 20)
+    text, art = format_exec(r)
+    assert "[killed: out of memory (limit 256 MiB)" in text and art["oom_killed"] is True
+    assert art["memory_limit_bytes"] == 256 << 20
+
+
+def test_escaped_names_round_trip() -> None:
+    raw = b"caf\xe9-\xff.txt"
+    shown = escape_name(raw)
+    assert shown == "caf\\xe9-\\xff.txt"
+    assert raw_path(shown) == raw
+    assert raw_path("plain.txt") is None and raw_path("a\\x41.txt") is None  # valid once unescaped: a real name
+
+
+def test_a_url_with_v1_gets_a_hint() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"error": {"code": "not_found", "message": "no such route"}})
+
+    client = Threadbox("http://fake:7420/v1", transport=httpx.MockTransport(handler))
+    tool = ThreadboxToolkit(client=client).run_python
+    with pytest.raises(ToolException) as ei:
+        tool.invoke({"code": "1"}, {"configurable": {"thread_id": "t"}})
+    msg = str(ei.value)
+    assert "without /v1" in msg and "http://fake:7420," in msg and "unavailable" not in msg
 
 
 def test_run_python_non_zero_exit_is_content_and_artifact() -> None:
@@ -180,6 +252,16 @@ def test_read_missing_file_is_reported_to_model() -> None:
     fake = FakeDaemon()
     content = toolkit(fake).read_file.invoke({"path": "nope.txt"}, {"configurable": {"thread_id": "t"}})
     assert content == "Error: nope.txt: no such file or directory"
+
+
+def test_file_errors_are_error_tool_messages() -> None:
+    """P12: what Deep Agents and the MCP adapter report as status="error"."""
+    msg = toolkit(FakeDaemon()).read_file.invoke(
+        {"type": "tool_call", "id": "c9", "name": "read_file", "args": {"path": "nope.txt"}},
+        {"configurable": {"thread_id": "t"}},
+    )
+    assert isinstance(msg, ToolMessage) and msg.status == "error"
+    assert msg.content == "Error: nope.txt: no such file or directory"
 
 
 # -- approval wrapper without a daemon -----------------------------------------

@@ -177,6 +177,8 @@ impl Backend for Fake {
             stdout_truncated: false,
             stderr_truncated: false,
             duration_ms: 1,
+            oom_killed: false,
+            memory_limit_bytes: None,
         })
     }
 

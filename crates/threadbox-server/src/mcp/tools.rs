@@ -661,6 +661,22 @@ fn sandbox_result(s: Sandbox) -> CallToolResult {
     structured(text, &s)
 }
 
+/// `256 MiB`, `1.5 GiB`, `512 KiB` or bytes.
+pub(crate) fn human_bytes(b: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, size) in UNITS {
+        if b >= size {
+            let v = b as f64 / size as f64;
+            return if b.is_multiple_of(size) {
+                format!("{} {unit}", b / size)
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+    }
+    format!("{b} bytes")
+}
+
 /// What the model reads for a command's result.
 fn exec_text(r: &ExecResponse, timeout: f64) -> String {
     let stream = |s: &str| match r.encoding {
@@ -674,6 +690,12 @@ fn exec_text(r: &ExecResponse, timeout: f64) -> String {
             "timed out after {timeout}s: the command and its processes were killed (pass a \
              larger timeout_secs, or start long jobs in the background with `cmd &`)"
         )
+    } else if r.oom_killed {
+        let limit = r
+            .memory_limit_bytes
+            .map(|b| format!(" (limit {})", human_bytes(b)))
+            .unwrap_or_default();
+        format!("killed: out of memory{limit}")
     } else {
         match (r.exit_code, r.signal) {
             (Some(code), _) => format!("exit_code: {code}"),
@@ -723,4 +745,42 @@ fn error_result(tool: &str, err: BackendError) -> CallToolResult {
     })
     .ok();
     result
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::*;
+
+    fn killed(oom: bool) -> ExecResponse {
+        ExecResponse {
+            exit_code: Some(137),
+            signal: Some(9),
+            stdout: String::new(),
+            stderr: String::new(),
+            encoding: Encoding::Utf8,
+            timed_out: false,
+            truncated: false,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_ms: 5,
+            oom_killed: oom,
+            memory_limit_bytes: oom.then_some(256 << 20),
+        }
+    }
+
+    #[test]
+    fn an_oom_kill_is_named_with_the_limit() {
+        assert_eq!(
+            exec_text(&killed(true), 10.0),
+            "killed: out of memory (limit 256 MiB)"
+        );
+        assert_eq!(exec_text(&killed(false), 10.0), "exit_code: 137");
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human_bytes(256 << 20), "256 MiB");
+        assert_eq!(human_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(human_bytes(100), "100 bytes");
+    }
 }

@@ -7,6 +7,7 @@
 - :class:`ThreadboxSandbox`: a Deep Agents ``BaseSandbox`` backend (needs the
   ``deepagents`` extra).
 - :func:`release_thread_sandbox`: stop or delete a finished thread's sandbox.
+- :data:`THREADBOX_SYSTEM_PROMPT`: tells the model where it may write.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .binding import (
     thread_id_from_config,
     thread_sandbox_name,
 )
+from .prompts import THREADBOX_SYSTEM_PROMPT
 from .tools import ThreadboxToolkit
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "THREADBOX_SYSTEM_PROMPT",
     "ClientFactory",
     "Decision",
     "FixedSandbox",

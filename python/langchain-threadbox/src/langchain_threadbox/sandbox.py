@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import inspect
+import posixpath
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from deepagents.backends.protocol import (
@@ -24,12 +27,74 @@ from threadbox import (
     ThreadboxError,
 )
 
-from .binding import DEFAULT_THREAD_PREFIX, ClientFactory, FixedSandbox, SandboxBinding, ThreadSandboxes
+from ._output import human_bytes
+from .binding import (
+    DEFAULT_THREAD_PREFIX,
+    ClientFactory,
+    FixedSandbox,
+    SandboxBinding,
+    ThreadIdMissing,
+    ThreadSandboxes,
+)
 
-__all__ = ["ThreadboxSandbox"]
+__all__ = ["HOME", "ThreadboxSandbox"]
 
 DEFAULT_TIMEOUT = 30 * 60
 TIMEOUT_EXIT_CODE = 124
+HOME = "/home/user"
+# The top level of the sandbox images (a Debian-like root); anything else under "/"
+# is a name the model made up for its own files, and is taken to mean the home.
+_SYSTEM_DIRS = frozenset(
+    {
+        *("bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "opt"),
+        *("proc", "root", "run", "sbin", "srv", "sys", "tmp", "usr", "var"),
+    }
+)
+# Inherited file operations and the name of their path argument.
+_PATH_ARGS = {
+    "ls": "path",
+    "ls_info": "path",
+    "read": "file_path",
+    "write": "file_path",
+    "edit": "file_path",
+    "grep": "path",
+    "grep_raw": "path",
+    "glob": "path",
+    "glob_info": "path",
+}
+
+
+def map_path(path: Any) -> Any:
+    """``/notes.md`` and ``/proj/app.py`` -> ``/home/user/...``; system paths unchanged.
+
+    Deep Agents turns a relative path into ``/``-rooted one before the backend sees
+    it, and its prompt tells the model that paths are absolute, so a model writes
+    ``/notes.md``, which the sandbox refuses (``/`` is not writable). Such a path is
+    resolved against the home instead; ``/etc/...``, ``/tmp/...``, ``/home/...`` and
+    the other top-level directories of the image keep their meaning.
+    """
+    if not isinstance(path, str) or not path.startswith("/"):
+        return path
+    first = path.lstrip("/").split("/", 1)[0]
+    if not first or first in _SYSTEM_DIRS:
+        return path
+    return posixpath.normpath(HOME + "/" + path.lstrip("/"))
+
+
+def _with_mapped_path(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    sig = inspect.signature(method)
+    arg = _PATH_ARGS[name]
+
+    @functools.wraps(method)
+    def wrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
+        if self._map_paths:
+            bound = sig.bind_partial(self, *args, **kwargs)
+            if arg in bound.arguments:
+                bound.arguments[arg] = map_path(bound.arguments[arg])
+                return method(*bound.args, **bound.kwargs)
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def _file_error(e: ThreadboxError) -> FileOperationError | None:
@@ -63,6 +128,11 @@ def _combine(r: ExecResult, timeout: float) -> ExecuteResponse:
     exit_code = r.exit_code
     if exit_code is None and r.signal is not None:
         exit_code = 128 + r.signal
+    if r.oom_killed:
+        if out and not out.endswith("\n"):
+            out += "\n"
+        limit = f" (limit {human_bytes(r.memory_limit_bytes)})" if r.memory_limit_bytes else ""
+        out += f"Killed: out of memory{limit}"
     return ExecuteResponse(output=out, exit_code=exit_code, truncated=r.truncated)
 
 
@@ -80,7 +150,11 @@ class ThreadboxSandbox(BaseSandbox):
 
     Commands run with ``/bin/sh -c`` as uid 1000 in ``/home/user``; ``output`` is
     stdout followed by stderr. A timeout gives exit code 124. File paths must be
-    absolute (``invalid_path`` otherwise), as Deep Agents expects.
+    absolute (``invalid_path`` otherwise), as Deep Agents expects; a ``/``-rooted
+    path outside the image's system directories (``/notes.md``, ``/proj/app.py``)
+    means the same path under ``/home/user`` (``map_paths=False`` turns that off).
+    Give the agent :data:`langchain_threadbox.THREADBOX_SYSTEM_PROMPT` (as
+    ``create_deep_agent(system_prompt=...)``) so the model knows where it may write.
 
     Args:
         sandbox: A sandbox handle, or a sandbox name/id.
@@ -91,6 +165,7 @@ class ThreadboxSandbox(BaseSandbox):
         sandbox_options: ``get_or_create`` options for sandboxes this creates.
         timeout: Default command timeout in seconds (30 minutes).
         max_output_bytes: Capture bound per stream passed to the daemon.
+        map_paths: Resolve made-up ``/``-rooted paths against ``/home/user``.
     """
 
     # deepagents >= 0.7: keep execute output inline (no capture-to-file shell wrapper).
@@ -109,6 +184,7 @@ class ThreadboxSandbox(BaseSandbox):
         thread_prefix: str = DEFAULT_THREAD_PREFIX,
         timeout: int = DEFAULT_TIMEOUT,
         max_output_bytes: int | None = 8 << 20,
+        map_paths: bool = True,
     ) -> None:
         if (sandbox is None) == (not per_thread):
             raise ValueError("pass exactly one of sandbox=... or per_thread=True")
@@ -126,6 +202,8 @@ class ThreadboxSandbox(BaseSandbox):
         self._fixed: Sandbox | None = sandbox if isinstance(sandbox, Sandbox) else None
         self._timeout = timeout
         self._max_output_bytes = max_output_bytes
+        self._map_paths = map_paths
+        self._per_thread = per_thread
 
     # -- resolution -----------------------------------------------------------
 
@@ -143,8 +221,24 @@ class ThreadboxSandbox(BaseSandbox):
 
     @property
     def id(self) -> str:
-        """The sandbox id."""
-        return self.sandbox().id
+        """The sandbox id (of the current thread's sandbox with ``per_thread=True``).
+
+        Raises:
+            RuntimeError: ``per_thread=True`` outside a LangGraph run, where there is
+                no thread and so no sandbox.
+        """
+        try:
+            return self.sandbox().id
+        except ThreadIdMissing as e:
+            raise RuntimeError(
+                "ThreadboxSandbox(per_thread=True) has no id outside a LangGraph run: each thread has its own "
+                "sandbox, named thread-<thread_id>. Read .id inside the graph, or look the sandbox up with "
+                "Threadbox().get(langchain_threadbox.thread_sandbox_name(thread_id))"
+            ) from e
+
+    def _abs(self, path: str) -> str:
+        mapped: str = map_path(path) if self._map_paths else path
+        return mapped
 
     # -- execute --------------------------------------------------------------
 
@@ -182,7 +276,7 @@ class ThreadboxSandbox(BaseSandbox):
                 continue
             sb = sb or self.sandbox()
             try:
-                sb.files.write(path, content, parents=True)
+                sb.files.write(self._abs(path), content, parents=True)
             except ThreadboxError as e:
                 err = _file_error(e)
                 if err is None:
@@ -202,7 +296,7 @@ class ThreadboxSandbox(BaseSandbox):
                 continue
             sb = sb or await self._asandbox()
             try:
-                await sb.files.write(path, content, parents=True)
+                await sb.files.write(self._abs(path), content, parents=True)
             except ThreadboxError as e:
                 err = _file_error(e)
                 if err is None:
@@ -222,7 +316,7 @@ class ThreadboxSandbox(BaseSandbox):
                 continue
             sb = sb or self.sandbox()
             try:
-                data = sb.files.read(path)
+                data = sb.files.read(self._abs(path))
             except ThreadboxError as e:
                 err = _file_error(e)
                 if err is None:
@@ -242,7 +336,7 @@ class ThreadboxSandbox(BaseSandbox):
                 continue
             sb = sb or await self._asandbox()
             try:
-                data = await sb.files.read(path)
+                data = await sb.files.read(self._abs(path))
             except ThreadboxError as e:
                 err = _file_error(e)
                 if err is None:
@@ -260,3 +354,32 @@ class ThreadboxSandbox(BaseSandbox):
         (``delete(file_path)`` is Deep Agents' file deletion, inherited.)
         """
         self.sandbox().delete(missing_ok=True)
+
+
+for _name in _PATH_ARGS:
+    for _n in (_name, "a" + _name):
+        _base = getattr(BaseSandbox, _n, None)
+        if _base is None or _n in ThreadboxSandbox.__dict__:
+            continue
+        if _PATH_ARGS[_name] not in inspect.signature(_base).parameters:
+            continue
+        if inspect.iscoroutinefunction(_base):
+
+            def _make(method: Callable[..., Any], name: str) -> Callable[..., Any]:
+                sig = inspect.signature(method)
+                arg = _PATH_ARGS[name]
+
+                @functools.wraps(method)
+                async def awrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
+                    if self._map_paths:
+                        bound = sig.bind_partial(self, *args, **kwargs)
+                        if arg in bound.arguments:
+                            bound.arguments[arg] = map_path(bound.arguments[arg])
+                            return await method(*bound.args, **bound.kwargs)
+                    return await method(self, *args, **kwargs)
+
+                return awrapper
+
+            setattr(ThreadboxSandbox, _n, _make(_base, _name))
+        else:
+            setattr(ThreadboxSandbox, _n, _with_mapped_path(_name, _base))

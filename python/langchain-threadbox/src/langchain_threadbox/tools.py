@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import base64
+import mimetypes
 import posixpath
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
+from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, StructuredTool, ToolException
-from pydantic import BaseModel, Field
+from langchain_core.tools import BaseTool, BaseToolkit, StructuredTool, ToolException
+from langgraph.prebuilt import ToolRuntime
+from pydantic import BaseModel, ConfigDict, Field
 
 from threadbox import (
     AsyncSandbox,
     ExecResult,
     FileEntry,
+    OutputEvent,
     Sandbox,
     SandboxNotFound,
     SandboxNotRunning,
@@ -21,7 +26,8 @@ from threadbox import (
     ThreadboxError,
 )
 
-from ._output import DEFAULT_MAX_OUTPUT_CHARS, cut_middle, format_exec
+from ._output import DEFAULT_MAX_OUTPUT_CHARS, cut_middle, format_exec, safe_text
+from ._paths import RAW_EXIT_CODES, RAW_READ, RAW_WRITE, escape_name, raw_path
 from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
@@ -41,29 +47,43 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-ToolResult = tuple[str, dict[str, Any]]
+ToolResult = tuple[Any, dict[str, Any]]
 
 HOME = "/home/user"
-# File-level error codes: the model's mistake, reported to it as text.
-_FILE_ERROR_CODES = {"not_found", "invalid_argument", "permission_denied"}
+TOOL_NAMES = ("run_python", "run_shell", "read_file", "write_file", "list_files")
+# File-level error codes: the model's mistake, reported to it as an error message.
+_FILE_ERROR_CODES = {"not_found", "invalid_argument", "permission_denied", "conflict"}
+_IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
+PARALLEL_NOTE = (
+    "Calls in one message run in parallel, in no set order: issue a step that depends on "
+    "another (write a file, then run it) in a later message."
+)
 
 
 class RunPythonInput(BaseModel):
     """Arguments of ``run_python``."""
 
     code: str = Field(description="A complete Python 3 program. Print the results you want to see.")
+    timeout: float | None = Field(
+        default=None, description="Seconds before the program is killed (optional; the default suits most calls)."
+    )
 
 
 class RunShellInput(BaseModel):
     """Arguments of ``run_shell``."""
 
     command: str = Field(description="A shell command line, run with /bin/sh -c in /home/user.")
+    timeout: float | None = Field(
+        default=None, description="Seconds before the command is killed (optional; the default suits most calls)."
+    )
 
 
 class ReadFileInput(BaseModel):
     """Arguments of ``read_file``."""
 
     path: str = Field(description="File path; relative paths are relative to /home/user.")
+    offset: int = Field(default=0, ge=0, description="First line to show, counting from 0.")
+    limit: int | None = Field(default=None, ge=1, description="How many lines to show at most.")
 
 
 class WriteFileInput(BaseModel):
@@ -79,22 +99,28 @@ class ListFilesInput(BaseModel):
     path: str = Field(default=".", description="Directory; relative paths are relative to /home/user.")
 
 
+class _FileError(ToolException):
+    """A file operation failed because of the model's request (shown to it as an error)."""
+
+
 def _abs(path: str) -> str:
     return path if path.startswith("/") else posixpath.normpath(posixpath.join(HOME, path))
 
 
 def _infra(e: BaseException, what: str) -> ToolException:
+    if isinstance(e, ThreadboxError) and e.code == "not_found" and "no such route" in e.message:
+        # A route the daemon does not know: the URL points below the daemon's root.
+        return ToolException(f"threadbox could not run {what}: {e.message}")
     return ToolException(f"threadbox sandbox unavailable while running {what}: {e}")
 
 
-def _file_error(e: ThreadboxError, path: str) -> ToolResult:
+def _file_error(e: ThreadboxError, path: str) -> _FileError:
     reasons = {
         "not_found": "no such file or directory",
-        "permission_denied": "permission denied",
+        "permission_denied": "permission denied (you can write under /home/user and /tmp)",
     }
     reason = reasons.get(e.code) or e.message or e.code
-    code = "file_not_found" if e.code == "not_found" else e.code
-    return f"Error: {path}: {reason}", {"error": code, "path": path}
+    return _FileError(f"Error: {path}: {reason}")
 
 
 def _format_entries(path: str, entries: Sequence[FileEntry], max_chars: int) -> str:
@@ -102,30 +128,135 @@ def _format_entries(path: str, entries: Sequence[FileEntry], max_chars: int) -> 
         return f"{path}: (empty directory)"
     lines = []
     for e in sorted(entries, key=lambda e: (e.kind != "dir", e.name)):
+        name = e.name
         if e.kind == "dir":
-            lines.append(f"{e.name}/")
+            lines.append(f"{name}/")
         elif e.kind == "symlink":
-            lines.append(f"{e.name} -> {e.symlink_target or '?'}")
+            lines.append(f"{name} -> {e.symlink_target or '?'}")
         else:
-            lines.append(f"{e.name}  ({e.size} bytes)")
+            lines.append(f"{name}  ({e.size} bytes)")
     text, _ = cut_middle("\n".join(lines), max_chars)
     return f"{path}:\n{text}"
 
 
-class ThreadboxToolkit:
+def _writer_of(runtime: ToolRuntime | None) -> Callable[[Any], None] | None:
+    """LangGraph's stream writer (``stream_mode="custom"``), or None outside a run."""
+    writer = runtime.stream_writer if runtime is not None else None
+    if writer is None:
+        try:
+            from langgraph.config import get_stream_writer
+
+            writer = get_stream_writer()
+        except (ImportError, RuntimeError, KeyError):
+            return None
+    try:
+        from langgraph.runtime import _no_op_stream_writer
+
+        if writer is _no_op_stream_writer:
+            return None
+    except ImportError:  # pragma: no cover - older langgraph
+        pass
+    # Without stream_mode="custom", LangGraph passes a local `def stream_writer(c): pass`:
+    # then the plain (not streamed) exec is used.
+    code = getattr(writer, "__code__", None)
+    if code is not None and getattr(writer, "__closure__", None) is None and code.co_code == _PASS_CODE:
+        return None
+    return writer
+
+
+def _pass(_: Any) -> None:
+    pass
+
+
+_PASS_CODE = _pass.__code__.co_code
+
+
+def _had_sandbox_before(runtime: ToolRuntime | None) -> bool | None:
+    """Whether earlier tool results of this conversation came from a threadbox sandbox
+    (None: cannot tell, the tool runs outside a ``ToolNode``)."""
+    if runtime is None:
+        return None
+    state = runtime.state
+    msgs = state.get("messages") if isinstance(state, Mapping) else getattr(state, "messages", state)
+    if not isinstance(msgs, (list, tuple)):
+        return None
+    return any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict) and "sandbox_id" in m.artifact for m in msgs)
+
+
+class _Reader:
+    """Collects lines ``offset .. offset+limit`` of a streamed file within a budget."""
+
+    def __init__(self, offset: int, limit: int | None, max_chars: int, max_bytes: int) -> None:
+        self.offset, self.limit, self.max_chars, self.max_bytes = offset, limit, max_chars, max_bytes
+        self.buf = b""
+        self.pulled = 0
+        self.line = 0  # index of the first line in buf
+        self.kept: list[bytes] = []
+        self.kept_chars = 0
+        self.done = False
+        self.more = False
+        self.first = b""
+
+    def feed(self, chunk: bytes) -> bool:
+        """Takes a chunk; True when nothing more is needed."""
+        if not self.first:
+            self.first = chunk[:8192]
+        self.pulled += len(chunk)
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        for ln in lines:
+            if self._take(ln + b"\n"):
+                return True
+        if self.line >= self.offset and not self.kept and len(self.buf) > self.max_chars:
+            # One line longer than the whole budget: show its start.
+            self.kept.append(self.buf[: self.max_chars])
+            self.more = self.done = True
+            return True
+        if self.pulled >= self.max_bytes:
+            self.more = True
+            self.done = True
+        return self.done
+
+    def _take(self, ln: bytes) -> bool:
+        if self.line >= self.offset:
+            if (self.limit is not None and len(self.kept) >= self.limit) or (
+                self.kept and self.kept_chars + len(ln) > self.max_chars
+            ):
+                self.more = True
+                self.done = True
+                return True
+            self.kept.append(ln)
+            self.kept_chars += len(ln)
+        self.line += 1
+        return False
+
+    def finish(self) -> None:
+        if not self.done and self.buf:
+            self._take(self.buf)
+            self.buf = b""
+
+
+class ThreadboxToolkit(BaseToolkit):
     """Builds the threadbox tools (``run_python``, ``run_shell``, ``read_file``,
     ``write_file``, ``list_files``) for ``ToolNode`` or ``create_agent``.
 
     By default the tools are bound to the graph's thread: each call resolves
     ``config["configurable"]["thread_id"]`` and runs in the sandbox named
     ``thread-<thread_id>`` (created on first use, found by name afterwards, also from
-    another process). Pass ``sandbox=`` to bind every call to one sandbox instead.
+    another process; paused after 60 s without calls, see ``sandbox_options``). Pass
+    ``sandbox=`` to bind every call to one sandbox instead.
 
     The model only sees each tool's own arguments. A non-zero exit is a normal
     result: the text shows the output and exit code, and the ``ToolMessage.artifact``
-    holds ``exit_code``, ``timed_out`` and ``truncated``. Infrastructure failures
-    (daemon unreachable, quota exceeded, ...) raise :class:`ToolException`; set
+    holds ``exit_code``, ``timed_out``, ``oom_killed`` and ``truncated``. A file
+    operation the model got wrong (no such file, permission denied) is a
+    ``ToolMessage`` with ``status="error"``. Infrastructure failures (daemon
+    unreachable, quota exceeded, ...) raise :class:`ToolException`; set
     ``handle_errors=True`` to turn those into error messages for the model instead.
+
+    When the graph is streamed with ``stream_mode="custom"``, ``run_python`` and
+    ``run_shell`` write their output as it comes:
+    ``{"type": "threadbox_output", "tool": ..., "tool_call_id": ..., "stream": "stdout", "text": ...}``.
 
     Args:
         client: A :class:`threadbox.Threadbox`; default from ``THREADBOX_URL``.
@@ -137,10 +268,29 @@ class ThreadboxToolkit:
             ``cpus``, ``idle_pause_secs``, ``ttl_secs``, ``image``, ``labels``...).
         thread_prefix: Name prefix of per-thread sandboxes.
         timeout: Seconds after which a ``run_python``/``run_shell`` call is killed.
+        max_timeout: The most a model may ask for with the tools' ``timeout``
+            argument (default: 10 minutes, or ``timeout`` when larger).
         max_output_chars: Output budget per tool result (head and tail kept).
         max_output_bytes: Capture bound passed to the daemon (per stream).
-        handle_errors: Passed as ``handle_tool_error`` to every tool.
+        max_image_bytes: Largest image ``read_file`` returns as an image block.
+        name_prefix: Prepended to every tool name (``"sandbox_"`` gives
+            ``sandbox_read_file``...), so the tools never replace others of the
+            same name, such as Deep Agents' own ``read_file``.
+        handle_errors: Passed as ``handle_tool_error`` to every tool (for
+            infrastructure errors; file errors are always shown to the model).
     """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    binding: Any
+    timeout: float = 60.0
+    max_timeout: float = 600.0
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    max_output_bytes: int | None = 4 << 20
+    max_image_bytes: int = 5 << 20
+    max_read_bytes: int = 16 << 20
+    name_prefix: str = ""
+    handle_errors: Any = False
 
     def __init__(
         self,
@@ -153,44 +303,65 @@ class ThreadboxToolkit:
         sandbox_options: Mapping[str, Any] | None = None,
         thread_prefix: str = DEFAULT_THREAD_PREFIX,
         timeout: float = 60.0,
+        max_timeout: float | None = None,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         max_output_bytes: int | None = 4 << 20,
+        max_image_bytes: int = 5 << 20,
+        name_prefix: str = "",
         handle_errors: bool | str | Callable[[ToolException], str] = False,
         binding: SandboxBinding | None = None,
     ) -> None:
-        factory = ClientFactory(client, url=url, api_key=api_key)
-        if binding is not None:
-            self.binding = binding
-        elif sandbox is not None:
-            self.binding = FixedSandbox(sandbox, factory=factory, create=create, create_options=sandbox_options)
-        else:
-            self.binding = ThreadSandboxes(factory, prefix=thread_prefix, create_options=sandbox_options)
-        self.timeout = timeout
-        self.max_output_chars = max_output_chars
-        self.max_output_bytes = max_output_bytes
-        self.handle_errors = handle_errors
+        if binding is None:
+            factory = ClientFactory(client, url=url, api_key=api_key)
+            if sandbox is not None:
+                binding = FixedSandbox(sandbox, factory=factory, create=create, create_options=sandbox_options)
+            else:
+                binding = ThreadSandboxes(factory, prefix=thread_prefix, create_options=sandbox_options)
+        fields: dict[str, Any] = {
+            "binding": binding,
+            "timeout": timeout,
+            "max_timeout": max(max_timeout if max_timeout is not None else 600.0, timeout),
+            "max_output_chars": max_output_chars,
+            "max_output_bytes": max_output_bytes,
+            "max_image_bytes": max_image_bytes,
+            "name_prefix": name_prefix,
+            "handle_errors": handle_errors,
+        }
+        super().__init__(**fields)
 
     # -- sandbox resolution ---------------------------------------------------
 
     def sandbox_for(self, config: RunnableConfig | None) -> Sandbox:
-        """The sandbox a call with this config runs in (created if needed)."""
-        return self.binding.resolve(config)
+        """The sandbox a call with this config runs in (created if needed).
+
+        This is how an app gets files out of a thread's sandbox, for example after a
+        turn: ``toolkit.sandbox_for(config).files.read("chart.png")``.
+        """
+        sb: Sandbox = self.binding.resolve(config)
+        return sb
+
+    async def asandbox_for(self, config: RunnableConfig | None) -> AsyncSandbox:
+        """Async twin of :meth:`sandbox_for`."""
+        sb: AsyncSandbox = await self.binding.aresolve(config)
+        return sb
 
     def _resolve(self, config: RunnableConfig | None, what: str) -> Sandbox:
         try:
-            return self.binding.resolve(config)
+            sb: Sandbox = self.binding.resolve(config)
         except ThreadIdMissing as e:
             raise ToolException(str(e)) from e
         except ThreadboxError as e:
             raise _infra(e, what) from e
+        return sb
 
     async def _aresolve(self, config: RunnableConfig | None, what: str) -> AsyncSandbox:
         try:
-            return await self.binding.aresolve(config)
+            sb: AsyncSandbox = await self.binding.aresolve(config)
         except ThreadIdMissing as e:
             raise ToolException(str(e)) from e
         except ThreadboxError as e:
             raise _infra(e, what) from e
+        return sb
 
     def release_thread(self, thread_id: str, *, action: Literal["delete", "stop"] = "delete") -> bool:
         """Stops or deletes a finished thread's sandbox (per-thread binding only)."""
@@ -204,15 +375,107 @@ class ThreadboxToolkit:
             raise TypeError("release_thread needs the per-thread binding")
         return await self.binding.arelease(thread_id, action=action)
 
-    # -- implementation -------------------------------------------------------
+    # -- shared pieces --------------------------------------------------------
+
+    @staticmethod
+    def _new_sandbox(sb: Sandbox | AsyncSandbox, runtime: ToolRuntime | None, result: ToolResult) -> ToolResult:
+        """Says so in the result when this call had to create the sandbox."""
+        if not sb.created:
+            return result
+        content, artifact = result
+        artifact["sandbox_created"] = True
+        if not _had_sandbox_before(runtime):
+            # The conversation's first sandbox (or no history to tell): nothing was lost.
+            return content, artifact
+        note = (
+            "[new sandbox: this conversation's sandbox no longer existed (deleted or expired), so a new, "
+            "empty one was created; files and processes from earlier calls are gone]\n"
+        )
+        if isinstance(content, str):
+            return note + content, artifact
+        return [{"type": "text", "text": note}, *content], artifact
+
+    def _timeout(self, requested: float | None) -> tuple[float, bool]:
+        if requested is None or requested <= 0:
+            return self.timeout, False
+        if requested > self.max_timeout:
+            return self.max_timeout, True
+        return float(requested), False
+
+    def _handler(self) -> Callable[[ToolException], str]:
+        user = self.handle_errors
+
+        def handle(e: ToolException) -> str:
+            if isinstance(e, _FileError):
+                return str(e)
+            if not user:
+                raise e
+            if user is True:
+                return str(e)
+            if isinstance(user, str):
+                return user
+            return str(user(e))
+
+        return handle
+
+    # -- exec -----------------------------------------------------------------
+
+    def _finish_exec(
+        self, sb: Sandbox | AsyncSandbox, r: ExecResult, t: float, capped: bool, runtime: ToolRuntime | None
+    ) -> ToolResult:
+        content, artifact = format_exec(
+            r, max_chars=self.max_output_chars, timeout=t, sandbox_id=sb.id, sandbox_name=sb.name
+        )
+        artifact["timeout"] = t
+        if capped:
+            artifact["timeout_capped"] = True
+            content += f" (the timeout asked for was above the limit of {self.max_timeout:g}s)"
+        return self._new_sandbox(sb, runtime, (content, artifact))
+
+    @staticmethod
+    def _emit(writer: Callable[[Any], None], what: str, runtime: ToolRuntime | None, ev: OutputEvent) -> None:
+        writer(
+            {
+                "type": "threadbox_output",
+                "tool": what,
+                "tool_call_id": runtime.tool_call_id if runtime is not None else None,
+                "stream": ev.stream,
+                "text": safe_text(ev.data)[0],
+            }
+        )
+
+    @staticmethod
+    def _from_events(
+        events: Iterator[Any], end: Callable[[], Any], on_out: Callable[[OutputEvent], None]
+    ) -> ExecResult:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        for ev in events:
+            if isinstance(ev, OutputEvent):
+                (out if ev.stream == "stdout" else err).append(ev.data)
+                on_out(ev)
+        return _result(end(), out, err)
 
     def _exec(
-        self, config: RunnableConfig | None, what: str, cmd: Any, stdin: str | None, env: dict[str, str]
+        self,
+        config: RunnableConfig | None,
+        runtime: ToolRuntime | None,
+        what: str,
+        cmd: Any,
+        stdin: str | None,
+        env: dict[str, str],
+        requested: float | None,
     ) -> ToolResult:
         sb = self._resolve(config, what)
+        t, capped = self._timeout(requested)
+        writer = _writer_of(runtime)
 
         def run() -> ExecResult:
-            return sb.exec(cmd, timeout=self.timeout, stdin=stdin, env=env, max_output_bytes=self.max_output_bytes)
+            kw: dict[str, Any] = {"timeout": t, "stdin": stdin, "env": env, "max_output_bytes": self.max_output_bytes}
+            if writer is None:
+                return sb.exec(cmd, **kw)
+            with sb.exec_stream(cmd, **kw) as events:
+                return self._from_events(events, lambda: events.end, lambda ev: self._emit(writer, what, runtime, ev))
 
         try:
             try:
@@ -222,19 +485,34 @@ class ThreadboxToolkit:
                 r = run()
         except ThreadboxError as e:
             raise _infra(e, what) from e
-        return format_exec(
-            r, max_chars=self.max_output_chars, timeout=self.timeout, sandbox_id=sb.id, sandbox_name=sb.name
-        )
+        return self._finish_exec(sb, r, t, capped, runtime)
 
     async def _aexec(
-        self, config: RunnableConfig | None, what: str, cmd: Any, stdin: str | None, env: dict[str, str]
+        self,
+        config: RunnableConfig | None,
+        runtime: ToolRuntime | None,
+        what: str,
+        cmd: Any,
+        stdin: str | None,
+        env: dict[str, str],
+        requested: float | None,
     ) -> ToolResult:
         sb = await self._aresolve(config, what)
+        t, capped = self._timeout(requested)
+        writer = _writer_of(runtime)
 
         async def run() -> ExecResult:
-            return await sb.exec(
-                cmd, timeout=self.timeout, stdin=stdin, env=env, max_output_bytes=self.max_output_bytes
-            )
+            kw: dict[str, Any] = {"timeout": t, "stdin": stdin, "env": env, "max_output_bytes": self.max_output_bytes}
+            if writer is None:
+                return await sb.exec(cmd, **kw)
+            out: list[bytes] = []
+            err: list[bytes] = []
+            async with sb.exec_stream(cmd, **kw) as events:
+                async for ev in events:
+                    if isinstance(ev, OutputEvent):
+                        (out if ev.stream == "stdout" else err).append(ev.data)
+                        self._emit(writer, what, runtime, ev)
+                return _result(events.end, out, err)
 
         try:
             try:
@@ -244,111 +522,296 @@ class ThreadboxToolkit:
                 r = await run()
         except ThreadboxError as e:
             raise _infra(e, what) from e
-        return format_exec(
-            r, max_chars=self.max_output_chars, timeout=self.timeout, sandbox_id=sb.id, sandbox_name=sb.name
-        )
+        return self._finish_exec(sb, r, t, capped, runtime)
 
     _PY_ENV: ClassVar[dict[str, str]] = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
-    def _run_python(self, code: str, config: RunnableConfig) -> ToolResult:
-        return self._exec(config, "run_python", ["python3", "-"], code, self._PY_ENV)
+    def _run_python(
+        self,
+        code: str,
+        config: RunnableConfig,
+        timeout: float | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return self._exec(config, runtime, "run_python", ["python3", "-"], code, self._PY_ENV, timeout)
 
-    async def _arun_python(self, code: str, config: RunnableConfig) -> ToolResult:
-        return await self._aexec(config, "run_python", ["python3", "-"], code, self._PY_ENV)
+    async def _arun_python(
+        self,
+        code: str,
+        config: RunnableConfig,
+        timeout: float | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return await self._aexec(config, runtime, "run_python", ["python3", "-"], code, self._PY_ENV, timeout)
 
-    def _run_shell(self, command: str, config: RunnableConfig) -> ToolResult:
-        return self._exec(config, "run_shell", command, None, {})
+    def _run_shell(
+        self,
+        command: str,
+        config: RunnableConfig,
+        timeout: float | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return self._exec(config, runtime, "run_shell", command, None, {}, timeout)
 
-    async def _arun_shell(self, command: str, config: RunnableConfig) -> ToolResult:
-        return await self._aexec(config, "run_shell", command, None, {})
+    async def _arun_shell(
+        self,
+        command: str,
+        config: RunnableConfig,
+        timeout: float | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return await self._aexec(config, runtime, "run_shell", command, None, {}, timeout)
+
+    # -- files ----------------------------------------------------------------
 
     def _file_op(
-        self, config: RunnableConfig | None, what: str, path: str, op: Callable[[Sandbox], ToolResult]
+        self,
+        config: RunnableConfig | None,
+        runtime: ToolRuntime | None,
+        what: str,
+        path: str,
+        op: Callable[[Sandbox], ToolResult],
     ) -> ToolResult:
         sb = self._resolve(config, what)
         try:
-            return op(sb)
+            return self._new_sandbox(sb, runtime, op(sb))
         except ThreadboxError as e:
             if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
-                return _file_error(e, path)
+                raise _file_error(e, path) from e
             raise _infra(e, what) from e
 
     async def _afile_op(
         self,
         config: RunnableConfig | None,
+        runtime: ToolRuntime | None,
         what: str,
         path: str,
         op: Callable[[AsyncSandbox], Awaitable[ToolResult]],
     ) -> ToolResult:
         sb = await self._aresolve(config, what)
         try:
-            return await op(sb)
+            return self._new_sandbox(sb, runtime, await op(sb))
         except ThreadboxError as e:
             if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
-                return _file_error(e, path)
+                raise _file_error(e, path) from e
             raise _infra(e, what) from e
 
-    def _read_result(self, path: str, data: bytes, sb_id: str) -> ToolResult:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
+    def _read_plan(self, path: str, entry: FileEntry) -> str | None:
+        """``"image"`` to return an image block, ``None`` to read lines; raises for a directory."""
+        if entry.kind == "dir":
+            raise _FileError(f"Error: {path}: is a directory (use list_files)")
+        mime = mimetypes.guess_type(path)[0]
+        return "image" if mime in _IMAGE_TYPES else None
+
+    def _image_result(self, path: str, entry: FileEntry, data: bytes | None, sb_id: str) -> ToolResult:
+        mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        artifact: dict[str, Any] = {"path": path, "size": entry.size, "binary": True, "mime_type": mime}
+        artifact["sandbox_id"] = sb_id
+        if data is None:
             return (
-                f"{path} is a binary file ({len(data)} bytes); it is not shown. Use run_python to inspect it.",
-                {"path": path, "size": len(data), "binary": True, "truncated": False, "sandbox_id": sb_id},
+                f"{path} is an image ({mime}, {entry.size} bytes), larger than the {self.max_image_bytes} bytes "
+                "that can be shown; make a smaller one (fewer pixels, or JPEG) to look at it.",
+                artifact,
             )
-        shown, cut = cut_middle(text, self.max_output_chars)
-        return shown, {"path": path, "size": len(data), "binary": False, "truncated": cut > 0, "sandbox_id": sb_id}
+        blocks = [
+            {"type": "text", "text": f"{path} ({mime}, {entry.size} bytes):"},
+            {"type": "image", "base64": base64.b64encode(data).decode("ascii"), "mime_type": mime},
+        ]
+        return blocks, artifact
 
-    def _read_file(self, path: str, config: RunnableConfig) -> ToolResult:
-        return self._file_op(config, "read_file", path, lambda sb: self._read_result(path, sb.files.read(path), sb.id))
+    def _lines_result(self, path: str, entry: FileEntry, rd: _Reader, sb_id: str) -> ToolResult:
+        artifact: dict[str, Any] = {"path": path, "size": entry.size, "sandbox_id": sb_id}
+        _, binary = safe_text(rd.first)
+        if binary or b"\x00" in rd.first:
+            artifact.update(binary=True, truncated=False)
+            return (
+                f"{path} is a binary file ({entry.size} bytes); it is not shown. Inspect it with a program "
+                "(for example `file`, `xxd ... | head`, or Python), or have the app fetch it.",
+                artifact,
+            )
+        body, _ = safe_text(b"".join(rd.kept))
+        first, last = rd.offset, rd.offset + len(rd.kept)
+        artifact.update(binary=False, truncated=rd.more, offset=first, lines=len(rd.kept), bytes_read=rd.pulled)
+        if rd.more:
+            body = (body if body.endswith("\n") or not body else body + "\n") + (
+                f"[lines {first}-{last - 1} of {path} ({entry.size} bytes) shown; "
+                f"call read_file with offset={last} to read on]"
+            )
+        elif not rd.kept and rd.offset > 0:
+            body = f"[{path} has {rd.line} lines; offset {rd.offset} is past the end]"
+        return body, artifact
 
-    async def _aread_file(self, path: str, config: RunnableConfig) -> ToolResult:
-        async def op(sb: AsyncSandbox) -> ToolResult:
-            return self._read_result(path, await sb.files.read(path), sb.id)
+    def _raw_read_result(self, path: str, r: ExecResult, offset: int, limit: int | None, sb_id: str) -> ToolResult:
+        _raw_check(path, r)
+        data = r.stdout_bytes
+        rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
+        if not rd.feed(data):
+            rd.finish()
+        entry = FileEntry(path, path, "file", len(data), 0, 0, 0, "", None)
+        return self._lines_result(path, entry, rd, sb_id)
 
-        return await self._afile_op(config, "read_file", path, op)
-
-    def _write_file(self, path: str, content: str, config: RunnableConfig) -> ToolResult:
-        data = content.encode("utf-8")
+    def _read_file(
+        self,
+        path: str,
+        config: RunnableConfig,
+        offset: int = 0,
+        limit: int | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        real, raw = path, raw_path(path)
 
         def op(sb: Sandbox) -> ToolResult:
-            sb.files.write(path, data, parents=True)
-            return f"Wrote {len(data)} bytes to {_abs(path)}", {
-                "path": _abs(path),
-                "size": len(data),
-                "sandbox_id": sb.id,
-            }
+            if raw is not None:
+                r = sb.exec(
+                    ["python3", "-c", RAW_READ, raw.hex(), str(_RAW_MAX)], timeout=60, max_output_bytes=_RAW_MAX
+                )
+                return self._raw_read_result(path, r, offset, limit, sb.id)
+            entry = sb.files.stat(real)
+            if self._read_plan(path, entry) == "image":
+                data = sb.files.read(real) if entry.size <= self.max_image_bytes else None
+                return self._image_result(path, entry, data, sb.id)
+            rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
+            stream = sb.files.read_stream(real)
+            try:
+                for chunk in stream:
+                    if rd.feed(chunk):
+                        break
+                else:
+                    rd.finish()
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+            return self._lines_result(path, entry, rd, sb.id)
 
-        return self._file_op(config, "write_file", path, op)
+        return self._file_op(config, runtime, "read_file", path, op)
 
-    async def _awrite_file(self, path: str, content: str, config: RunnableConfig) -> ToolResult:
-        data = content.encode("utf-8")
+    async def _aread_file(
+        self,
+        path: str,
+        config: RunnableConfig,
+        offset: int = 0,
+        limit: int | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        real, raw = path, raw_path(path)
 
         async def op(sb: AsyncSandbox) -> ToolResult:
-            await sb.files.write(path, data, parents=True)
+            if raw is not None:
+                r = await sb.exec(
+                    ["python3", "-c", RAW_READ, raw.hex(), str(_RAW_MAX)], timeout=60, max_output_bytes=_RAW_MAX
+                )
+                return self._raw_read_result(path, r, offset, limit, sb.id)
+            entry = await sb.files.stat(real)
+            if self._read_plan(path, entry) == "image":
+                data = await sb.files.read(real) if entry.size <= self.max_image_bytes else None
+                return self._image_result(path, entry, data, sb.id)
+            rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
+            stream: AsyncIterator[bytes] = sb.files.read_stream(real)
+            try:
+                done = False
+                async for chunk in stream:
+                    if rd.feed(chunk):
+                        done = True
+                        break
+                if not done:
+                    rd.finish()
+            finally:
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            return self._lines_result(path, entry, rd, sb.id)
+
+        return await self._afile_op(config, runtime, "read_file", path, op)
+
+    def _write_file(
+        self,
+        path: str,
+        content: str,
+        config: RunnableConfig,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        data = content.encode("utf-8")
+        real, raw = path, raw_path(path)
+
+        def op(sb: Sandbox) -> ToolResult:
+            if raw is not None:
+                _raw_check(path, sb.exec(["python3", "-c", RAW_WRITE, raw.hex()], stdin=content, timeout=60))
+            else:
+                sb.files.write(real, data, parents=True)
             return f"Wrote {len(data)} bytes to {_abs(path)}", {
                 "path": _abs(path),
                 "size": len(data),
                 "sandbox_id": sb.id,
             }
 
-        return await self._afile_op(config, "write_file", path, op)
+        return self._file_op(config, runtime, "write_file", path, op)
 
-    def _list_result(self, path: str, entries: Sequence[FileEntry], sb_id: str) -> ToolResult:
+    async def _awrite_file(
+        self,
+        path: str,
+        content: str,
+        config: RunnableConfig,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        data = content.encode("utf-8")
+        real, raw = path, raw_path(path)
+
+        async def op(sb: AsyncSandbox) -> ToolResult:
+            if raw is not None:
+                _raw_check(path, await sb.exec(["python3", "-c", RAW_WRITE, raw.hex()], stdin=content, timeout=60))
+            else:
+                await sb.files.write(real, data, parents=True)
+            return f"Wrote {len(data)} bytes to {_abs(path)}", {
+                "path": _abs(path),
+                "size": len(data),
+                "sandbox_id": sb.id,
+            }
+
+        return await self._afile_op(config, runtime, "write_file", path, op)
+
+    def _list_result(self, path: str, entries: Sequence[FileEntry], raw: list[bytes] | None, sb_id: str) -> ToolResult:
+        if raw is not None:
+            entries = _with_raw_names(entries, raw)
         return _format_entries(_abs(path), entries, self.max_output_chars), {
             "path": _abs(path),
             "count": len(entries),
             "sandbox_id": sb_id,
         }
 
-    def _list_files(self, path: str, config: RunnableConfig) -> ToolResult:
-        return self._file_op(config, "list_files", path, lambda sb: self._list_result(path, sb.files.list(path), sb.id))
+    def _list_files(
+        self,
+        config: RunnableConfig,
+        path: str = ".",
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        real = _plain_dir(path)
 
-    async def _alist_files(self, path: str, config: RunnableConfig) -> ToolResult:
+        def op(sb: Sandbox) -> ToolResult:
+            entries = sb.files.list(real)
+            raw = None
+            if any("\ufffd" in e.name for e in entries):
+                raw = _raw_names(sb.exec(["python3", "-c", _RAW_NAMES, real], timeout=30))
+            return self._list_result(path, entries, raw, sb.id)
+
+        return self._file_op(config, runtime, "list_files", path, op)
+
+    async def _alist_files(
+        self,
+        config: RunnableConfig,
+        path: str = ".",
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        real = _plain_dir(path)
+
         async def op(sb: AsyncSandbox) -> ToolResult:
-            return self._list_result(path, await sb.files.list(path), sb.id)
+            entries = await sb.files.list(real)
+            raw = None
+            if any("\ufffd" in e.name for e in entries):
+                raw = _raw_names(await sb.exec(["python3", "-c", _RAW_NAMES, real], timeout=30))
+            return self._list_result(path, entries, raw, sb.id)
 
-        return await self._afile_op(config, "list_files", path, op)
+        return await self._afile_op(config, runtime, "list_files", path, op)
 
     # -- tools ----------------------------------------------------------------
 
@@ -361,25 +824,31 @@ class ThreadboxToolkit:
         coroutine: Callable[..., Awaitable[ToolResult]],
     ) -> StructuredTool:
         return StructuredTool(
-            name=name,
+            name=self.name_prefix + name,
             description=description,
             args_schema=schema,
             func=func,
             coroutine=coroutine,
             response_format="content_and_artifact",
-            handle_tool_error=self.handle_errors,
+            handle_tool_error=self._handler(),
             metadata={"threadbox_tool": name},
+        )
+
+    def _timeout_text(self) -> str:
+        return (
+            f"A call is killed after {self.timeout:g} seconds; pass `timeout` (at most {self.max_timeout:g}) "
+            "for a longer one."
         )
 
     @property
     def run_python(self) -> StructuredTool:
-        """Runs a whole Python program per call (the CodeAct pattern)."""
+        """Runs a whole Python 3 program per call (the CodeAct pattern)."""
         return self._tool(
             "run_python",
             "Run a complete Python 3 program in your sandbox and get back its stdout, stderr "
             "and exit code. Each call is a fresh process: variables do not survive between "
             "calls, files do (the working directory is /home/user). Print what you need to "
-            f"see. There is no network access. A call is killed after {self.timeout:g} seconds.",
+            f"see. There is no network access. {self._timeout_text()} {PARALLEL_NOTE}",
             RunPythonInput,
             self._run_python,
             self._arun_python,
@@ -392,7 +861,7 @@ class ThreadboxToolkit:
             "run_shell",
             "Run a shell command (/bin/sh -c) in your sandbox and get back its stdout, stderr "
             "and exit code. The working directory is /home/user; there is no network access. "
-            f"A call is killed after {self.timeout:g} seconds.",
+            f"{self._timeout_text()} {PARALLEL_NOTE}",
             RunShellInput,
             self._run_shell,
             self._arun_shell,
@@ -400,10 +869,12 @@ class ThreadboxToolkit:
 
     @property
     def read_file(self) -> StructuredTool:
-        """Reads a text file."""
+        """Reads a text file (a range of lines), or shows an image."""
         return self._tool(
             "read_file",
-            "Read a text file from your sandbox. Relative paths are relative to /home/user.",
+            "Read a text file from your sandbox (relative paths are relative to /home/user). "
+            "Long files are shown in parts: pass `offset` (first line, from 0) and `limit` (lines) "
+            "to read on. PNG, JPEG, GIF and WebP images are shown as images.",
             ReadFileInput,
             self._read_file,
             self._aread_file,
@@ -415,7 +886,8 @@ class ThreadboxToolkit:
         return self._tool(
             "write_file",
             "Create or overwrite a text file in your sandbox (missing parent directories are "
-            "created). Relative paths are relative to /home/user.",
+            "created). Relative paths are relative to /home/user, where you can write (and /tmp). "
+            f"{PARALLEL_NOTE}",
             WriteFileInput,
             self._write_file,
             self._awrite_file,
@@ -426,17 +898,83 @@ class ThreadboxToolkit:
         """Lists a directory."""
         return self._tool(
             "list_files",
-            "List a directory of your sandbox. Relative paths are relative to /home/user.",
+            "List a directory of your sandbox. Relative paths are relative to /home/user. Names "
+            "that are not valid UTF-8 are shown with \\xNN escapes, which the other tools accept.",
             ListFilesInput,
             self._list_files,
             self._alist_files,
         )
 
     def get_tools(self, names: Sequence[str] | None = None) -> list[BaseTool]:
-        """The tools, all five by default or those in ``names``."""
-        all_names = ["run_python", "run_shell", "read_file", "write_file", "list_files"]
-        wanted = list(names) if names is not None else all_names
-        unknown = set(wanted) - set(all_names)
+        """The tools, all five by default or those in ``names`` (without the prefix)."""
+        wanted = list(names) if names is not None else list(TOOL_NAMES)
+        unknown = set(wanted) - set(TOOL_NAMES)
         if unknown:
             raise ValueError(f"unknown threadbox tools: {sorted(unknown)}")
         return [getattr(self, n) for n in wanted]
+
+
+def _result(end: Any, out: list[bytes], err: list[bytes]) -> ExecResult:
+    if end is None:
+        raise ThreadboxError("exec stream ended without an end event", code="protocol")
+    return ExecResult(
+        exit_code=end.exit_code,
+        signal=end.signal,
+        stdout_bytes=b"".join(out),
+        stderr_bytes=b"".join(err),
+        timed_out=end.timed_out,
+        truncated=end.truncated,
+        stdout_truncated=end.truncated,
+        stderr_truncated=end.truncated,
+        duration_ms=end.duration_ms,
+        oom_killed=end.oom_killed,
+        memory_limit_bytes=end.memory_limit_bytes,
+    )
+
+
+_RAW_MAX = 4 << 20
+
+
+def _raw_check(path: str, r: ExecResult) -> None:
+    code = RAW_EXIT_CODES.get(r.exit_code or 0)
+    if code == "is_directory":
+        raise _FileError(f"Error: {path}: is a directory (use list_files)")
+    if code is not None:
+        raise _file_error(ThreadboxError(code, code=code), path)
+    if r.exit_code != 0:
+        raise _FileError(f"Error: {path}: {r.stderr.strip()[-300:] or 'failed'}")
+
+
+def _plain_dir(path: str) -> str:
+    if raw_path(path) is not None:
+        raise _FileError(
+            f"Error: {path}: listing a directory whose own name is not UTF-8 is not supported; use run_shell (ls)"
+        )
+    return path
+
+
+# Lists a directory's raw names (hex), for names the files API can only show lossily.
+_RAW_NAMES = "import os, sys\nfor n in os.listdir(os.fsencode(sys.argv[1])): print(n.hex())"
+
+
+def _raw_names(r: ExecResult) -> list[bytes] | None:
+    if r.exit_code != 0:
+        return None
+    try:
+        return [bytes.fromhex(line) for line in r.stdout.split()]
+    except ValueError:
+        return None
+
+
+def _with_raw_names(entries: Sequence[FileEntry], raw: list[bytes]) -> list[FileEntry]:
+    """Replaces lossy names (with U+FFFD) by their escaped raw form."""
+    from dataclasses import replace
+
+    lossy = {
+        n.decode("utf-8", "replace"): n for n in raw if n.decode("utf-8", "replace") != n.decode("utf-8", "ignore")
+    }
+    out = []
+    for e in entries:
+        b = lossy.get(e.name)
+        out.append(replace(e, name=escape_name(b)) if b is not None else e)
+    return out

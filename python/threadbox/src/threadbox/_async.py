@@ -120,7 +120,11 @@ class AsyncThreadbox:
                 body = await resp.aread()
             finally:
                 await resp.aclose()
-            raise error_from_response(resp.status_code, body, path)
+            err = error_from_response(resp.status_code, body, path)
+            if err.code == "not_found":
+                err.message = c.route_hint(self._config, err.message)
+                err.args = (err.message,)
+            raise err
         return resp
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
@@ -160,7 +164,11 @@ class AsyncThreadbox:
         ttl_action: Literal["stop", "delete"] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
-        """Creates a sandbox, or returns the existing one with this ``name``."""
+        """Creates a sandbox, or returns the existing one with this ``name``.
+
+        ``on_exit`` (what ``async with`` does at the end) applies only when this call
+        created the sandbox; an existing one is left alone.
+        """
         body = c.create_body(
             name=name,
             labels=labels,
@@ -173,8 +181,11 @@ class AsyncThreadbox:
             ttl_action=ttl_action,
         )
         resp = await self._send("POST", "/v1/sandboxes", json_body=body)
-        info = SandboxInfo.from_dict(resp.json())
-        return AsyncSandbox(self, info, created=resp.status_code == 201, on_exit=on_exit)
+        data = resp.json()
+        created = c.created_from(resp.status_code, data)
+        return AsyncSandbox(
+            self, SandboxInfo.from_dict(data), created=created, on_exit=c.effective_on_exit(on_exit, created)
+        )
 
     async def get_or_create(
         self,
@@ -190,7 +201,11 @@ class AsyncThreadbox:
         ttl_action: Literal["stop", "delete"] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
-        """Returns the sandbox named ``name``, creating it when it does not exist."""
+        """Returns the sandbox named ``name``, creating it when it does not exist.
+
+        ``async with await tb.get_or_create(name) as sb:`` deletes it at the end only
+        when this call created it, never a sandbox that already existed.
+        """
         if not name:
             raise ValueError("get_or_create needs a name")
         return await self.create(
@@ -467,6 +482,8 @@ class AsyncExecStream(AsyncIterator[ExecEvent]):
             stdout_truncated=end.truncated,
             stderr_truncated=end.truncated,
             duration_ms=end.duration_ms,
+            oom_killed=end.oom_killed,
+            memory_limit_bytes=end.memory_limit_bytes,
         )
 
 

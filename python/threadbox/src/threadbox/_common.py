@@ -60,6 +60,20 @@ def resolve_config(url: str | None, api_key: str | None) -> ClientConfig:
     return ClientConfig(base_url=raw.rstrip("/"), uds=None, api_key=key, display_url=raw)
 
 
+def route_hint(config: ClientConfig, message: str) -> str:
+    """``message``, with a hint when the daemon knows no such route because the URL
+    has a path (``THREADBOX_URL=http://host:7420/v1`` is the usual mistake)."""
+    if "no such route" not in message or config.uds:
+        return message
+    path = httpx.URL(config.base_url).path.rstrip("/")
+    if not path:
+        return message
+    return (
+        f"{message}: THREADBOX_URL is the daemon's root URL, without {path} "
+        f"(for example {config.base_url[: -len(path)]}, not {config.base_url})"
+    )
+
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
@@ -115,6 +129,24 @@ def create_body(
     if ttl_action is not None:
         body["ttl_action"] = ttl_action
     return body
+
+
+def created_from(status: int, data: Any) -> bool:
+    """Whether a ``POST /v1/sandboxes`` answer says this call created the sandbox.
+
+    The body's ``created`` is authoritative; older daemons only tell by the status
+    (201 created, 200 found).
+    """
+    flag = data.get("created") if isinstance(data, dict) else None
+    if isinstance(flag, bool):
+        return flag
+    return status == 201
+
+
+def effective_on_exit(on_exit: OnExit, created: bool) -> OnExit:
+    """What a ``with`` block ends with: only a sandbox this call created is deleted or
+    stopped; an existing one (get-or-create found it) is always left alone."""
+    return on_exit if created else "none"
 
 
 def command_fields(cmd: Command) -> dict[str, Any]:

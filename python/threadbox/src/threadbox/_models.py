@@ -138,6 +138,10 @@ class ExecResult:
     stdout_truncated: bool
     stderr_truncated: bool
     duration_ms: int
+    oom_killed: bool = False
+    """The kernel's OOM killer ended the call (the sandbox hit its memory limit)."""
+    memory_limit_bytes: int | None = None
+    """The sandbox's memory limit, given when ``oom_killed``."""
 
     @property
     def stdout(self) -> str:
@@ -167,6 +171,8 @@ class ExecResult:
             stdout_truncated=bool(d.get("stdout_truncated", False)),
             stderr_truncated=bool(d.get("stderr_truncated", False)),
             duration_ms=int(d.get("duration_ms") or 0),
+            oom_killed=bool(d.get("oom_killed", False)),
+            memory_limit_bytes=_opt_int(d.get("memory_limit_bytes")),
         )
 
 
@@ -204,6 +210,8 @@ class EndEvent:
     timed_out: bool
     truncated: bool
     duration_ms: int
+    oom_killed: bool = False
+    memory_limit_bytes: int | None = None
     type: Literal["end"] = "end"
 
 
@@ -236,6 +244,8 @@ def parse_event(d: dict[str, Any]) -> StartEvent | OutputEvent | EndEvent | Erro
             timed_out=bool(d.get("timed_out", False)),
             truncated=bool(d.get("truncated", False)),
             duration_ms=int(d.get("duration_ms") or 0),
+            oom_killed=bool(d.get("oom_killed", False)),
+            memory_limit_bytes=_opt_int(d.get("memory_limit_bytes")),
         )
     if t == "error":
         return ErrorEvent(code=str(d.get("code", "internal")), message=str(d.get("message", "")))

@@ -123,7 +123,11 @@ class Threadbox:
                 body = resp.read()
             finally:
                 resp.close()
-            raise error_from_response(resp.status_code, body, path)
+            err = error_from_response(resp.status_code, body, path)
+            if err.code == "not_found":
+                err.message = c.route_hint(self._config, err.message)
+                err.args = (err.message,)
+            raise err
         return resp
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
@@ -155,8 +159,11 @@ class Threadbox:
 
     def _create(self, body: dict[str, Any], on_exit: c.OnExit) -> Sandbox:
         resp = self._send("POST", "/v1/sandboxes", json_body=body)
-        info = SandboxInfo.from_dict(resp.json())
-        return Sandbox(self, info, created=resp.status_code == 201, on_exit=on_exit)
+        data = resp.json()
+        created = c.created_from(resp.status_code, data)
+        return Sandbox(
+            self, SandboxInfo.from_dict(data), created=created, on_exit=c.effective_on_exit(on_exit, created)
+        )
 
     def create(
         self,
@@ -176,7 +183,9 @@ class Threadbox:
 
         When ``name`` already exists the daemon returns that sandbox instead
         (``Sandbox.created`` tells which). ``memory`` takes bytes or ``"512M"``.
-        ``on_exit`` is what ``with sandbox:`` does at the end of the block.
+        ``on_exit`` is what ``with sandbox:`` does at the end of the block, and it
+        applies only to a sandbox this call created: an existing sandbox returned
+        by name is left alone (call :meth:`Sandbox.delete` to delete it).
         """
         body = c.create_body(
             name=name,
@@ -207,7 +216,9 @@ class Threadbox:
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
 
-        The settings only apply when the sandbox is created.
+        The settings only apply when the sandbox is created. So does ``on_exit``:
+        ``with tb.get_or_create("thread-42") as sb:`` deletes the sandbox at the end
+        of the block only when this call created it, never one that already existed.
         """
         if not name:
             raise ValueError("get_or_create needs a name")
@@ -270,7 +281,9 @@ class Sandbox:
     names. ``info`` is the last known metadata; :meth:`refresh` reloads it.
 
     Used as a context manager, the sandbox is deleted (``on_exit="delete"``), stopped
-    (``"stop"``) or left alone (``"none"``) when the block ends.
+    (``"stop"``) or left alone (``"none"``) when the block ends. ``create`` and
+    ``get_or_create`` set ``on_exit`` to ``"none"`` when they found an existing
+    sandbox instead of creating one, so a block never deletes what it did not create.
     """
 
     def __init__(
@@ -571,6 +584,8 @@ class ExecStream(Iterator[ExecEvent]):
             stdout_truncated=end.truncated,
             stderr_truncated=end.truncated,
             duration_ms=end.duration_ms,
+            oom_killed=end.oom_killed,
+            memory_limit_bytes=end.memory_limit_bytes,
         )
 
 
