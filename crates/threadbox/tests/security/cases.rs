@@ -1252,6 +1252,37 @@ time.sleep(120)
             ..BASE
         },
         Case {
+            id: "I10",
+            what: "epoll watches are counted per host user: sandbox root holding all it can leaves host root and neighbours theirs",
+            lang: Lang::Py,
+            user: User::Root,
+            code: r##"
+import os, select, time
+fds = [os.eventfd(0) for _ in range(2800)]
+eps, n, err = [], 0, 'no limit reached'
+deadline = time.monotonic() + 40
+try:
+    while len(eps) < 2200 and time.monotonic() < deadline:
+        e = select.epoll()
+        eps.append(e)
+        for fd in fds:
+            e.register(fd, select.EPOLLIN)
+            n += 1
+except OSError as x:
+    err = str(x)
+with open('/tmp/held.tmp', 'w') as f:
+    f.write('%d epoll watches (%s)' % (n, err))
+os.rename('/tmp/held.tmp', '/tmp/held')
+# Short: in a weakened jail this is host root's budget, the daemon's own included.
+time.sleep(15)
+"##,
+            extra: Extra::HostCounters,
+            // As host root (no user namespace) it takes host root's own budget.
+            control: Some("host-userns"),
+            limits: Some((4 << 30, 512)),
+            ..BASE
+        },
+        Case {
             id: "I5",
             what: "legacy AIO (a host-wide pool, fs.aio-nr) is refused",
             lang: Lang::Py,

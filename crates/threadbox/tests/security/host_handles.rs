@@ -250,6 +250,12 @@ fn probe(id: &str) -> &'static str {
              signal.pthread_kill(threading.get_ident(), signal.SIGRTMIN)\n\
              sys.exit(0)"
         }
+        "I10" => {
+            "import os, select\n\
+             e = select.epoll()\n\
+             r, w = os.pipe()\n\
+             e.register(r, select.EPOLLIN)"
+        }
         other => panic!("no probe for {other}"),
     }
 }
@@ -268,7 +274,7 @@ fn host_probe(id: &str) -> Result<(), String> {
     }
 }
 
-/// I4, I7, I9: the case holds what it can of a per-user kernel counter in the
+/// I4, I7, I9, I10: the case holds what it can of a per-user kernel counter in the
 /// background; host root and a neighbour sandbox must still get their own.
 pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, log: &mut String) {
     // Positive control of the instrument: host root can before the case runs.
@@ -276,6 +282,15 @@ pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, lo
         log.push_str(&format!("the host probe fails before the case: {e}\n"));
         return;
     }
+    // Made first, and the holder watched from the host: while a weakened jail lets the
+    // holder drain host root's budget, the daemon itself (root) may not manage new
+    // connections.
+    let neighbour = d.create(LimitsRequest::default());
+    let agent_pid = block(d.client.get(id))
+        .ok()
+        .and_then(|s| s.agent_pid)
+        .expect("the agent's host pid");
+    let held_file = PathBuf::from(format!("/proc/{agent_pid}/root/tmp/held"));
     let p = block(d.client.start_process(
         id,
         &StartProcessRequest {
@@ -285,32 +300,29 @@ pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, lo
         },
     ))
     .expect("start the holder");
-    wait_for(
-        "the holder to take its instances",
-        Duration::from_secs(30),
-        || d.sh(id, User::Root, "test -s /tmp/held").exit_code == Some(0),
-    );
-    let held = d.sh(id, User::Root, "cat /tmp/held").stdout;
+    wait_for("the holder to take what it can", Duration::from_secs(90), || {
+        std::fs::metadata(&held_file).is_ok_and(|m| m.len() > 0)
+    });
+    let held = std::fs::read_to_string(&held_file).unwrap_or_default();
     log.push_str(&format!("the sandbox holds {}\n", held.trim()));
     if let Err(e) = host_probe(case.id) {
         escaped.push(format!("host root cannot take its own: {e}"));
     }
-    let neighbour = d.create(LimitsRequest::default());
-    let r = d.exec(
-        &neighbour,
-        &ExecRequest {
-            command: Some(vec!["python3".into(), "-c".into(), probe(case.id).into()]),
-            ..Default::default()
-        },
-    );
-    if r.exit_code != Some(0) {
-        escaped.push(format!(
+    let req = ExecRequest {
+        command: Some(vec!["python3".into(), "-c".into(), probe(case.id).into()]),
+        timeout_secs: Some(30.0),
+        ..Default::default()
+    };
+    match block(d.client.exec(&neighbour, &req)) {
+        Ok(r) if r.exit_code == Some(0) => {}
+        Ok(r) => escaped.push(format!(
             "a neighbour sandbox cannot take its own: {}{}",
             r.stdout, r.stderr
-        ));
+        )),
+        Err(e) => escaped.push(format!("a neighbour's call failed meanwhile: {e}")),
     }
-    let _ = block(d.client.delete(&neighbour, true));
     let _ = block(d.client.kill_process(id, p.id, None));
+    let _ = block(d.client.delete(&neighbour, true));
 }
 
 /// I6: the sandbox's cgroup subtree is bounded on the host.
