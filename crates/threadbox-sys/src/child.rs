@@ -31,10 +31,20 @@ pub struct ChildPolicy {
     pub cgroup_procs: Option<OwnedFd>,
     pub landlock: Option<Arc<Ruleset>>,
     pub seccomp: Arc<Vec<sock_filter>>,
-    /// Test-only weakenings (positive controls of the security suite).
-    #[cfg(feature = "insecure-test-hooks")]
-    pub weaken: crate::testhooks::Weaken,
+    /// Test-only weakenings (positive controls of the security suite). Always present so
+    /// that the struct has one shape whichever crates enable the feature (F14); without
+    /// the feature it is zero-sized and nothing reads it.
+    pub weaken: Weaken,
 }
+
+/// The weakenings a child applies (the security suite's positive controls).
+#[cfg(feature = "insecure-test-hooks")]
+pub use crate::testhooks::Weaken;
+
+/// No weakening exists in a build without the `insecure-test-hooks` feature.
+#[cfg(not(feature = "insecure-test-hooks"))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Weaken;
 
 const OOM_SCORE_ADJ: &CStr = c"/proc/self/oom_score_adj";
 /// User processes are the OOM killer's first choice, before the agent.
