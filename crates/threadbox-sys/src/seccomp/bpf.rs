@@ -131,28 +131,48 @@ pub(crate) fn emit_tree(runs: &[(u32, Action)], out: &mut Vec<sock_filter>) -> R
 
 /// Compiles the sandbox policy to a BPF program (x86_64).
 pub fn sandbox_filter() -> Result<BpfProgram> {
+    compile(&[])
+}
+
+/// Compiles the agent's own filter: the sandbox policy with the calls of [`AGENT_ALLOW`]
+/// allowed as well (see there for why it cannot be narrower).
+pub fn agent_filter() -> Result<BpfProgram> {
+    compile(AGENT_ALLOW)
+}
+
+/// The sandbox tables, with every call of `also_allow` allowed instead of its verdict
+/// there.
+fn compile(also_allow: &[Group]) -> Result<BpfProgram> {
     if !cfg!(target_arch = "x86_64") {
         return Err(SysError::Other(
             "the seccomp policy is written for x86_64 only".into(),
         ));
     }
+    let extra: Vec<&Syscall> = also_allow.iter().flat_map(|g| g.calls.iter()).collect();
+    let overridden = |c: &&Syscall| !extra.iter().any(|x| x.nr == c.nr);
     let mut actions: std::collections::BTreeMap<u32, Action> = std::collections::BTreeMap::new();
     let named = ALLOW
         .iter()
         .flat_map(|g| g.calls.iter().map(|c| (c, Action::Ret(RET_ALLOW))))
+        .chain(extra.iter().map(|c| (*c, Action::Ret(RET_ALLOW))))
         .chain(
             DENY.iter()
-                .flat_map(|g| g.calls.iter().map(|c| (c, Action::Ret(RET_EPERM)))),
+                .flat_map(|g| g.calls.iter())
+                .filter(overridden)
+                .map(|c| (c, Action::Ret(RET_EPERM))),
         )
         .chain(
             NOT_IMPLEMENTED
                 .iter()
-                .flat_map(|g| g.calls.iter().map(|c| (c, Action::Ret(RET_ENOSYS)))),
+                .flat_map(|g| g.calls.iter())
+                .filter(overridden)
+                .map(|c| (c, Action::Ret(RET_ENOSYS))),
         )
         .chain(
             CONDITIONAL
                 .iter()
-                .map(|c| (&c.call, Action::Check(c.refuse))),
+                .map(|c| (&c.call, Action::Check(c.refuse)))
+                .filter(|(c, _)| overridden(c)),
         );
     for (c, action) in named {
         let nr = u32::try_from(c.nr)

@@ -30,8 +30,8 @@ mod install;
 #[cfg(test)]
 mod tests;
 
-pub use bpf::sandbox_filter;
-pub use install::apply;
+pub use bpf::{agent_filter, sandbox_filter};
+pub use install::{apply, apply_to_agent};
 
 pub use seccompiler::sock_filter;
 
@@ -539,6 +539,22 @@ pub static NOT_IMPLEMENTED: &[Group] = &[
         ],
     },
 ];
+
+/// What the agent's own filter ([`agent_filter`]) allows beyond the sandbox policy.
+///
+/// A filter installed in the agent is inherited by every process it starts, and stacked
+/// filters all apply (the strictest verdict wins), so the agent's filter is a ceiling on
+/// what any sandbox process may do: it must allow everything [`ALLOW`] and [`CONDITIONAL`]
+/// allow, or user programs would lose calls. It can only add what the agent and the child
+/// setup before the child's own filter need beyond that; everything else of [`DENY`]
+/// (mount, unshare, setns, pivot_root, bpf, ptrace, keyctl, io_uring, kexec...) and every
+/// unnamed number stay refused for the agent itself (ADR 0040).
+pub static AGENT_ALLOW: &[Group] = &[Group {
+    purpose: "starting sandbox processes",
+    reason: "clone3(CLONE_INTO_CGROUP) creates each exec in its call's cgroup (ADR 0014); \
+             the children's own filter refuses it again",
+    calls: calls![SYS_clone3],
+}];
 
 /// Allowed except for the arguments named; those fail with `EPERM`.
 pub struct Conditional {

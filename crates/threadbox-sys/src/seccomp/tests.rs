@@ -463,3 +463,78 @@ fn argument_filters_check_only_the_low_32_bits() {
         eperm
     );
 }
+
+// ---- the agent's own filter --------------------------------------------------------
+
+/// The agent's filter is a ceiling for every sandbox process (filters stack), so it must
+/// give every call and argument the sandbox's verdict, clone3 alone excepted.
+#[test]
+fn agent_filter_is_the_sandbox_policy_plus_clone3() {
+    let sandbox = sandbox_filter().unwrap();
+    let agent = agent_filter().unwrap();
+    let args: &[[u64; 6]] = &[
+        [0; 6],
+        [1; 6],
+        [u64::MAX; 6],
+        [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0],
+        [libc::AF_NETLINK as u64, libc::SOCK_RAW as u64, 0, 0, 0, 0],
+        [0, libc::TIOCSTI, 0, 0, 0, 0],
+        [0x0040000, 0, 0, 0, 0, 0],
+    ];
+    let clone3 = libc::SYS_clone3 as u32;
+    let mut differ = Vec::new();
+    for (nr, name) in kernel_table() {
+        for a in args {
+            let s = interpret(&sandbox, nr, AUDIT_ARCH_X86_64, *a);
+            let g = interpret(&agent, nr, AUDIT_ARCH_X86_64, *a);
+            if nr == clone3 {
+                assert_eq!(g, libc::SECCOMP_RET_ALLOW, "clone3 for the agent");
+                assert_eq!(s, RET_ERRNO | libc::ENOSYS as u32, "clone3 for the sandbox");
+            } else if s != g {
+                differ.push(format!("{name} {a:?}: sandbox {s:#x}, agent {g:#x}"));
+            }
+        }
+    }
+    assert!(differ.is_empty(), "{differ:#?}");
+}
+
+/// In a child (as root, so with CAP_SYS_ADMIN: no no_new_privs needed) under the agent's
+/// filter: namespaces and mounts are refused, clone3 is not; a sandbox filter stacked on
+/// top refuses clone3 again.
+#[test]
+fn agent_filter_in_a_child_refuses_mounts_and_namespaces() {
+    let agent = agent_filter().unwrap();
+    let sandbox = sandbox_filter().unwrap();
+    let status = crate::raw::testing::in_child(|| {
+        if apply_to_agent(&agent).is_err() {
+            return 99;
+        }
+        if sc(libc::SYS_getpid, &[]) <= 0 {
+            return 1;
+        }
+        if !fails_with(libc::SYS_unshare, &[libc::CLONE_NEWNS as u64], libc::EPERM) {
+            return 2;
+        }
+        if !fails_with(libc::SYS_mount, &[0, 0, 0, 0, 0], libc::EPERM) {
+            return 3;
+        }
+        if !fails_with(libc::SYS_setns, &[0, 0], libc::EPERM) {
+            return 4;
+        }
+        if !fails_with(1000, &[], libc::ENOSYS) {
+            return 5;
+        }
+        // A null clone_args: the kernel's EFAULT, not the filter's ENOSYS.
+        if fails_with(libc::SYS_clone3, &[0, 0], libc::ENOSYS) {
+            return 6;
+        }
+        if apply(&sandbox).is_err() {
+            return 98;
+        }
+        if !fails_with(libc::SYS_clone3, &[0, 0], libc::ENOSYS) {
+            return 7;
+        }
+        0
+    });
+    assert_eq!(exit_code(status), 0, "check number that failed");
+}
