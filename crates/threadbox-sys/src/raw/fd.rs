@@ -5,17 +5,28 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-/// `open(path, flags)` (`O_CLOEXEC` is the caller's to add).
+/// Flags with which open/openat read a third (mode) argument.
+const NEEDS_MODE: i32 = libc::O_CREAT | libc::O_TMPFILE;
+
+/// `open(path, flags)` (`O_CLOEXEC` is the caller's to add). No `O_CREAT`/`O_TMPFILE`:
+/// those take a mode ([`openat_mode`]).
 pub(crate) fn open(path: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    // SAFETY: `path` is NUL-terminated and lives for the call; no mode argument is read
-    // without O_CREAT, which no caller passes here.
+    if flags & NEEDS_MODE != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: `path` is NUL-terminated and lives for the call; without O_CREAT/O_TMPFILE
+    // (refused above) the variadic mode argument is not read.
     let rc = unsafe { libc::open(path.as_ptr(), flags) };
     owned(cvt(rc as libc::c_long)?)
 }
 
-/// `openat(dir, name, flags)` without a mode (no `O_CREAT`).
+/// `openat(dir, name, flags)` without a mode (no `O_CREAT`/`O_TMPFILE`).
 pub(crate) fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    // SAFETY: a valid descriptor and a NUL-terminated name that lives for the call.
+    if flags & NEEDS_MODE != 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a valid descriptor and a NUL-terminated name that live for the call; the
+    // variadic mode is not read without O_CREAT/O_TMPFILE (refused above).
     let rc = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
     owned(cvt(rc as libc::c_long)?)
 }
