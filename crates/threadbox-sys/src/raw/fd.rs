@@ -5,13 +5,16 @@ use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
-/// Flags with which open/openat read a third (mode) argument.
-const NEEDS_MODE: i32 = libc::O_CREAT | libc::O_TMPFILE;
+/// Whether open/openat read a third (mode) argument with these flags: O_CREAT, or
+/// O_TMPFILE (whose value includes O_DIRECTORY's bit, so it is tested whole).
+fn needs_mode(flags: i32) -> bool {
+    flags & libc::O_CREAT != 0 || flags & libc::O_TMPFILE == libc::O_TMPFILE
+}
 
 /// `open(path, flags)` (`O_CLOEXEC` is the caller's to add). No `O_CREAT`/`O_TMPFILE`:
 /// those take a mode ([`openat_mode`]).
 pub(crate) fn open(path: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    if flags & NEEDS_MODE != 0 {
+    if needs_mode(flags) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: `path` is NUL-terminated and lives for the call; without O_CREAT/O_TMPFILE
@@ -22,7 +25,7 @@ pub(crate) fn open(path: &CStr, flags: i32) -> io::Result<OwnedFd> {
 
 /// `openat(dir, name, flags)` without a mode (no `O_CREAT`/`O_TMPFILE`).
 pub(crate) fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<OwnedFd> {
-    if flags & NEEDS_MODE != 0 {
+    if needs_mode(flags) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: a valid descriptor and a NUL-terminated name that live for the call; the
@@ -176,4 +179,20 @@ pub(crate) fn add_seals(fd: BorrowedFd<'_>, seals: i32) -> io::Result<()> {
 pub(crate) fn get_seals(fd: BorrowedFd<'_>) -> io::Result<i32> {
     // SAFETY: a query on a valid descriptor.
     cvt_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_creating_flags_need_a_mode() {
+        assert!(needs_mode(libc::O_CREAT | libc::O_WRONLY));
+        assert!(needs_mode(libc::O_TMPFILE | libc::O_RDWR));
+        assert!(!needs_mode(
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW
+        ));
+        assert!(!needs_mode(libc::O_PATH | libc::O_CLOEXEC));
+        assert!(open(c"/", libc::O_RDONLY | libc::O_DIRECTORY).is_ok());
+    }
 }
