@@ -9,6 +9,15 @@ if [ "$(id -u)" != "0" ]; then
     exit 1
 fi
 
+echo "== lint"
+# Early, so a format or lint failure fails CI in seconds. Clippy runs once per feature
+# combination the tests build (the security suite builds the weakened one), because a
+# lint or a type error can hide behind a feature (code-review F12, F14).
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets \
+    --features threadbox/insecure-test-hooks,threadbox-agent/insecure-test-hooks -- -D warnings
+
 echo "== build"
 cargo build --workspace --bins
 

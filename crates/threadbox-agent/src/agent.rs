@@ -260,7 +260,6 @@ impl Agent {
             cgroup_procs,
             landlock: self.policy.landlock.clone(),
             seccomp: self.policy.seccomp.clone(),
-            #[cfg(feature = "insecure-test-hooks")]
             weaken: crate::testhooks::get(),
         })
     }

@@ -2,6 +2,8 @@
 //! runs processes under the sandbox's child policy, keeps background processes, serves
 //! files as the requesting user, reaps every zombie, and checks its own posture.
 //!
+//! Once set up, the agent filters its own system calls (`own_filter`).
+//!
 //! The process is single-threaded on purpose (a tokio current-thread runtime, no
 //! `spawn_blocking`, no `tokio::fs`/`tokio::process`): forking stays safe, per-thread
 //! filesystem ids (`setfsuid`) apply to the whole agent, and PID 1 alone reaps children.
@@ -12,6 +14,7 @@ mod conn;
 mod error;
 mod exec;
 mod files;
+mod own_filter;
 mod selftest;
 mod testhooks;
 
@@ -163,6 +166,8 @@ fn run(args: Args) -> Result<(), String> {
     };
     let root =
         Root::open(std::path::Path::new("/"), resolve).map_err(|e| format!("open /: {e}"))?;
+    // Setup is done: from here on the agent runs under its own seccomp filter.
+    own_filter::install()?;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -27,6 +27,13 @@ pub fn has(w: &str) -> bool {
     WEAKEN.get().is_some_and(|x| x.has(w))
 }
 
+/// The weakenings in force: none, in this build (threadbox-sys may still have the
+/// feature through another crate; its `Weaken` is then empty).
+#[cfg(not(feature = "insecure-test-hooks"))]
+pub fn get() -> threadbox_sys::child::Weaken {
+    Default::default()
+}
+
 /// Whether weakening `w` is in force: never, in this build.
 #[cfg(not(feature = "insecure-test-hooks"))]
 pub fn has(_w: &str) -> bool {

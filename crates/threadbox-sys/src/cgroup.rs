@@ -257,8 +257,7 @@ impl SandboxCgroup {
             // Kernels before 5.14: freeze, signal every pid, thaw.
             let _ = self.freeze(Duration::from_secs(2));
             for pid in self.pids()? {
-                // SAFETY: kill(2) has no memory-safety preconditions.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let _ = crate::raw::process::kill(pid, libc::SIGKILL);
             }
             let _ = self.thaw();
         }

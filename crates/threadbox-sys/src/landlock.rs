@@ -7,9 +7,10 @@
 //! Without Landlock (`ENOSYS`/`EOPNOTSUPP`) [`sandbox_ruleset`] returns `None` and callers
 //! report it rather than fail.
 
+use crate::raw;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -32,9 +33,6 @@ pub const ACCESS_FS_REFER: u64 = 1 << 13;
 pub const ACCESS_FS_TRUNCATE: u64 = 1 << 14;
 /// ABI 5.
 pub const ACCESS_FS_IOCTL_DEV: u64 = 1 << 15;
-
-const CREATE_RULESET_VERSION: u32 = 1 << 0;
-const RULE_PATH_BENEATH: libc::c_int = 1;
 
 /// Rights that make sense on a file (the others apply to directories only).
 const FILE_RIGHTS: u64 = ACCESS_FS_EXECUTE
@@ -59,33 +57,10 @@ const READ_WRITE: u64 = READ_EXECUTE
     | ACCESS_FS_TRUNCATE
     | ACCESS_FS_IOCTL_DEV;
 
-#[repr(C)]
-struct RulesetAttr {
-    handled_access_fs: u64,
-}
-
-#[repr(C, packed)]
-struct PathBeneathAttr {
-    allowed_access: u64,
-    parent_fd: i32,
-}
-
 /// The Landlock ABI version of the running kernel; an error when Landlock is missing or
 /// disabled.
 pub fn abi_version() -> io::Result<u32> {
-    // SAFETY: the version query takes a null attribute pointer and size 0 by definition.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<RulesetAttr>(),
-            0usize,
-            CREATE_RULESET_VERSION,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(rc as u32)
+    raw::landlock::abi_version()
 }
 
 /// Filesystem rights known to a kernel of this ABI.
@@ -117,23 +92,7 @@ impl Ruleset {
     pub fn new_fs() -> io::Result<Ruleset> {
         let abi = abi_version()?;
         let handled = fs_rights_of_abi(abi) & READ_WRITE;
-        let attr = RulesetAttr {
-            handled_access_fs: handled,
-        };
-        // SAFETY: `attr` is a valid ruleset attribute of the size passed; the kernel copies it.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_create_ruleset,
-                &attr as *const RulesetAttr,
-                std::mem::size_of::<RulesetAttr>(),
-                0u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the syscall returned a new file descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(rc as i32) };
+        let fd = raw::landlock::create_ruleset(handled)?;
         Ok(Ruleset { fd, abi, handled })
     }
 
@@ -151,48 +110,19 @@ impl Ruleset {
     pub fn allow_path(&mut self, path: &Path, read_only: bool) -> io::Result<()> {
         let c = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: `c` is a NUL-terminated path; O_PATH opens nothing but a reference.
-        let raw = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a new descriptor owned by nobody else.
-        let parent = unsafe { OwnedFd::from_raw_fd(raw) };
+        let parent = raw::fd::open(&c, libc::O_PATH | libc::O_CLOEXEC)?;
         let is_dir = std::fs::metadata(path)?.is_dir();
         let mut rights = if read_only { READ_EXECUTE } else { READ_WRITE } & self.handled;
         if !is_dir {
             rights &= FILE_RIGHTS;
         }
-        let attr = PathBeneathAttr {
-            allowed_access: rights,
-            parent_fd: parent.as_raw_fd(),
-        };
-        // SAFETY: `attr` is a valid path-beneath attribute; both fds are open for the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_add_rule,
-                self.fd.as_raw_fd(),
-                RULE_PATH_BENEATH,
-                &attr as *const PathBeneathAttr,
-                0u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        raw::landlock::add_path_rule(self.fd.as_fd(), parent.as_fd(), rights)
     }
 
     /// Enforces the ruleset on the calling thread. Requires no_new_privs (or
     /// CAP_SYS_ADMIN). Async-signal-safe: one system call, no allocation.
     pub fn restrict_self(&self) -> io::Result<()> {
-        // SAFETY: integer arguments only; the ruleset fd is open while `self` lives.
-        let rc =
-            unsafe { libc::syscall(libc::SYS_landlock_restrict_self, self.fd.as_raw_fd(), 0u32) };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        raw::landlock::restrict_self(self.fd.as_fd())
     }
 }
 
@@ -275,30 +205,22 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tb-landlock-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let target = CString::new(dir.join("f").as_os_str().as_bytes()).unwrap();
-        // SAFETY: the child makes only raw system calls before _exit.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            // SAFETY: raw syscalls with valid pointers; `_exit` ends the child.
-            unsafe {
-                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-                let code = match rs.restrict_self() {
-                    Err(_) => 2,
-                    Ok(()) => {
-                        let fd = libc::open(target.as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o600);
-                        if fd < 0 && *libc::__errno_location() == libc::EACCES {
-                            0
-                        } else {
-                            1
-                        }
-                    }
-                };
-                libc::_exit(code);
+        // The child makes only raw system calls before _exit.
+        let status = crate::raw::testing::in_child(|| {
+            let _ = crate::raw::process::prctl(libc::PR_SET_NO_NEW_PRIVS, 1);
+            match rs.restrict_self() {
+                Err(_) => 2,
+                Ok(()) => match crate::raw::fd::openat_mode(
+                    libc::AT_FDCWD,
+                    &target,
+                    libc::O_CREAT | libc::O_WRONLY,
+                    0o600,
+                ) {
+                    Err(e) if e.raw_os_error() == Some(libc::EACCES) => 0,
+                    _ => 1,
+                },
             }
-        }
-        let mut status = 0;
-        // SAFETY: valid out-pointer.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        });
         std::fs::remove_dir_all(&dir).ok();
         assert!(libc::WIFEXITED(status));
         assert_eq!(libc::WEXITSTATUS(status), 0);

@@ -1,14 +1,28 @@
 //! The only threadbox crate with `unsafe` and raw syscalls. Everything OS-specific the
 //! jail needs lives here, behind safe functions.
-#![deny(clippy::undocumented_unsafe_blocks)]
+//!
+//! Layers: [`raw`] holds every `unsafe` (one safe function per system call, each with its
+//! `// SAFETY:` comment; the workspace denies `unsafe_code` everywhere else). Above it,
+//! safe policy modules: [`process`] (the child policy, spawning, reaping), [`fs`]
+//! (`openat2`, the path resolver), [`jail`] (the launch helper, the sandbox's init and its
+//! mount plan), [`seccomp`], [`landlock`], [`cgroup`], [`sparse`]. `child` and `resolve`
+//! are the old paths of `process` and `fs`, kept for the crates that import them.
 
 pub mod cgroup;
 pub mod child;
+pub mod fs;
 pub mod jail;
 pub mod landlock;
-pub mod resolve;
+pub mod process;
+#[allow(unsafe_code)]
+mod raw;
 pub mod seccomp;
 pub mod sparse;
+
+/// The old path of [`fs::resolve`].
+pub mod resolve {
+    pub use crate::fs::resolve::*;
+}
 #[cfg(feature = "insecure-test-hooks")]
 pub mod testhooks;
 

@@ -4,21 +4,16 @@
 use crate::{Result, SysError};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 /// `lseek(fd, offset, whence)`, `None` at ENXIO (no data or hole at or after `offset`).
 fn seek(f: &File, offset: u64, whence: libc::c_int) -> Result<Option<u64>> {
-    // SAFETY: lseek on a valid fd owned by `f`, with integer arguments.
-    let r = unsafe { libc::lseek(f.as_raw_fd(), offset as libc::off_t, whence) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENXIO) {
-            return Ok(None);
-        }
-        return Err(SysError::os("seek data/hole", e));
+    match crate::raw::fd::lseek(f.as_fd(), offset as i64, whence) {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Ok(None),
+        Err(e) => Err(SysError::os("seek data/hole", e)),
     }
-    Ok(Some(r as u64))
 }
 
 /// Copies `src` to a new file `dst` (which must not exist), keeping holes as holes.

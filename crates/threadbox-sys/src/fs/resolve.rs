@@ -13,12 +13,13 @@
 //! `RESOLVE_NO_XDEV` is not used: a sandbox's root is several mounts (the overlay, `/tmp`,
 //! `/dev/shm`, read-only binds) that the file API must cross. Kernel interface file
 //! systems are refused by type on the opened descriptor instead (see
-//! [`crate::child::is_kernel_interface_fs`]).
+//! [`crate::fs::is_kernel_interface_fs`]).
 
-use crate::child::{openat2, RESOLVE_NO_MAGICLINKS};
+use super::{openat2, RESOLVE_NO_MAGICLINKS};
+use crate::raw;
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -79,14 +80,6 @@ impl Stat {
 
 fn cname(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn check(rc: libc::c_int) -> io::Result<()> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 /// A directory and one name in it: where an operation on a path really happens.
@@ -182,40 +175,23 @@ fn relative(path: &Path) -> PathBuf {
 
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
 pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
-    // SAFETY: stat is plain data; zeroed is a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd, NUL-terminated name and out-pointer.
-    check(unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
-    Ok(Stat::from_raw(&st))
+    raw::fs::fstatat(dir, name, libc::AT_SYMLINK_NOFOLLOW).map(|st| Stat::from_raw(&st))
 }
 
 /// `fstat` of an open descriptor (an `O_PATH` one included).
 pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
-    // SAFETY: stat is plain data; zeroed is a valid value.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    Ok(Stat::from_raw(&st))
+    raw::fs::fstat(fd).map(|st| Stat::from_raw(&st))
 }
 
 /// `mkdirat(dir, name, mode)` (the umask applies).
 pub fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
-    // SAFETY: valid fd and NUL-terminated name.
-    check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })
+    raw::fs::mkdirat(dir, name, mode)
 }
 
 /// `unlinkat(dir, name, AT_REMOVEDIR when dir_entry)`.
 pub fn unlink_at(dir: BorrowedFd<'_>, name: &CStr, dir_entry: bool) -> io::Result<()> {
     let flags = if dir_entry { libc::AT_REMOVEDIR } else { 0 };
-    // SAFETY: valid fd and NUL-terminated name.
-    check(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })
+    raw::fs::unlinkat(dir, name, flags)
 }
 
 /// `renameat(from_dir, from, to_dir, to)` (replaces an existing file, like rename(2)).
@@ -225,82 +201,40 @@ pub fn rename_at(
     to_dir: BorrowedFd<'_>,
     to: &CStr,
 ) -> io::Result<()> {
-    // SAFETY: valid fds and NUL-terminated names.
-    check(unsafe {
-        libc::renameat(
-            from_dir.as_raw_fd(),
-            from.as_ptr(),
-            to_dir.as_raw_fd(),
-            to.as_ptr(),
-        )
-    })
+    raw::fs::renameat(from_dir, from, to_dir, to)
 }
 
 /// The target of the symlink `name` in `dir`.
 pub fn readlink_at(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
-    // SAFETY: valid fd, NUL-terminated name, and a buffer of the length passed.
-    let n = unsafe {
-        libc::readlinkat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    buf.truncate(n as usize);
+    let n = raw::fs::readlinkat(dir, name, &mut buf)?;
+    buf.truncate(n);
     Ok(buf)
 }
 
 /// Opens the entry `name` of `dir` as a directory for reading, not following a symlink
 /// (`O_NOFOLLOW`): for the recursive removal, which must never leave the tree it removes.
 pub fn open_subdir(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd> {
-    // SAFETY: valid fd and NUL-terminated name; the result is checked below.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    raw::fd::openat(
+        dir,
+        name,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+    )
 }
 
 /// The names in the directory open on `fd` (an `O_RDONLY | O_DIRECTORY` descriptor),
 /// from its start, without `.` and `..`, at most `max + 1` of them (so a caller can tell
 /// "more than max").
 pub fn read_dir(fd: BorrowedFd<'_>, max: usize) -> io::Result<Vec<CString>> {
-    // SAFETY: lseek with integer arguments on a valid fd.
-    if unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_SET) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    raw::fd::lseek(fd, 0, libc::SEEK_SET)?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        // SAFETY: valid fd and a buffer of the length passed.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_getdents64,
-                fd.as_raw_fd(),
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let n = raw::fs::getdents64(fd, &mut buf)?;
         if n == 0 {
             return Ok(out);
         }
         let mut off = 0usize;
-        let n = n as usize;
         // struct linux_dirent64 { u64 d_ino; i64 d_off; u16 d_reclen; u8 d_type; char d_name[]; }
         while off + 19 <= n {
             let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;

@@ -1,0 +1,368 @@
+//! Building a sandbox: the single-threaded launch helper.
+//!
+//! The daemon is multithreaded, and `fork()` from a multithreaded process is only safe for
+//! an immediate `exec`. So the daemon runs `threadbox __jail-launch` (a fresh, single-
+//! threaded process) with a [`JailSpec`] on stdin; [`helper_main`] joins the sandbox's
+//! cgroups, creates the namespaces, forks the sandbox's PID 1, which builds the root
+//! filesystem, pivots into it, enters a new user namespace mapped onto an unprivileged
+//! host uid range and execs the agent from a sealed memfd. The helper prints a
+//! [`LaunchReport`] on stdout and exits; the agent is reparented and outlives the daemon.
+//!
+//! All mounts are made as host root in a mount namespace that belongs to the host's user
+//! namespace; the agent then moves into a child user namespace, so neither it nor anything
+//! it runs holds a capability over its mounts, network or PID namespace.
+
+//!
+//! Modules: this one is the helper's side (the spec, the pipe protocol with the sandbox's
+//! init, the id maps); [`init`] the sandbox's PID 1 up to the exec of the agent;
+//! [`rootfs`] the mount plan, over a syscall trait so that it is unit-tested without root;
+//! [`disk`] the loop device of the disk image.
+
+mod disk;
+mod init;
+pub mod rootfs;
+
+pub use rootfs::DEVICES;
+
+use crate::raw;
+use crate::raw::process::Forked;
+use crate::{Result, SysError};
+use serde::{Deserialize, Serialize};
+use std::ffi::{CString, OsStr};
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// Marks a refusal on the way from the sandbox's init to the helper's report.
+const REFUSED_PREFIX: &str = "refused: ";
+
+/// Size of the uid/gid range given to each sandbox.
+pub const ID_RANGE: u32 = 65536;
+/// uid/gid of the unprivileged `user` inside every sandbox.
+pub const SANDBOX_USER_ID: u32 = 1000;
+
+/// A read-only bind mount of a host path into the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Bind {
+    pub source: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub target: PathBuf,
+}
+
+/// Everything the helper needs to build one sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JailSpec {
+    pub hostname: String,
+    /// First host uid/gid of the sandbox's range; sandbox uid 0 maps to it.
+    pub id_base: u32,
+    /// Overlay lower layers, topmost first (read-only).
+    pub lower: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    /// The sandbox's disk image (ext4): mounted by the helper, in the sandbox's mount
+    /// namespace only, on the parent directory of `upper` and `work` (ADR 0011).
+    #[serde(default)]
+    pub disk_image: Option<PathBuf>,
+    /// Host uid/gid that owns `home/user` when the helper creates a fresh upper.
+    #[serde(default)]
+    pub home_owner: u32,
+    /// Empty directory the overlay is mounted on.
+    pub rootfs: PathBuf,
+    pub binds: Vec<Bind>,
+    pub agent_path: PathBuf,
+    /// A sealed memfd holding the agent, made once by the daemon and shared by every
+    /// sandbox (`/proc/<daemon>/fd/<n>`): saves a copy of the agent per boot, in time and
+    /// in memory. Without it (or if it is not sealed) the helper copies `agent_path`.
+    #[serde(default)]
+    pub agent_memfd: Option<PathBuf>,
+    /// Host path where the agent's listening socket is created.
+    pub socket_path: PathBuf,
+    /// `cgroup.procs` files the sandbox joins.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The sandbox's cgroup2 directory, handed to the agent as an fd.
+    pub cgroup_dir: Option<PathBuf>,
+    /// Size limit of `/tmp` and `/dev/shm` (tmpfs, charged to the sandbox's memory).
+    pub tmpfs_bytes: u64,
+    /// Open-file limit of every sandbox process.
+    pub nofile: u64,
+    /// The operator allows sandboxes without Landlock where the kernel cannot enforce it
+    /// (`serve --insecure-allow-no-landlock`); otherwise such a sandbox does not start.
+    #[serde(default)]
+    pub allow_no_landlock: bool,
+    /// Test-only weakenings (see `testhooks`); absent from release builds.
+    #[cfg(feature = "insecure-test-hooks")]
+    #[serde(default)]
+    pub test_weaken: Vec<String>,
+}
+
+#[cfg(feature = "insecure-test-hooks")]
+pub(crate) fn weakened(spec: &JailSpec, w: &str) -> bool {
+    spec.test_weaken.iter().any(|x| x == w)
+}
+
+#[cfg(not(feature = "insecure-test-hooks"))]
+pub(crate) fn weakened(_spec: &JailSpec, _w: &str) -> bool {
+    false
+}
+
+/// What the helper prints on stdout (one JSON line).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LaunchReport {
+    pub ok: bool,
+    /// Host pid of the agent (the sandbox's PID 1).
+    pub agent_pid: Option<i32>,
+    pub error: Option<String>,
+    /// The error is a refusal of this host's posture (see `SysError::Refused`).
+    #[serde(default)]
+    pub refused: bool,
+}
+
+/// Entry point of `threadbox __jail-launch`. Reads a [`JailSpec`] from stdin, prints a
+/// [`LaunchReport`], returns the process exit code. Must run in a single-threaded process.
+pub fn helper_main() -> i32 {
+    let report = match run_helper() {
+        Ok(pid) => LaunchReport {
+            ok: true,
+            agent_pid: Some(pid),
+            error: None,
+            refused: false,
+        },
+        Err(e) => LaunchReport {
+            ok: false,
+            agent_pid: None,
+            refused: matches!(e, SysError::Refused(_)),
+            error: Some(e.to_string()),
+        },
+    };
+    let code = if report.ok { 0 } else { 1 };
+    let line = serde_json::to_string(&report).unwrap_or_else(|_| "{\"ok\":false}".to_string());
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+    code
+}
+
+fn run_helper() -> Result<i32> {
+    let mut input = String::new();
+    std::io::stdin()
+        .read_to_string(&mut input)
+        .map_err(|e| SysError::os("read the jail spec", e))?;
+    let spec: JailSpec =
+        serde_json::from_str(&input).map_err(|e| SysError::Other(format!("bad jail spec: {e}")))?;
+    launch(&spec)
+}
+
+pub(crate) fn cstr(p: impl AsRef<OsStr>) -> Result<CString> {
+    CString::new(p.as_ref().as_bytes())
+        .map_err(|_| SysError::Other("path contains a NUL byte".into()))
+}
+
+/// Copies the agent binary into a sealed memfd, so nothing in a sandbox can ever write
+/// to the copy it executes (nor, through /proc/self/exe, to the host's file).
+pub fn sealed_agent(path: &Path) -> Result<OwnedFd> {
+    let bytes =
+        fs::read(path).map_err(|e| SysError::os(format!("read agent {}", path.display()), e))?;
+    let name = cstr("threadbox-agent")?;
+    let owned = raw::fd::memfd_create(&name, libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        .map_err(|e| SysError::os("memfd_create", e))?;
+    let mut file = fs::File::from(owned);
+    file.write_all(&bytes)
+        .map_err(|e| SysError::os("fill agent memfd", e))?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    raw::fd::add_seals(file.as_fd(), seals).map_err(|e| SysError::os("seal agent memfd", e))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// Opens an agent memfd made by [`sealed_agent`] (through `/proc/<pid>/fd/<n>`), only if
+/// it is sealed against any write, shrink or growth: a sandbox's agent never runs from a
+/// file that can change.
+fn open_sealed(path: &Path) -> Option<OwnedFd> {
+    let file = fs::File::open(path).ok()?;
+    let seals = raw::fd::get_seals(file.as_fd()).ok()?;
+    let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    (seals & need == need).then(|| OwnedFd::from(file))
+}
+
+/// Creates the agent's listening socket at a host path outside the sandbox root.
+fn listen_socket(path: &Path) -> Result<OwnedFd> {
+    let _ = fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .map_err(|e| SysError::os(format!("bind agent socket {}", path.display()), e))?;
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .map_err(|e| SysError::os("chmod agent socket", e))?;
+    Ok(OwnedFd::from(listener))
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    raw::fd::pipe_cloexec().map_err(|e| SysError::os("pipe2", e))
+}
+
+fn read_all(fd: OwnedFd) -> Vec<u8> {
+    let mut f = fs::File::from(fd);
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    buf
+}
+
+/// Builds the sandbox and returns the host pid of its agent.
+pub fn launch(spec: &JailSpec) -> Result<i32> {
+    for procs in &spec.cgroup_procs {
+        fs::write(procs, "0")
+            .map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
+    }
+    let agent = match spec.agent_memfd.as_deref().and_then(open_sealed) {
+        Some(fd) => fd,
+        None => sealed_agent(&spec.agent_path)?,
+    };
+    let listener = listen_socket(&spec.socket_path)?;
+    // A handle on the sandbox's cgroup2 directory by its host path. It never reaches the
+    // agent (unless weakened): a directory fd of the host's mount namespace is a way out
+    // through `/proc/self/fd/N/..`. The child mounts its own view of the cgroup (below)
+    // and only uses this one to check that both are the same directory.
+    let mut cgroup_fd = match &spec.cgroup_dir {
+        Some(dir) => Some(
+            crate::fs::openat2(None, dir, libc::O_PATH | libc::O_DIRECTORY, 0, 0)
+                .map_err(|e| SysError::os(format!("open {}", dir.display()), e))?,
+        ),
+        None => None,
+    };
+
+    // Only the PID namespace is entered here (it applies to the next child); the child
+    // makes the others, so the helper stays in the host's mount namespace and can write
+    // the child's id maps through the host's /proc.
+    if !weakened(spec, "shared-pidns") {
+        raw::process::unshare(libc::CLONE_NEWPID)
+            .map_err(|e| SysError::os("unshare pid namespace", e))?;
+    }
+
+    // child -> parent: "the user namespace exists, write my maps"; then errors, if any.
+    let (ready_r, ready_w) = pipe()?;
+    // parent -> child: "maps written".
+    let (go_r, go_w) = pipe()?;
+    // child -> parent: error text; EOF without data means the agent was exec'd.
+    let (err_r, err_w) = pipe()?;
+
+    // The launch helper is single-threaded; the fork refuses otherwise (F10), since the
+    // child runs ordinary Rust code.
+    let forked = raw::process::fork_single_threaded()
+        .map_err(|e| SysError::os("fork the sandbox init", e))?;
+    let Forked::Parent(pid) = forked else {
+        drop(ready_r);
+        drop(go_w);
+        drop(err_r);
+        let err = match init::sandbox_init(spec, &agent, &listener, cgroup_fd.take(), ready_w, go_r)
+        {
+            Ok(never) => match never {},
+            Err(e) => e,
+        };
+        let mut f = fs::File::from(err_w);
+        let text = match &err {
+            SysError::Refused(m) => format!("{REFUSED_PREFIX}{m}"),
+            other => other.to_string(),
+        };
+        let _ = f.write_all(text.as_bytes());
+        // Ends the child without running the parent's atexit handlers.
+        raw::process::exit_now(1)
+    };
+    drop(ready_w);
+    drop(go_r);
+    drop(err_w);
+    drop(agent);
+    drop(listener);
+    drop(cgroup_fd);
+
+    let result = (|| {
+        let mut byte = [0u8; 1];
+        let mut rf = fs::File::from(ready_r);
+        match rf.read(&mut byte) {
+            Ok(1) => {}
+            _ => {
+                return Err(SysError::Other(format!(
+                    "sandbox setup failed: {}",
+                    String::from_utf8_lossy(&read_all(err_r))
+                )))
+            }
+        }
+        if !weakened(spec, "host-userns") {
+            let map = format!("0 {} {}\n", spec.id_base, ID_RANGE);
+            fs::write(format!("/proc/{pid}/uid_map"), &map)
+                .map_err(|e| SysError::os("write uid_map", e))?;
+            fs::write(format!("/proc/{pid}/gid_map"), &map)
+                .map_err(|e| SysError::os("write gid_map", e))?;
+        }
+        let mut gf = fs::File::from(go_w);
+        gf.write_all(b"g")
+            .map_err(|e| SysError::os("signal the sandbox init", e))?;
+        drop(gf);
+        let err = read_all(err_r);
+        if !err.is_empty() {
+            let text = String::from_utf8_lossy(&err);
+            if let Some(m) = text.strip_prefix(REFUSED_PREFIX) {
+                return Err(SysError::Refused(m.to_string()));
+            }
+            return Err(SysError::Other(format!("sandbox setup failed: {text}")));
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        // Our own child: killed and reaped.
+        let _ = raw::process::kill(pid, libc::SIGKILL);
+        let _ = raw::process::waitpid(pid, 0);
+        return Err(e);
+    }
+    Ok(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rootfs::relative_to;
+    use super::*;
+
+    #[test]
+    fn relative_paths() {
+        let r = |a: &str, b: &str| relative_to(Path::new(a), Path::new(b));
+        assert_eq!(
+            r("/r/sandboxes/x", "/r/sandboxes/x/upper"),
+            Path::new("upper")
+        );
+        assert_eq!(
+            r("/r/sandboxes/x", "/r/images/host"),
+            Path::new("../../images/host")
+        );
+        assert_eq!(r("/r/sandboxes/x", "/usr"), Path::new("../../../usr"));
+        assert_eq!(r("/a", "/a"), Path::new("."));
+    }
+
+    #[test]
+    fn spec_round_trips_as_json() {
+        let spec = JailSpec {
+            hostname: "t".into(),
+            id_base: 1_000_000,
+            lower: vec!["/a".into()],
+            upper: "/u".into(),
+            work: "/w".into(),
+            disk_image: None,
+            home_owner: 0,
+            rootfs: "/r".into(),
+            binds: vec![Bind {
+                source: "/usr".into(),
+                target: "/usr".into(),
+            }],
+            agent_path: "/x".into(),
+            agent_memfd: None,
+            socket_path: "/s".into(),
+            cgroup_procs: vec![],
+            cgroup_dir: None,
+            tmpfs_bytes: 1,
+            nofile: 1024,
+            allow_no_landlock: false,
+            #[cfg(feature = "insecure-test-hooks")]
+            test_weaken: vec![],
+        };
+        let back: JailSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
+    }
+}

@@ -1,0 +1,69 @@
+//! The agent's own process attributes: dumpable, subreaper, umask, groups, and the
+//! temporary filesystem identity of file operations.
+
+use crate::raw;
+use std::io;
+use std::marker::PhantomData;
+
+/// PR_SET_DUMPABLE: a non-dumpable process cannot be ptraced or have its /proc files read
+/// by other users (the agent is non-dumpable).
+pub fn set_dumpable(on: bool) -> io::Result<()> {
+    raw::process::prctl(libc::PR_SET_DUMPABLE, on as libc::c_ulong).map(drop)
+}
+
+/// Orphans of our descendants are re-parented to us (so we reap them) even when we are not
+/// PID 1, as in the agent's host test mode.
+pub fn set_child_subreaper() -> io::Result<()> {
+    raw::process::prctl(libc::PR_SET_CHILD_SUBREAPER, 1).map(drop)
+}
+
+/// Sets the process umask.
+pub fn set_umask(mask: u32) {
+    raw::process::umask(mask)
+}
+
+/// Empties the supplementary group list of the calling process, so file operations done
+/// under a temporary fsuid/fsgid get no group rights of ours.
+pub fn clear_supplementary_groups() -> io::Result<()> {
+    raw::process::setgroups(&[])
+}
+
+/// While alive, the calling thread's filesystem uid/gid are the given ones (so permission
+/// checks and the owner of new files are those of that user); dropping restores them.
+///
+/// Not `Send`: the ids belong to the thread that set them, so the guard must be dropped
+/// there.
+#[derive(Debug)]
+pub struct FsIdentity {
+    prev_uid: libc::uid_t,
+    prev_gid: libc::gid_t,
+    _thread: PhantomData<*const ()>,
+}
+
+/// Switches the filesystem identity of the calling thread (see [`FsIdentity`]).
+pub fn assume_fs_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsIdentity> {
+    let prev_gid = raw::process::setfsgid(gid);
+    // setfsgid(-1) fails and returns the current value: the only way to check.
+    if raw::process::setfsgid(u32::MAX) != gid {
+        raw::process::setfsgid(prev_gid);
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    let prev_uid = raw::process::setfsuid(uid);
+    if raw::process::setfsuid(u32::MAX) != uid {
+        raw::process::setfsuid(prev_uid);
+        raw::process::setfsgid(prev_gid);
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(FsIdentity {
+        prev_uid,
+        prev_gid,
+        _thread: PhantomData,
+    })
+}
+
+impl Drop for FsIdentity {
+    fn drop(&mut self) {
+        raw::process::setfsuid(self.prev_uid);
+        raw::process::setfsgid(self.prev_gid);
+    }
+}
