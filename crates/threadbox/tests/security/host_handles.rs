@@ -300,9 +300,11 @@ pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, lo
         },
     ))
     .expect("start the holder");
-    wait_for("the holder to take what it can", Duration::from_secs(90), || {
-        std::fs::metadata(&held_file).is_ok_and(|m| m.len() > 0)
-    });
+    wait_for(
+        "the holder to take what it can",
+        Duration::from_secs(90),
+        || std::fs::metadata(&held_file).is_ok_and(|m| m.len() > 0),
+    );
     let held = std::fs::read_to_string(&held_file).unwrap_or_default();
     log.push_str(&format!("the sandbox holds {}\n", held.trim()));
     if let Err(e) = host_probe(case.id) {
