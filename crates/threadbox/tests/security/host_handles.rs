@@ -286,10 +286,10 @@ pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, lo
     // holder drain host root's budget, the daemon itself (root) may not manage new
     // connections.
     let neighbour = d.create(LimitsRequest::default());
-    let agent_pid = block(d.client.get(id))
-        .ok()
-        .and_then(|s| s.agent_pid)
-        .expect("the agent's host pid");
+    let info = block(d.client.get(id));
+    let Some(agent_pid) = info.as_ref().ok().and_then(|s| s.agent_pid) else {
+        panic!("no host pid for the agent: {info:?}");
+    };
     let held_file = PathBuf::from(format!("/proc/{agent_pid}/root/tmp/held"));
     let p = block(d.client.start_process(
         id,
@@ -323,6 +323,14 @@ pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, lo
         )),
         Err(e) => escaped.push(format!("a neighbour's call failed meanwhile: {e}")),
     }
+    // In a weakened jail the holder may have drained a budget this process and the
+    // daemon need too (epoll watches of host root): it lets go by itself after a few
+    // seconds; go on only once host root has its own again.
+    wait_for(
+        "host root's budget to come back",
+        Duration::from_secs(90),
+        || host_probe(case.id).is_ok(),
+    );
     let _ = block(d.client.kill_process(id, p.id, None));
     let _ = block(d.client.delete(&neighbour, true));
 }
