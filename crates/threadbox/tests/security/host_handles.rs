@@ -323,15 +323,14 @@ pub fn counters(d: &Daemon, id: &str, case: &Case, escaped: &mut Vec<String>, lo
         )),
         Err(e) => escaped.push(format!("a neighbour's call failed meanwhile: {e}")),
     }
-    // In a weakened jail the holder may have drained a budget this process and the
-    // daemon need too (epoll watches of host root): it lets go by itself after a few
-    // seconds; go on only once host root has its own again.
+    let _ = block(d.client.kill_process(id, p.id, None));
+    // In a weakened jail the holder may have drained a budget this process and the daemon
+    // need too; once it is gone, go on only when host root has its own again.
     wait_for(
         "host root's budget to come back",
         Duration::from_secs(90),
         || host_probe(case.id).is_ok(),
     );
-    let _ = block(d.client.kill_process(id, p.id, None));
     let _ = block(d.client.delete(&neighbour, true));
 }
 
