@@ -520,6 +520,11 @@ impl Manager {
                             .transition(&id, &[State::Creating], State::Stopped, None)
                             .await?;
                     } else {
+                        // Killed before its disk existed: whatever the create had made on
+                        // the host (its directory, mount points) goes with the row.
+                        let d = driver.clone();
+                        let i = id.clone();
+                        blocking(move || d.destroy(&i)).await?;
                         self.store.delete_sandbox(&id).await?;
                     }
                     tracing::info!(sandbox = %id, "cleaned up an interrupted create");
