@@ -9,6 +9,7 @@ pub mod error;
 pub mod fake;
 pub mod gov_store;
 pub mod images;
+pub mod jail;
 pub mod keys;
 pub mod manager;
 pub mod store;

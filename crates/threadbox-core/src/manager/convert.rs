@@ -63,7 +63,7 @@ pub(super) fn run_as(u: User) -> proto::RunAs {
 /// the sandbox's `oom_kill` counter went up during the call and the process died of
 /// SIGKILL (directly, or as a shell reports it, 137). The counter is per sandbox, so
 /// another call of the same sandbox killed at that moment is named as well.
-pub(super) fn oom_verdict(
+pub(super) async fn oom_verdict(
     driver: &dyn Driver,
     row: &SandboxRow,
     before: Option<u64>,
@@ -74,7 +74,7 @@ pub(super) fn oom_verdict(
     if !killed {
         return None;
     }
-    let after = driver.oom_kills(&row.id).ok()?;
+    let after = driver.usage(&row.id, false).await.oom_kills?;
     (after > before?).then_some(row.memory_bytes)
 }
 

@@ -14,34 +14,26 @@ impl Manager {
             let driver = self.driver_for(&row)?;
             match row.state {
                 State::Deleting => {
-                    let d = driver.clone();
-                    let i = id.clone();
-                    blocking(move || d.destroy(&i)).await?;
+                    driver.destroy(&id).await?;
                     self.store.delete_sandbox(&id).await?;
                     tracing::info!(sandbox = %id, "finished an interrupted delete");
                 }
                 State::Creating => {
-                    let d = driver.clone();
-                    let i = id.clone();
-                    blocking(move || d.stop(&i)).await?;
-                    if driver.has_disk(&id) {
+                    driver.stop(&id).await?;
+                    if driver.has_disk(&id).await {
                         self.store
                             .transition(&id, &[State::Creating], State::Stopped, None)
                             .await?;
                     } else {
                         // Killed before its disk existed: whatever the create had made on
                         // the host (its directory, mount points) goes with the row.
-                        let d = driver.clone();
-                        let i = id.clone();
-                        blocking(move || d.destroy(&i)).await?;
+                        driver.destroy(&id).await?;
                         self.store.delete_sandbox(&id).await?;
                     }
                     tracing::info!(sandbox = %id, "cleaned up an interrupted create");
                 }
                 State::Running | State::Paused => {
-                    let d = driver.clone();
-                    let i = id.clone();
-                    let frozen = blocking(move || d.is_frozen(&i)).await.unwrap_or(false);
+                    let frozen = driver.is_frozen(&id).await.unwrap_or(false);
                     if frozen {
                         self.store
                             .transition(&id, LIVE, State::Paused, row.agent_pid)
@@ -49,8 +41,7 @@ impl Manager {
                         tracing::info!(sandbox = %id, "re-adopted (paused)");
                         continue;
                     }
-                    match AgentConn::connect(&driver.socket_path(&id), Duration::from_secs(3)).await
-                    {
+                    match AgentConn::connect(driver.as_ref(), &id, Duration::from_secs(3)).await {
                         Ok(conn) => {
                             Self::set_conn(&self.live(&id), Some(conn));
                             self.store
@@ -58,11 +49,7 @@ impl Manager {
                                 .await?;
                             tracing::info!(sandbox = %id, "re-adopted (running)");
                         }
-                        Err(e)
-                            if row
-                                .agent_pid
-                                .is_some_and(|pid| driver.agent_alive(&id, pid)) =>
-                        {
+                        Err(e) if alive(driver.as_ref(), &id, row.agent_pid).await => {
                             // Alive but slow to answer (a loaded host, a stopped agent):
                             // never kill the user's processes because the daemon is in a
                             // hurry (F6). The next call connects again.
@@ -72,9 +59,7 @@ impl Manager {
                             tracing::warn!(sandbox = %id, "re-adopted, but its agent does not answer yet ({e}); the next call retries");
                         }
                         Err(e) => {
-                            let d = driver.clone();
-                            let i = id.clone();
-                            blocking(move || d.stop(&i)).await?;
+                            driver.stop(&id).await?;
                             self.store
                                 .transition(&id, LIVE, State::Stopped, None)
                                 .await?;
@@ -86,5 +71,13 @@ impl Manager {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether the agent recorded as `pid` still lives in sandbox `id`.
+async fn alive(driver: &dyn Driver, id: &str, pid: Option<i32>) -> bool {
+    match pid {
+        Some(pid) => driver.agent_alive(id, pid).await,
+        None => false,
     }
 }
