@@ -31,6 +31,9 @@ pub enum Op {
     /// read under the lifecycle lock, where calls register, so no call can start between
     /// the check and the freeze (F1).
     IdlePause { inflight: usize },
+    /// The idle sweeper: stop a running or paused sandbox that has had no call for its
+    /// `idle_stop_secs`, with none in flight (same rule as `IdlePause`).
+    IdleStop { inflight: usize },
     /// The daily CPU cap of the tenant was reached.
     CapPause,
     /// `resume` through the API.
@@ -111,6 +114,9 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
         (IdlePause { inflight: 0 }, Running) => Step::Freeze,
         (IdlePause { .. }, _) => Step::Keep,
 
+        (IdleStop { inflight: 0 }, Running | Paused) => Step::Halt,
+        (IdleStop { .. }, _) => Step::Keep,
+
         (Resume, Paused) | (Call, Paused) => Step::Thaw,
         (Resume, Running) | (Call, Running) => Step::Keep,
         (Resume, s) | (Call, s) => return Err(not_running(id, s)),
@@ -155,10 +161,12 @@ mod tests {
         State::Stopped,
         State::Deleting,
     ];
-    const OPS: [Op; 10] = [
+    const OPS: [Op; 12] = [
         Op::Pause,
         Op::IdlePause { inflight: 0 },
         Op::IdlePause { inflight: 1 },
+        Op::IdleStop { inflight: 0 },
+        Op::IdleStop { inflight: 1 },
         Op::CapPause,
         Op::Resume,
         Op::Start,
@@ -200,6 +208,19 @@ mod tests {
         assert_eq!(
             p(State::Running, Op::IdlePause { inflight: 0 }).unwrap(),
             Step::Freeze
+        );
+        // Idle stop halts a live sandbox with nothing in flight, and nothing else.
+        assert_eq!(
+            p(State::Paused, Op::IdleStop { inflight: 0 }).unwrap(),
+            Step::Halt
+        );
+        assert_eq!(
+            p(State::Running, Op::IdleStop { inflight: 1 }).unwrap(),
+            Step::Keep
+        );
+        assert_eq!(
+            p(State::Creating, Op::IdleStop { inflight: 0 }).unwrap(),
+            Step::Keep
         );
         assert_eq!(p(State::Paused, Op::Call).unwrap(), Step::Thaw);
         assert!(matches!(
