@@ -333,6 +333,8 @@ impl Jail {
             allow_no_landlock: self.config.allow_no_landlock,
             #[cfg(feature = "insecure-test-hooks")]
             test_weaken: weaken.list().to_vec(),
+            #[cfg(not(feature = "insecure-test-hooks"))]
+            test_weaken: Vec::new(),
         };
         let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
         let child = std::process::Command::new(&self.config.helper_path)
