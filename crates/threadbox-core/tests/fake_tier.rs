@@ -17,12 +17,7 @@ struct Daemon {
 }
 
 fn config(root: &Path, warm_pool: usize) -> Config {
-    let mut c = Config::new(
-        root.to_path_buf(),
-        agent_binary().expect("agent binary"),
-        "/nonexistent-jail-helper".into(),
-    );
-    c.uid_registry = root.join("uid-ranges");
+    let mut c = Config::new(root.to_path_buf());
     c.warm_pool = warm_pool;
     c.default_disk_bytes = 16 << 20;
     c
@@ -33,8 +28,8 @@ async fn open(root: &Path, warm_pool: usize) -> Daemon {
         root.join("fake"),
         agent_binary().expect("agent binary"),
     ));
-    let f = fake.clone();
-    let mgr = Manager::open_with(config(root, warm_pool), move |_| Ok(Drivers::new(f)))
+    let f: Arc<dyn threadbox_core::driver::Driver> = fake.clone();
+    let mgr = Manager::open(config(root, warm_pool), Drivers::new(f))
         .await
         .expect("open the manager over the fake tier");
     Daemon { mgr, fake }

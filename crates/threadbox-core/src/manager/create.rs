@@ -186,7 +186,7 @@ impl Manager {
                     let l = self.live(&existing.id);
                     let _g = l.lifecycle.lock().await;
                     return match self.reload(&existing.id).await {
-                        Ok(row) => Ok(Some((to_api(&self.config, caller, &row), false))),
+                        Ok(row) => Ok(Some((to_api(&self.drivers, caller, &row), false))),
                         Err(CoreError::NotFound(_)) => Ok(None),
                         Err(e) => Err(e),
                     };
@@ -218,7 +218,7 @@ impl Manager {
                     self.forget(&id);
                     let row = self.reload(&adopted).await?;
                     tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
-                    return Ok(Some((to_api(&self.config, caller, &row), true)));
+                    return Ok(Some((to_api(&self.drivers, caller, &row), true)));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -244,7 +244,7 @@ impl Manager {
                 drop(guard);
                 let row = self.reload(&id).await?;
                 tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
-                Ok(Some((to_api(&self.config, caller, &row), true)))
+                Ok(Some((to_api(&self.drivers, caller, &row), true)))
             }
             Err(e) => {
                 // Nothing half-created: remove what exists, then the row.
@@ -261,7 +261,7 @@ impl Manager {
     pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         caller.require(Scope::SandboxesRead)?;
         Ok(to_api(
-            &self.config,
+            &self.drivers,
             caller,
             &self.resolve(caller, id_or_name).await?,
         ))
@@ -279,7 +279,7 @@ impl Manager {
         Ok(rows
             .iter()
             .filter(|r| r.state != State::Deleting && r.tenant == caller.tenant)
-            .map(|r| to_api(&self.config, caller, r))
+            .map(|r| to_api(&self.drivers, caller, r))
             .filter(|s| state.is_none_or(|st| s.state == st))
             .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect())

@@ -139,7 +139,7 @@ impl Manager {
         let r = async {
             caller.require(Scope::SandboxesWrite)?;
             let (row, _) = self.lifecycle(caller, id_or_name, op).await?;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.pause", id_or_name, &r).await;
@@ -151,7 +151,7 @@ impl Manager {
             caller.require(Scope::SandboxesWrite)?;
             let (row, live) = self.lifecycle(caller, id_or_name, Op::Resume).await?;
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.resume", id_or_name, &r).await;
@@ -162,7 +162,7 @@ impl Manager {
         let r = async {
             caller.require(Scope::SandboxesWrite)?;
             let (row, _) = self.lifecycle(caller, id_or_name, Op::Stop).await?;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.stop", id_or_name, &r).await;
@@ -174,7 +174,7 @@ impl Manager {
             caller.require(Scope::SandboxesWrite)?;
             let (row, live) = self.lifecycle(caller, id_or_name, Op::Start).await?;
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, "sandbox.start", id_or_name, &r).await;

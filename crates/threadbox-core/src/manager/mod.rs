@@ -102,35 +102,13 @@ pub struct Manager {
 }
 
 impl Manager {
-    /// [`Manager::open_with`] the jail tier alone.
-    pub async fn open(config: Config) -> Result<Arc<Manager>> {
-        Self::open_with(config, |config| {
-            Ok(Drivers::new(Arc::new(crate::jail::JailDriver::new(
-                config.clone(),
-            )?)))
-        })
-        .await
-    }
-
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
-    /// starts the background tasks (idle pause, TTL). `drivers` builds the tiers from the
-    /// finished configuration (its uid range claimed); the first is the default tier.
-    pub async fn open_with(
-        mut config: Config,
-        drivers: impl FnOnce(&Config) -> Result<Drivers>,
-    ) -> Result<Arc<Manager>> {
+    /// starts the background tasks (idle pause, TTL). `drivers` holds the tiers (the
+    /// caller builds them: the binary the jail, tests the fake); the first is the default.
+    pub async fn open(mut config: Config, drivers: Drivers) -> Result<Arc<Manager>> {
         // The operator's maximum caps the default too (and so the warm pool's disks).
         config.default_disk_bytes = config.default_disk_bytes.min(config.max_disk_bytes);
-        if !config.agent_path.is_file() {
-            return Err(CoreError::InvalidArgument(format!(
-                "agent binary {} not found (build it with `cargo build --workspace`)",
-                config.agent_path.display()
-            )));
-        }
         std::fs::create_dir_all(&config.root)?;
-        // Before the store exists: the jail claims the root's uid range, and a root
-        // without a range and without a database is new.
-        let drivers = drivers(&config)?;
         std::fs::create_dir_all(config.root.join("sandboxes"))?;
         std::fs::create_dir_all(config.root.join("images"))?;
         {

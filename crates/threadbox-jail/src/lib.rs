@@ -2,18 +2,73 @@
 //! `threadbox-sys`. It owns everything jail-shaped: each sandbox's uid range (from the
 //! spec's index), its cgroup, its overlay paths and the launch helper.
 
-use crate::driver::{blocking, AgentStream, Driver, Limits, SandboxSpec, DEFAULT_TIER};
-use crate::error::{CoreError, Result};
-use crate::images::ImageSpec;
-use crate::store::ImageRow;
-use crate::Config;
+#![forbid(unsafe_code)]
+
+pub mod uid_range;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
+use threadbox_core::driver::{blocking, AgentStream, Driver, Limits, SandboxSpec, DEFAULT_TIER};
+use threadbox_core::error::{CoreError, Result};
+use threadbox_core::images::ImageSpec;
+use threadbox_core::store::ImageRow;
 use threadbox_sys::cgroup::{Layout, SandboxCgroup};
 use threadbox_sys::jail::{JailSpec, LaunchReport, SANDBOX_USER_ID};
+use uid_range::UidRange;
+
+/// What the jail tier needs of the daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct JailConfig {
+    /// The daemon's root (`sandboxes/<id>/` holds each sandbox's disk and mount points).
+    pub root: PathBuf,
+    /// The `threadbox-agent` binary supplied to every sandbox.
+    pub agent_path: PathBuf,
+    /// The binary run as the single-threaded jail launch helper
+    /// (`<exe> __jail-launch`), normally the `threadbox` binary itself.
+    pub helper_path: PathBuf,
+    /// Name of the cgroup directory under which sandbox cgroups are made.
+    pub cgroup_parent: String,
+    /// Sandboxes may run without Landlock where the kernel cannot enforce it
+    /// (`serve --insecure-allow-no-landlock`); by default they refuse to start.
+    pub allow_no_landlock: bool,
+    /// The host-wide registry of uid ranges (one per root, see [`uid_range`]).
+    pub uid_registry: PathBuf,
+}
+
+impl JailConfig {
+    pub fn new(root: PathBuf, agent_path: PathBuf, helper_path: PathBuf) -> Self {
+        JailConfig {
+            root,
+            agent_path,
+            helper_path,
+            cgroup_parent: "threadbox".to_string(),
+            allow_no_landlock: false,
+            uid_registry: PathBuf::from(uid_range::DEFAULT_REGISTRY),
+        }
+    }
+
+    /// The isolation layers this configuration lets go missing, for sandbox info (empty
+    /// in the default posture).
+    pub fn isolation_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        #[cfg(feature = "insecure-test-hooks")]
+        let missing = threadbox_sys::testhooks::Weaken::from_env()
+            .is_ok_and(|w| w.has("no-landlock-kernel"))
+            || threadbox_sys::landlock::abi_version().is_err();
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let missing = threadbox_sys::landlock::abi_version().is_err();
+        if self.allow_no_landlock && missing {
+            out.push(
+                "landlock: not enforced on this kernel (allowed by serve --insecure-allow-no-landlock)"
+                    .to_string(),
+            );
+        }
+        out
+    }
+}
 
 /// RLIMIT_NOFILE (soft = hard) of every sandbox process, or the daemon's hard limit when
 /// that is lower. Below the hard limits hosts commonly give a root daemon (20000 on our CI
@@ -43,7 +98,8 @@ fn cg_limits(l: &Limits) -> threadbox_sys::cgroup::Limits {
 }
 
 pub struct Jail {
-    config: Config,
+    config: JailConfig,
+    uid_range: UidRange,
     layout: Layout,
     /// One sealed memfd of the agent shared by every boot, remade when the file changes.
     agent_memfd: std::sync::Mutex<Option<std::sync::Arc<AgentMemfd>>>,
@@ -71,17 +127,25 @@ impl Jail {
     /// The jail of `config.root`: claims the root's host uid range (before the store
     /// exists, a root without a range and without a database is new) and detects the
     /// cgroup layout.
-    pub fn new(mut config: Config) -> Result<Jail> {
-        config.uid_range = crate::uid_range::claim(&config.root, &config.uid_registry)?;
+    pub fn new(config: JailConfig) -> Result<Jail> {
+        if !config.agent_path.is_file() {
+            return Err(CoreError::InvalidArgument(format!(
+                "agent binary {} not found (build it with `cargo build --workspace`)",
+                config.agent_path.display()
+            )));
+        }
+        std::fs::create_dir_all(&config.root)?;
+        let uid_range = uid_range::claim(&config.root, &config.uid_registry)?;
         tracing::info!(
-            range = config.uid_range.index,
-            first_uid = config.uid_range.base(),
+            range = uid_range.index,
+            first_uid = uid_range.base(),
             "host uid range"
         );
         let layout = Layout::detect()?;
         tracing::info!(layout = layout.name(), "cgroup layout");
         Ok(Jail {
             config,
+            uid_range,
             layout,
             agent_memfd: std::sync::Mutex::new(None),
         })
@@ -250,7 +314,7 @@ impl Jail {
         std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
         let home = p.upper.join("home/user");
         mkdir(&home)?;
-        let uid = self.config.uid_range.slot_base(slot)? + SANDBOX_USER_ID;
+        let uid = self.uid_range.slot_base(slot)? + SANDBOX_USER_ID;
         chown(&home, Some(uid), Some(uid))?;
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755))?;
         Ok(())
@@ -278,7 +342,7 @@ impl Jail {
             (p.upper.clone(), p.work.clone())
         };
         mkdir(&p.rootfs)?;
-        let base = self.config.uid_range.slot_base(req.index)?;
+        let base = self.uid_range.slot_base(req.index)?;
         let cg = self.cgroup(&req.id);
         #[cfg(feature = "insecure-test-hooks")]
         let weaken = threadbox_sys::testhooks::Weaken::from_env().map_err(CoreError::Internal)?;
@@ -437,7 +501,7 @@ impl Jail {
     /// The overlay layers of `img`.
     pub fn image_spec(&self, img: &ImageRow) -> ImageSpec {
         match img.kind.as_str() {
-            "host" => crate::images::host_image_spec(&self.config.root),
+            "host" => threadbox_core::images::host_image_spec(&self.config.root),
             _ => ImageSpec {
                 lower: vec![img.path.clone().unwrap_or_default().into()],
                 binds: vec![],
@@ -506,7 +570,9 @@ fn tree_usage(dir: &std::path::Path) -> u64 {
 }
 
 impl JailDriver {
-    pub fn new(config: Config) -> Result<JailDriver> {
+    /// The jail of `config.root`: claims the root's host uid range (call it before the
+    /// manager opens the store: a root without a range and without a database is new).
+    pub fn new(config: JailConfig) -> Result<JailDriver> {
         Ok(JailDriver(Arc::new(Jail::new(config)?)))
     }
 
@@ -599,10 +665,10 @@ impl Driver for JailDriver {
         self.run(move |j| j.set_limits(&id, &limits)).await
     }
 
-    async fn usage(&self, id: &str, disk: bool) -> crate::driver::Usage {
+    async fn usage(&self, id: &str, disk: bool) -> threadbox_core::driver::Usage {
         let id = id.to_string();
         self.run(move |j| {
-            Ok(crate::driver::Usage {
+            Ok(threadbox_core::driver::Usage {
                 memory_bytes: j.memory_current(&id).ok(),
                 cpu_usec: j.cpu_usage_usec(&id).ok(),
                 oom_kills: j.oom_kills(&id).ok(),
