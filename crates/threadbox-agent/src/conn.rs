@@ -161,15 +161,7 @@ async fn handle(
             append,
             mode,
             make_parents,
-        } => done(files::write(
-            &agent,
-            &path,
-            user,
-            &data,
-            append,
-            mode,
-            make_parents,
-        )),
+        } => done(files::write(&agent, &path, user, &data, append, mode, make_parents).await),
         Request::FileList { path, user } => done(files::list(&agent, &path, user).await),
         Request::FileStat { path, user } => done(files::stat(&agent, &path, user)),
         Request::Mkdir {

@@ -11,7 +11,6 @@ use crate::agent::{identity, Agent, Identity};
 use crate::error::{AgentError, Result};
 use std::ffi::{CStr, OsStr};
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -149,7 +148,9 @@ pub async fn read(
     Ok(Response::FileData { data, eof, size })
 }
 
-pub fn write(
+/// Opens (or creates) as the user, then writes in steps with a yield between them (a
+/// frame may carry tens of MiB; ADR 0043). The descriptor needs no identity once open.
+pub async fn write(
     agent: &Agent,
     path: &str,
     user: RunAs,
@@ -169,7 +170,7 @@ pub fn write(
     // Only permission bits: no setuid/setgid/sticky through the API.
     let perm = mode.unwrap_or(0o644) & 0o777;
     let root = &agent.root;
-    as_user(&who, || {
+    let (file, start) = as_user(&who, || {
         if make_parents {
             if let Some(parent) = p.parent() {
                 root.create_dir_all(parent, 0o755)
@@ -189,22 +190,31 @@ pub fn write(
             ),
             Err(e) => return Err(AgentError::io(&e, &shown(&p))),
         };
-        let mut file = regular_file(fd, &p)?;
+        let file = regular_file(fd, &p)?;
         let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
         if created || mode.is_some() {
             // The umask must not change what the caller asked for.
             file.set_permissions(std::fs::Permissions::from_mode(perm))
                 .map_err(err)?;
         }
-        if append {
-            let end = file.metadata().map_err(err)?.len();
-            file.write_all_at(data, end).map_err(err)?;
+        let start = if append {
+            file.metadata().map_err(err)?.len()
         } else {
             file.set_len(0).map_err(err)?;
-            file.write_all(data).map_err(err)?;
+            0
+        };
+        Ok((file, start))
+    })?;
+    let mut written = 0u64;
+    for (i, chunk) in data.chunks(STEP_BYTES).enumerate() {
+        if i > 0 {
+            tokio::task::yield_now().await;
         }
-        Ok(Response::Done)
-    })
+        file.write_all_at(chunk, start + written)
+            .map_err(|e| AgentError::io(&e, &shown(&p)))?;
+        written += chunk.len() as u64;
+    }
+    Ok(Response::Done)
 }
 
 fn kind_of(st: &Stat) -> FileKind {
