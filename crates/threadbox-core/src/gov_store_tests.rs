@@ -221,7 +221,10 @@ async fn quotas_round_trip_and_replace_and_counts_follow_states() {
         ("c", Some(State::Paused)),
         ("d", Some(State::Deleting)),
     ] {
-        store.insert_sandbox(&row(id, "t", None)).await.unwrap();
+        store
+            .insert_sandbox(&row(&store, id, "t", None).await)
+            .await
+            .unwrap();
         if let Some(to) = to {
             store
                 .transition(id, &[State::Creating], to, None)
@@ -230,7 +233,7 @@ async fn quotas_round_trip_and_replace_and_counts_follow_states() {
         }
     }
     store
-        .insert_sandbox(&row("e", "other", None))
+        .insert_sandbox(&row(&store, "e", "other", None).await)
         .await
         .unwrap();
     // Creating and running count as running; deleting counts as nothing.

@@ -11,26 +11,32 @@ pub(crate) async fn temp_store() -> (tempfile::TempDir, Store) {
     (dir, store)
 }
 
-pub(crate) fn row(id: &str, tenant: &str, name: Option<&str>) -> SandboxRow {
+/// A sandbox row to insert (state `creating`). It is read back from a raw insert rather
+/// than written as a struct literal, so fields added to [`SandboxRow`] by later
+/// migrations (with their defaults) do not break these tests.
+pub(crate) async fn row(store: &Store, id: &str, tenant: &str, name: Option<&str>) -> SandboxRow {
+    let mut tx = store.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO sandboxes (id, tenant, name, state, labels, image, memory_bytes, cpus, \
+         pids, idle_pause_secs, ttl_secs, ttl_action, slot, created_at, last_active_at, \
+         disk_bytes, tier) VALUES ('template', 'template', NULL, 'creating', '{\"k\":\"v\"}', \
+         'host', 268435456, 1.0, 256, 60, NULL, 'stop', -1, 1, 1, 1073741824, 'jail')",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let r = sqlx::query("SELECT * FROM sandboxes WHERE id = 'template'")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let template = row_to_sandbox(&r).unwrap();
+    // Rolled back: the template never takes a slot or an id.
+    tx.rollback().await.unwrap();
     SandboxRow {
         id: id.into(),
         tenant: tenant.into(),
         name: name.map(Into::into),
-        state: State::Creating,
-        labels: BTreeMap::from([("k".to_string(), "v".to_string())]),
-        image: "host".into(),
-        memory_bytes: 256 << 20,
-        cpus: 1.0,
-        pids: 256,
-        disk_bytes: 1 << 30,
-        idle_pause_secs: Some(60),
-        ttl_secs: None,
-        ttl_action: TtlAction::Stop,
-        slot: 0,
-        agent_pid: None,
-        created_at: 1,
-        last_active_at: 1,
-        tier: "jail".into(),
+        ..template
     }
 }
 
@@ -47,7 +53,7 @@ async fn state_of(store: &Store, id: &str) -> State {
 async fn a_row_reads_back_as_written_and_the_database_is_private() {
     let (dir, store) = temp_store().await;
     let slot = store
-        .insert_sandbox(&row("a", "t1", Some("one")))
+        .insert_sandbox(&row(&store, "a", "t1", Some("one")).await)
         .await
         .unwrap();
     assert_eq!(slot, 0);
@@ -78,13 +84,28 @@ async fn slots_are_the_lowest_free_and_reused_after_delete() {
     let (_dir, store) = temp_store().await;
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
         assert_eq!(
-            store.insert_sandbox(&row(id, "t", None)).await.unwrap(),
+            store
+                .insert_sandbox(&row(&store, id, "t", None).await)
+                .await
+                .unwrap(),
             i as u32
         );
     }
     store.delete_sandbox("b").await.unwrap();
-    assert_eq!(store.insert_sandbox(&row("d", "t", None)).await.unwrap(), 1);
-    assert_eq!(store.insert_sandbox(&row("e", "t", None)).await.unwrap(), 3);
+    assert_eq!(
+        store
+            .insert_sandbox(&row(&store, "d", "t", None).await)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .insert_sandbox(&row(&store, "e", "t", None).await)
+            .await
+            .unwrap(),
+        3
+    );
 }
 
 #[tokio::test]
@@ -102,13 +123,18 @@ async fn past_the_last_slot_a_create_is_refused_and_nothing_is_written() {
     .execute(&store.pool)
     .await
     .unwrap();
-    let err = store.insert_sandbox(&row("late", "t", Some("late"))).await;
+    let err = store
+        .insert_sandbox(&row(&store, "late", "t", Some("late")).await)
+        .await;
     assert!(matches!(err, Err(CoreError::Conflict(_))), "{err:?}");
     assert!(store.get_by_id_any("late").await.unwrap().is_none());
     // A freed slot is usable again.
     store.delete_sandbox("fill-7").await.unwrap();
     assert_eq!(
-        store.insert_sandbox(&row("late", "t", None)).await.unwrap(),
+        store
+            .insert_sandbox(&row(&store, "late", "t", None).await)
+            .await
+            .unwrap(),
         7
     );
 }
@@ -117,10 +143,12 @@ async fn past_the_last_slot_a_create_is_refused_and_nothing_is_written() {
 async fn names_are_unique_per_tenant_and_a_refused_insert_changes_nothing() {
     let (_dir, store) = temp_store().await;
     store
-        .insert_sandbox(&row("a", "t1", Some("n")))
+        .insert_sandbox(&row(&store, "a", "t1", Some("n")).await)
         .await
         .unwrap();
-    let dup = store.insert_sandbox(&row("b", "t1", Some("n"))).await;
+    let dup = store
+        .insert_sandbox(&row(&store, "b", "t1", Some("n")).await)
+        .await;
     assert!(
         matches!(dup, Err(CoreError::Conflict(ref m)) if m.contains("\"n\"")),
         "{dup:?}"
@@ -129,16 +157,24 @@ async fn names_are_unique_per_tenant_and_a_refused_insert_changes_nothing() {
     // Its slot was not consumed.
     assert_eq!(
         store
-            .insert_sandbox(&row("c", "t2", Some("n")))
+            .insert_sandbox(&row(&store, "c", "t2", Some("n")).await)
             .await
             .unwrap(),
         1
     );
     // Unnamed sandboxes never collide.
-    store.insert_sandbox(&row("d", "t1", None)).await.unwrap();
-    store.insert_sandbox(&row("e", "t1", None)).await.unwrap();
+    store
+        .insert_sandbox(&row(&store, "d", "t1", None).await)
+        .await
+        .unwrap();
+    store
+        .insert_sandbox(&row(&store, "e", "t1", None).await)
+        .await
+        .unwrap();
     // Ids are unique whatever the tenant.
-    let same_id = store.insert_sandbox(&row("a", "t3", None)).await;
+    let same_id = store
+        .insert_sandbox(&row(&store, "a", "t3", None).await)
+        .await;
     assert!(
         matches!(same_id, Err(CoreError::Conflict(_))),
         "{same_id:?}"
@@ -148,7 +184,10 @@ async fn names_are_unique_per_tenant_and_a_refused_insert_changes_nothing() {
 #[tokio::test]
 async fn a_transition_is_guarded_by_the_expected_state() {
     let (_dir, store) = temp_store().await;
-    store.insert_sandbox(&row("a", "t", None)).await.unwrap();
+    store
+        .insert_sandbox(&row(&store, "a", "t", None).await)
+        .await
+        .unwrap();
     store
         .transition("a", &[State::Creating], State::Running, Some(42))
         .await
@@ -191,7 +230,10 @@ async fn a_transition_is_guarded_by_the_expected_state() {
 #[tokio::test]
 async fn of_two_racing_transitions_from_the_same_state_exactly_one_wins() {
     let (_dir, store) = temp_store().await;
-    store.insert_sandbox(&row("a", "t", None)).await.unwrap();
+    store
+        .insert_sandbox(&row(&store, "a", "t", None).await)
+        .await
+        .unwrap();
     store
         .transition("a", &[State::Creating], State::Running, None)
         .await
@@ -214,7 +256,7 @@ async fn of_two_racing_transitions_from_the_same_state_exactly_one_wins() {
 async fn deleting_rows_are_hidden_from_users_but_not_from_reconcile() {
     let (_dir, store) = temp_store().await;
     store
-        .insert_sandbox(&row("a", "t", Some("n")))
+        .insert_sandbox(&row(&store, "a", "t", Some("n")).await)
         .await
         .unwrap();
     store
@@ -232,7 +274,7 @@ async fn deleting_rows_are_hidden_from_users_but_not_from_reconcile() {
 async fn a_pooled_sandbox_is_adopted_once_and_only_while_running() {
     let (_dir, store) = temp_store().await;
     store
-        .insert_sandbox(&row("p1", POOL_TENANT, None))
+        .insert_sandbox(&row(&store, "p1", POOL_TENANT, None).await)
         .await
         .unwrap();
     assert_eq!(
@@ -263,7 +305,7 @@ async fn a_pooled_sandbox_is_adopted_once_and_only_while_running() {
         "other image"
     );
 
-    let mut wanted = row("ignored", "t", Some("mine"));
+    let mut wanted = row(&store, "ignored", "t", Some("mine")).await;
     wanted.memory_bytes = 512 << 20;
     wanted.created_at = 99;
     assert!(store.adopt_pooled("p1", &wanted).await.unwrap());
@@ -273,7 +315,7 @@ async fn a_pooled_sandbox_is_adopted_once_and_only_while_running() {
     assert_eq!(r.created_at, 99);
     assert_eq!(r.agent_pid, Some(7), "the agent is kept");
     // A second adoption of the same sandbox (a racing create) finds nothing to take.
-    let mut other = row("ignored", "t2", Some("theirs"));
+    let mut other = row(&store, "ignored", "t2", Some("theirs")).await;
     other.created_at = 100;
     assert!(!store.adopt_pooled("p1", &other).await.unwrap());
     assert!(store.get_sandbox("t2", "theirs").await.unwrap().is_none());
@@ -284,18 +326,20 @@ async fn a_pooled_sandbox_is_adopted_once_and_only_while_running() {
 async fn adopting_into_a_taken_name_is_a_conflict_and_the_pool_keeps_it() {
     let (_dir, store) = temp_store().await;
     store
-        .insert_sandbox(&row("a", "t", Some("n")))
+        .insert_sandbox(&row(&store, "a", "t", Some("n")).await)
         .await
         .unwrap();
     store
-        .insert_sandbox(&row("p1", POOL_TENANT, None))
+        .insert_sandbox(&row(&store, "p1", POOL_TENANT, None).await)
         .await
         .unwrap();
     store
         .transition("p1", &[State::Creating], State::Running, None)
         .await
         .unwrap();
-    let err = store.adopt_pooled("p1", &row("x", "t", Some("n"))).await;
+    let err = store
+        .adopt_pooled("p1", &row(&store, "x", "t", Some("n")).await)
+        .await;
     assert!(matches!(err, Err(CoreError::Conflict(_))), "{err:?}");
     let p = store.get_by_id_any("p1").await.unwrap().unwrap();
     assert_eq!(p.tenant, POOL_TENANT);
@@ -328,7 +372,10 @@ async fn image_names_are_unique() {
 #[tokio::test]
 async fn a_state_the_store_does_not_know_is_an_error_not_a_guess() {
     let (_dir, store) = temp_store().await;
-    store.insert_sandbox(&row("a", "t", None)).await.unwrap();
+    store
+        .insert_sandbox(&row(&store, "a", "t", None).await)
+        .await
+        .unwrap();
     sqlx::query("UPDATE sandboxes SET state = 'exploded' WHERE id = 'a'")
         .execute(&store.pool)
         .await
@@ -380,7 +427,7 @@ async fn an_old_database_is_migrated_with_its_rows() {
     assert_eq!(r.tier, "jail", "created before tiers");
     // Names are now unique per tenant, not globally.
     store
-        .insert_sandbox(&row("new", "t2", Some("legacy")))
+        .insert_sandbox(&row(&store, "new", "t2", Some("legacy")).await)
         .await
         .unwrap();
     // The audit chain starts empty and valid.
@@ -400,7 +447,7 @@ async fn committed_rows_survive_an_unclean_end_and_uncommitted_ones_leave_nothin
     {
         let store = Store::open(&path).await.unwrap();
         store
-            .insert_sandbox(&row("kept", "t", Some("k")))
+            .insert_sandbox(&row(&store, "kept", "t", Some("k")).await)
             .await
             .unwrap();
         // A transaction cut off before its commit (the daemon killed mid-create).
