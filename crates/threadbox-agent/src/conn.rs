@@ -4,7 +4,7 @@
 
 use crate::agent::Agent;
 use crate::error::AgentError;
-use crate::{exec, files, log, selftest};
+use crate::{background, exec, files, log, selftest};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -142,11 +142,11 @@ async fn handle(
     match req {
         Request::Ping => Response::Pong,
         Request::Exec(spec) => exec::exec(agent, id, spec, tx, cancel).await,
-        Request::BackgroundStart(spec) => done(exec::start_background(&agent, spec)),
-        Request::BackgroundList => exec::list_background(&agent),
-        Request::BackgroundLogs { bg_id } => done(exec::background_logs(&agent, bg_id)),
+        Request::BackgroundStart(spec) => done(background::start_background(&agent, spec)),
+        Request::BackgroundList => background::list_background(&agent),
+        Request::BackgroundLogs { bg_id } => done(background::background_logs(&agent, bg_id)),
         Request::BackgroundKill { bg_id, signal } => {
-            done(exec::kill_background(&agent, bg_id, signal))
+            done(background::kill_background(&agent, bg_id, signal))
         }
         Request::FileRead {
             path,
