@@ -35,6 +35,8 @@ pub trait Operation: Send + Sync + 'static {
     /// The operation's name (`sandbox.pause`), stable: the audit log's action for the
     /// operations that are audited (writes), and the tracing name of every one.
     const NAME: &'static str;
+    /// The scope a caller needs.
+    const SCOPE: Scope;
     const METHOD: HttpMethod;
     /// The route template (see [`routes`]).
     const PATH: &'static str;
@@ -66,7 +68,7 @@ fn to_json<T: Serialize>(v: &T) -> Option<serde_json::Value> {
 
 /// Declares an operation on one sandbox named in the path, without a body.
 macro_rules! sandbox_op {
-    ($(#[$doc:meta])* $name:ident => $out:ty, $audit:literal, $method:ident, $path:expr) => {
+    ($(#[$doc:meta])* $name:ident => $out:ty, $audit:literal, $scope:ident, $method:ident, $path:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct $name {
@@ -77,6 +79,7 @@ macro_rules! sandbox_op {
         impl Operation for $name {
             type Output = $out;
             const NAME: &'static str = $audit;
+            const SCOPE: Scope = Scope::$scope;
             const METHOD: HttpMethod = HttpMethod::$method;
             const PATH: &'static str = $path;
             fn path_values(&self) -> Vec<String> {
@@ -95,6 +98,7 @@ pub struct CreateSandbox(pub CreateSandboxRequest);
 impl Operation for CreateSandbox {
     type Output = CreatedSandbox;
     const NAME: &'static str = "sandbox.create";
+    const SCOPE: Scope = Scope::SandboxesWrite;
     const METHOD: HttpMethod = HttpMethod::Post;
     const PATH: &'static str = routes::SANDBOXES;
     fn body(&self) -> Option<serde_json::Value> {
@@ -112,6 +116,7 @@ pub struct ListSandboxes {
 impl Operation for ListSandboxes {
     type Output = SandboxList;
     const NAME: &'static str = "sandbox.list";
+    const SCOPE: Scope = Scope::SandboxesRead;
     const METHOD: HttpMethod = HttpMethod::Get;
     const PATH: &'static str = routes::SANDBOXES;
     fn query(&self) -> Vec<(&'static str, String)> {
@@ -129,26 +134,26 @@ impl Operation for ListSandboxes {
 
 sandbox_op!(
     /// One sandbox.
-    GetSandbox => Sandbox, "sandbox.get", Get, routes::SANDBOX);
+    GetSandbox => Sandbox, "sandbox.get", SandboxesRead, Get, routes::SANDBOX);
 sandbox_op!(
     /// Freeze a running sandbox.
-    PauseSandbox => Sandbox, "sandbox.pause", Post, routes::SANDBOX_PAUSE);
+    PauseSandbox => Sandbox, "sandbox.pause", SandboxesWrite, Post, routes::SANDBOX_PAUSE);
 sandbox_op!(
     /// Thaw a paused sandbox; a stopped one is refused (`sandbox_not_running`).
-    ResumeSandbox => Sandbox, "sandbox.resume", Post, routes::SANDBOX_RESUME);
+    ResumeSandbox => Sandbox, "sandbox.resume", SandboxesWrite, Post, routes::SANDBOX_RESUME);
 sandbox_op!(
     /// End every process; the disk stays.
-    StopSandbox => Sandbox, "sandbox.stop", Post, routes::SANDBOX_STOP);
+    StopSandbox => Sandbox, "sandbox.stop", SandboxesWrite, Post, routes::SANDBOX_STOP);
 sandbox_op!(
     /// Make a sandbox run again, whatever it is: boot a stopped one on its disk, thaw a
     /// paused one, leave a running one (the transition table's `Start`).
-    StartSandbox => Sandbox, "sandbox.start", Post, routes::SANDBOX_START);
+    StartSandbox => Sandbox, "sandbox.start", SandboxesWrite, Post, routes::SANDBOX_START);
 sandbox_op!(
     /// The isolation checks run inside the sandbox.
-    Selftest => SelftestReport, "sandbox.selftest", Get, routes::SANDBOX_SELFTEST);
+    Selftest => SelftestReport, "sandbox.selftest", SandboxesWrite, Get, routes::SANDBOX_SELFTEST);
 sandbox_op!(
     /// The sandbox's background processes.
-    ListProcesses => ProcessList, "process.list", Get, routes::PROCESSES);
+    ListProcesses => ProcessList, "process.list", SandboxesWrite, Get, routes::PROCESSES);
 
 /// Delete a sandbox; without `force`, a running or paused one is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,6 +165,7 @@ pub struct DeleteSandbox {
 impl Operation for DeleteSandbox {
     type Output = ();
     const NAME: &'static str = "sandbox.delete";
+    const SCOPE: Scope = Scope::SandboxesDelete;
     const METHOD: HttpMethod = HttpMethod::Delete;
     const PATH: &'static str = routes::SANDBOX;
     fn path_values(&self) -> Vec<String> {
@@ -186,6 +192,7 @@ pub struct Exec {
 impl Operation for Exec {
     type Output = ExecResponse;
     const NAME: &'static str = "sandbox.exec";
+    const SCOPE: Scope = Scope::SandboxesWrite;
     const METHOD: HttpMethod = HttpMethod::Post;
     const PATH: &'static str = routes::EXEC;
     fn path_values(&self) -> Vec<String> {
@@ -206,6 +213,7 @@ pub struct StartProcess {
 impl Operation for StartProcess {
     type Output = ProcessInfo;
     const NAME: &'static str = "process.start";
+    const SCOPE: Scope = Scope::SandboxesWrite;
     const METHOD: HttpMethod = HttpMethod::Post;
     const PATH: &'static str = routes::PROCESSES;
     fn path_values(&self) -> Vec<String> {
@@ -226,6 +234,7 @@ pub struct GetProcessLogs {
 impl Operation for GetProcessLogs {
     type Output = ProcessLogs;
     const NAME: &'static str = "process.logs";
+    const SCOPE: Scope = Scope::SandboxesWrite;
     const METHOD: HttpMethod = HttpMethod::Get;
     const PATH: &'static str = routes::PROCESS_LOGS;
     fn path_values(&self) -> Vec<String> {
@@ -244,6 +253,7 @@ pub struct KillProcess {
 impl Operation for KillProcess {
     type Output = ();
     const NAME: &'static str = "process.kill";
+    const SCOPE: Scope = Scope::SandboxesWrite;
     const METHOD: HttpMethod = HttpMethod::Post;
     const PATH: &'static str = routes::PROCESS_KILL;
     fn path_values(&self) -> Vec<String> {
@@ -268,11 +278,12 @@ pub struct FileTarget {
 }
 
 impl FileTarget {
-    fn path_values(&self) -> Vec<String> {
+    pub fn path_values(&self) -> Vec<String> {
         vec![self.sandbox.clone()]
     }
 
-    fn query(&self) -> Vec<(&'static str, String)> {
+    /// `path` and `user`, the query of every file route.
+    pub fn query(&self) -> Vec<(&'static str, String)> {
         vec![
             ("path", self.path.clone()),
             ("user", user_query(self.user).to_string()),
@@ -283,7 +294,7 @@ impl FileTarget {
 /// Declares a file operation: a [`FileTarget`] and optionally one boolean flag that is a
 /// query parameter when true.
 macro_rules! file_op {
-    ($(#[$doc:meta])* $name:ident => $out:ty, $audit:literal, $method:ident, $path:expr) => {
+    ($(#[$doc:meta])* $name:ident => $out:ty, $audit:literal, $scope:ident, $method:ident, $path:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct $name(pub FileTarget);
@@ -291,6 +302,7 @@ macro_rules! file_op {
         impl Operation for $name {
             type Output = $out;
             const NAME: &'static str = $audit;
+            const SCOPE: Scope = Scope::$scope;
             const METHOD: HttpMethod = HttpMethod::$method;
             const PATH: &'static str = $path;
             fn path_values(&self) -> Vec<String> {
@@ -301,7 +313,7 @@ macro_rules! file_op {
             }
         }
     };
-    ($(#[$doc:meta])* $name:ident { $flag:ident } => $out:ty, $audit:literal, $method:ident, $path:expr) => {
+    ($(#[$doc:meta])* $name:ident { $flag:ident } => $out:ty, $audit:literal, $scope:ident, $method:ident, $path:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct $name {
@@ -312,6 +324,7 @@ macro_rules! file_op {
         impl Operation for $name {
             type Output = $out;
             const NAME: &'static str = $audit;
+            const SCOPE: Scope = Scope::$scope;
             const METHOD: HttpMethod = HttpMethod::$method;
             const PATH: &'static str = $path;
             fn path_values(&self) -> Vec<String> {
@@ -330,19 +343,16 @@ macro_rules! file_op {
 
 file_op!(
     /// A directory's entries.
-    ListFiles => FileList, "file.list", Get, routes::FILES_LIST);
+    ListFiles => FileList, "file.list", SandboxesWrite, Get, routes::FILES_LIST);
 file_op!(
     /// One entry.
-    StatFile => FileEntry, "file.stat", Get, routes::FILES_STAT);
+    StatFile => FileEntry, "file.stat", SandboxesWrite, Get, routes::FILES_STAT);
 file_op!(
     /// Make a directory; with `parents`, missing parents too and no error when it exists.
-    Mkdir { parents } => (), "file.mkdir", Post, routes::FILES_MKDIR);
+    Mkdir { parents } => (), "file.mkdir", SandboxesWrite, Post, routes::FILES_MKDIR);
 file_op!(
     /// Remove a file; with `recursive`, a directory and everything in it.
-    RemoveFile { recursive } => (), "file.remove", Delete, routes::FILES);
-file_op!(
-    /// A file's bytes (streamed: each door writes its own transport).
-    ReadFile => (), "file.read", Get, routes::FILES);
+    RemoveFile { recursive } => (), "file.remove", SandboxesWrite, Delete, routes::FILES);
 
 // ---- images -------------------------------------------------------------------------------
 
@@ -353,6 +363,7 @@ pub struct ListImages;
 impl Operation for ListImages {
     type Output = ImageList;
     const NAME: &'static str = "image.list";
+    const SCOPE: Scope = Scope::SandboxesRead;
     const METHOD: HttpMethod = HttpMethod::Get;
     const PATH: &'static str = routes::IMAGES;
 }
@@ -364,6 +375,7 @@ pub struct AddImage(pub AddImageRequest);
 impl Operation for AddImage {
     type Output = Image;
     const NAME: &'static str = "image.add";
+    const SCOPE: Scope = Scope::Admin;
     const METHOD: HttpMethod = HttpMethod::Post;
     const PATH: &'static str = routes::IMAGES;
     fn body(&self) -> Option<serde_json::Value> {

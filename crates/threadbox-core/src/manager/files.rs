@@ -176,7 +176,7 @@ impl Manager {
         path: &str,
         user: User,
     ) -> Result<FileList> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::ListFiles::SCOPE)?;
 
         validate_path(path)?;
         match self
@@ -205,7 +205,7 @@ impl Manager {
         path: &str,
         user: User,
     ) -> Result<FileEntry> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::StatFile::SCOPE)?;
 
         validate_path(path)?;
         match self
@@ -234,7 +234,7 @@ impl Manager {
         parents: bool,
     ) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::Mkdir::SCOPE)?;
 
             validate_path(path)?;
             self.call_done(
@@ -250,7 +250,7 @@ impl Manager {
             .await
         }
         .await;
-        self.audit(caller, "file.mkdir", id_or_name, &r).await;
+        self.audit(caller, ops::Mkdir::NAME, id_or_name, &r).await;
         r
     }
 
@@ -263,7 +263,7 @@ impl Manager {
         recursive: bool,
     ) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::RemoveFile::SCOPE)?;
 
             validate_path(path)?;
             self.call_done(
@@ -279,7 +279,8 @@ impl Manager {
             .await
         }
         .await;
-        self.audit(caller, "file.remove", id_or_name, &r).await;
+        self.audit(caller, ops::RemoveFile::NAME, id_or_name, &r)
+            .await;
         r
     }
 }
