@@ -29,7 +29,7 @@ pub enum HttpMethod {
 }
 
 /// One operation of the API; the implementing type is its input.
-pub trait Operation: Send + Sync + 'static {
+pub trait Operation: Send + 'static {
     /// What a successful call answers.
     type Output: Send + 'static;
     /// The operation's name (`sandbox.pause`), stable: the audit log's action for the

@@ -7,13 +7,14 @@
 //! answers its output; it validates nothing itself (ADR 0057).
 
 use crate::error::Result;
+use crate::manager::bytes_stream::{ByteSink, ByteStream};
 use crate::manager::validate::*;
 use crate::{Caller, Manager};
 use std::future::Future;
 pub use threadbox_api::ops::*;
 use threadbox_api::{
-    CreatedSandbox, ExecResponse, FileEntry, FileList, Image, ImageList, ProcessInfo, ProcessList,
-    ProcessLogs, Sandbox, SandboxList, SelftestReport,
+    routes, CreatedSandbox, ExecEvent, ExecResponse, FileEntry, FileList, Image, ImageList,
+    ProcessInfo, ProcessList, ProcessLogs, Sandbox, SandboxList, Scope, SelftestReport,
 };
 
 /// An operation the manager can run.
@@ -209,5 +210,78 @@ impl Run for AddImage {
 
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Image> {
         m.add_image(caller, self.0).await
+    }
+}
+
+// ---- operations whose input or output is a stream: their types are core's, since the
+// client and the wire speak bytes there, not one JSON value.
+
+/// A file's bytes, as a stream of chunks.
+pub struct ReadFile(pub FileTarget);
+
+impl Operation for ReadFile {
+    type Output = ByteStream;
+    const NAME: &'static str = "file.read";
+    const SCOPE: Scope = Scope::SandboxesWrite;
+    const METHOD: HttpMethod = HttpMethod::Get;
+    const PATH: &'static str = routes::FILES;
+}
+
+impl Run for ReadFile {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.0.path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<ByteStream> {
+        let t = self.0;
+        m.read_file(caller, &t.sandbox, &t.path, t.user).await
+    }
+}
+
+/// Write (replace) a file with what `body` yields; answers the bytes written.
+pub struct WriteFile {
+    pub target: FileTarget,
+    pub body: ByteSink,
+}
+
+impl Operation for WriteFile {
+    type Output = u64;
+    const NAME: &'static str = "file.write";
+    const SCOPE: Scope = Scope::SandboxesWrite;
+    const METHOD: HttpMethod = HttpMethod::Put;
+    const PATH: &'static str = routes::FILES;
+}
+
+impl Run for WriteFile {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.target.path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<u64> {
+        let t = self.target;
+        m.write_file(caller, &t.sandbox, &t.path, t.user, self.body)
+            .await
+    }
+}
+
+/// Run a command and stream its events; the last one is `End` or `Error`.
+pub struct ExecStream(pub Exec);
+
+impl Operation for ExecStream {
+    type Output = tokio::sync::mpsc::Receiver<ExecEvent>;
+    const NAME: &'static str = Exec::NAME;
+    const SCOPE: Scope = Exec::SCOPE;
+    const METHOD: HttpMethod = HttpMethod::Post;
+    const PATH: &'static str = routes::EXEC_STREAM;
+}
+
+impl Run for ExecStream {
+    fn validate(&self) -> Result<()> {
+        self.0.validate()
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Self::Output> {
+        let e = self.0;
+        m.exec_stream(caller, &e.sandbox, e.request).await
     }
 }

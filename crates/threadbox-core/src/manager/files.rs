@@ -11,7 +11,7 @@ impl Manager {
         path: &str,
         user: User,
     ) -> Result<ByteStream> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(crate::ops::ReadFile::SCOPE)?;
 
         validate_path(path)?;
         let (conn, inflight) = self.running_conn(caller, id_or_name, false).await?;
@@ -84,7 +84,7 @@ impl Manager {
         mut body: ByteSink,
     ) -> Result<u64> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(crate::ops::WriteFile::SCOPE)?;
 
             validate_path(path)?;
             if path.ends_with('/') {
@@ -165,7 +165,8 @@ impl Manager {
             Ok(written)
         }
         .await;
-        self.audit(caller, "file.write", id_or_name, &r).await;
+        self.audit(caller, crate::ops::WriteFile::NAME, id_or_name, &r)
+            .await;
         r
     }
 
