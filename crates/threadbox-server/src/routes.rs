@@ -137,12 +137,15 @@ pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
 /// never lets through) fails closed.
 fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSessionManager> {
     let manager = shared.manager.clone();
+    let metrics = shared.metrics.clone();
     let resolve: ResolveBackend = Arc::new(move |parts| {
         let caller = parts
             .and_then(|p| p.extensions.get::<Caller>().cloned())
             .ok_or_else(|| BackendError::new(ErrorCode::Unauthenticated, "missing API key"))?;
         let backend: Arc<dyn Backend> = match &manager {
-            Some(m) => Arc::new(ManagerBackend::new(m.clone(), caller)),
+            Some(m) => {
+                Arc::new(ManagerBackend::new(m.clone(), caller).with_metrics(metrics.clone()))
+            }
             None => Arc::new(ManagerBackend::unavailable()),
         };
         Ok(backend)
