@@ -153,7 +153,7 @@ async fn handle(
             user,
             offset,
             limit,
-        } => done(files::read(&agent, &path, user, offset, limit)),
+        } => done(files::read(&agent, &path, user, offset, limit).await),
         Request::FileWrite {
             path,
             user,
@@ -161,16 +161,8 @@ async fn handle(
             append,
             mode,
             make_parents,
-        } => done(files::write(
-            &agent,
-            &path,
-            user,
-            &data,
-            append,
-            mode,
-            make_parents,
-        )),
-        Request::FileList { path, user } => done(files::list(&agent, &path, user)),
+        } => done(files::write(&agent, &path, user, &data, append, mode, make_parents).await),
+        Request::FileList { path, user } => done(files::list(&agent, &path, user).await),
         Request::FileStat { path, user } => done(files::stat(&agent, &path, user)),
         Request::Mkdir {
             path,
@@ -181,7 +173,7 @@ async fn handle(
             path,
             user,
             recursive,
-        } => done(files::remove(&agent, &path, user, recursive)),
+        } => done(files::remove(&agent, &path, user, recursive).await),
         Request::Rename { from, to, user } => done(files::rename(&agent, &from, &to, user)),
         Request::Selftest => selftest::selftest(agent).await,
         Request::Stats => Response::Stats {

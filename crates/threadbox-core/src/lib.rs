@@ -6,6 +6,7 @@ pub mod audit;
 pub mod caller;
 pub mod driver;
 pub mod error;
+pub mod fake;
 pub mod gov_store;
 pub mod images;
 pub mod keys;

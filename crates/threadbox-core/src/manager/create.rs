@@ -150,6 +150,7 @@ impl Manager {
         let disk_bytes = requested_disk.unwrap_or(default_disk);
         for (what, v) in [
             ("idle_pause_secs", req.idle_pause_secs),
+            ("idle_stop_secs", req.idle_stop_secs),
             ("ttl_secs", req.ttl_secs),
         ] {
             if let Some(v) = v {
@@ -181,6 +182,7 @@ impl Manager {
             pids,
             disk_bytes,
             idle_pause_secs: req.idle_pause_secs,
+            idle_stop_secs: req.idle_stop_secs,
             ttl_secs: req.ttl_secs,
             ttl_action: req.ttl_action,
             slot: 0,

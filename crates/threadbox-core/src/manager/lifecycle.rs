@@ -107,6 +107,13 @@ impl Manager {
                 self.forget(&row.id);
                 tracing::info!(sandbox = %row.id, "deleted");
             }
+            Step::Adopt { .. } => {
+                if let Some(to) = to {
+                    self.store
+                        .transition(&row.id, from, to, row.agent_pid)
+                        .await?;
+                }
+            }
         }
         debug_assert!(step == Step::Keep || to.is_some());
         Ok(step)

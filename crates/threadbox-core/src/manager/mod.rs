@@ -67,8 +67,6 @@ pub mod bytes_stream {
 const FILE_CHUNK: u64 = 1024 * 1024;
 /// How long to wait for a freshly started agent to answer.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The states of a sandbox whose agent may be alive.
-const LIVE: &[State] = &[State::Running, State::Paused];
 /// Longest per-call timeout a client may ask for.
 const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
 
