@@ -269,11 +269,6 @@ impl Client {
         self.json(resp).await
     }
 
-    pub(crate) async fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let resp = self.send(Method::POST, path, empty_body(), None).await?;
-        self.json(resp).await
-    }
-
     pub(crate) async fn no_content(&self, method: Method, path: &str) -> Result<()> {
         let resp = self.send(method, path, empty_body(), None).await?;
         self.read_body(resp).await?;

@@ -11,6 +11,7 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod ops;
 pub mod store;
 pub mod uid_range;
 

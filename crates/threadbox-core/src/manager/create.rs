@@ -86,7 +86,8 @@ impl Manager {
             Ok((sb, _)) => sb.id.clone(),
             Err(_) => name,
         };
-        self.audit(caller, "sandbox.create", &target, &r).await;
+        self.audit(caller, ops::CreateSandbox::NAME, &target, &r)
+            .await;
         r
     }
 
@@ -95,7 +96,7 @@ impl Manager {
         caller: &Caller,
         req: CreateSandboxRequest,
     ) -> Result<Option<(Sandbox, bool)>> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::CreateSandbox::SCOPE)?;
         if let Some(name) = &req.name {
             validate_name(name)?;
         }
@@ -279,7 +280,7 @@ impl Manager {
     }
 
     pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
-        caller.require(Scope::SandboxesRead)?;
+        caller.require(ops::GetSandbox::SCOPE)?;
         Ok(to_api(
             &self.config,
             caller,
@@ -294,7 +295,7 @@ impl Manager {
         labels: &BTreeMap<String, String>,
         state: Option<SandboxState>,
     ) -> Result<Vec<Sandbox>> {
-        caller.require(Scope::SandboxesRead)?;
+        caller.require(ops::ListSandboxes::SCOPE)?;
         let rows = self.store.all_sandboxes().await?;
         Ok(rows
             .iter()
