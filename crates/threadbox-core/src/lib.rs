@@ -12,6 +12,7 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod ops;
 pub mod store;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};

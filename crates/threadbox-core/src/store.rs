@@ -465,3 +465,7 @@ impl Store {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+pub(crate) mod tests;

@@ -72,7 +72,8 @@ impl Manager {
             Ok((sb, _)) => sb.id.clone(),
             Err(_) => name,
         };
-        self.audit(caller, "sandbox.create", &target, &r).await;
+        self.audit(caller, ops::CreateSandbox::NAME, &target, &r)
+            .await;
         r
     }
 
@@ -81,7 +82,7 @@ impl Manager {
         caller: &Caller,
         req: CreateSandboxRequest,
     ) -> Result<Option<(Sandbox, bool)>> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::CreateSandbox::SCOPE)?;
         if let Some(name) = &req.name {
             validate_name(name)?;
         }
@@ -259,7 +260,7 @@ impl Manager {
     }
 
     pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
-        caller.require(Scope::SandboxesRead)?;
+        caller.require(ops::GetSandbox::SCOPE)?;
         Ok(to_api(
             &self.drivers,
             caller,
@@ -274,7 +275,7 @@ impl Manager {
         labels: &BTreeMap<String, String>,
         state: Option<SandboxState>,
     ) -> Result<Vec<Sandbox>> {
-        caller.require(Scope::SandboxesRead)?;
+        caller.require(ops::ListSandboxes::SCOPE)?;
         let rows = self.store.all_sandboxes().await?;
         Ok(rows
             .iter()

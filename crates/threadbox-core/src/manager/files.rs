@@ -11,7 +11,7 @@ impl Manager {
         path: &str,
         user: User,
     ) -> Result<ByteStream> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(crate::ops::ReadFile::SCOPE)?;
 
         validate_path(path)?;
         let (conn, inflight) = self.running_conn(caller, id_or_name, false).await?;
@@ -84,7 +84,7 @@ impl Manager {
         mut body: ByteSink,
     ) -> Result<u64> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(crate::ops::WriteFile::SCOPE)?;
 
             validate_path(path)?;
             if path.ends_with('/') {
@@ -165,7 +165,8 @@ impl Manager {
             Ok(written)
         }
         .await;
-        self.audit(caller, "file.write", id_or_name, &r).await;
+        self.audit(caller, crate::ops::WriteFile::NAME, id_or_name, &r)
+            .await;
         r
     }
 
@@ -176,7 +177,7 @@ impl Manager {
         path: &str,
         user: User,
     ) -> Result<FileList> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::ListFiles::SCOPE)?;
 
         validate_path(path)?;
         match self
@@ -205,7 +206,7 @@ impl Manager {
         path: &str,
         user: User,
     ) -> Result<FileEntry> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::StatFile::SCOPE)?;
 
         validate_path(path)?;
         match self
@@ -234,7 +235,7 @@ impl Manager {
         parents: bool,
     ) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::Mkdir::SCOPE)?;
 
             validate_path(path)?;
             self.call_done(
@@ -250,7 +251,7 @@ impl Manager {
             .await
         }
         .await;
-        self.audit(caller, "file.mkdir", id_or_name, &r).await;
+        self.audit(caller, ops::Mkdir::NAME, id_or_name, &r).await;
         r
     }
 
@@ -263,7 +264,7 @@ impl Manager {
         recursive: bool,
     ) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::RemoveFile::SCOPE)?;
 
             validate_path(path)?;
             self.call_done(
@@ -279,7 +280,8 @@ impl Manager {
             .await
         }
         .await;
-        self.audit(caller, "file.remove", id_or_name, &r).await;
+        self.audit(caller, ops::RemoveFile::NAME, id_or_name, &r)
+            .await;
         r
     }
 }

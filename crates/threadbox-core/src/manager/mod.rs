@@ -27,7 +27,7 @@ mod processes;
 mod reaper;
 mod reconcile;
 pub mod state;
-mod validate;
+pub(crate) mod validate;
 
 pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
@@ -48,6 +48,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use threadbox_api::ops::{self, Operation};
 use threadbox_api::*;
 use threadbox_proto as proto;
 use tokio::sync::mpsc;

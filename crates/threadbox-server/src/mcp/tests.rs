@@ -116,16 +116,6 @@ impl Backend for Fake {
         self.set_state(s, SandboxState::Paused)
     }
 
-    async fn resume(&self, s: &str) -> BackendResult<Sandbox> {
-        if self.find(s)?.state == SandboxState::Stopped {
-            return Err(BackendError::new(
-                ErrorCode::SandboxNotRunning,
-                "resume of a stopped sandbox",
-            ));
-        }
-        self.set_state(s, SandboxState::Running)
-    }
-
     async fn start(&self, s: &str) -> BackendResult<Sandbox> {
         self.set_state(s, SandboxState::Running)
     }

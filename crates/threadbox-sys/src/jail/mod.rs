@@ -339,30 +339,11 @@ mod tests {
 
     #[test]
     fn spec_round_trips_as_json() {
-        let spec = JailSpec {
-            hostname: "t".into(),
-            id_base: 1_000_000,
-            lower: vec!["/a".into()],
-            upper: "/u".into(),
-            work: "/w".into(),
-            disk_image: None,
-            home_owner: 0,
-            rootfs: "/r".into(),
-            binds: vec![Bind {
-                source: "/usr".into(),
-                target: "/usr".into(),
-            }],
-            agent_path: "/x".into(),
-            agent_memfd: None,
-            socket_path: "/s".into(),
-            cgroup_procs: vec![],
-            cgroup_dir: None,
-            tmpfs_bytes: 1,
-            nofile: 1024,
-            allow_no_landlock: false,
-            test_weaken: vec![],
-        };
-        let back: JailSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
-        assert_eq!(back, spec);
+        for disk in [false, true] {
+            let spec = super::rootfs::tests::spec(disk);
+            let back: JailSpec =
+                serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+            assert_eq!(back, spec);
+        }
     }
 }
