@@ -159,3 +159,30 @@ impl Drivers {
         self.by_tier.keys().copied().collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeDriver;
+
+    fn fake(tier: &'static str) -> Arc<dyn Driver> {
+        Arc::new(FakeDriver::new("/nonexistent", "/nonexistent").with_tier(tier))
+    }
+
+    #[test]
+    fn the_first_tier_is_the_default_and_tiers_are_unique() {
+        let mut d = Drivers::new(fake("jail"));
+        assert_eq!(d.default_tier(), "jail");
+        d.register(fake("fake")).unwrap();
+        assert_eq!(d.default_tier(), "jail", "registering keeps the default");
+        assert_eq!(d.tiers(), vec!["fake", "jail"]);
+        assert_eq!(d.get("fake").unwrap().tier(), "fake");
+        assert!(d.register(fake("fake")).is_err(), "a tier registered twice");
+        let err = d.get("vm").err().expect("unknown tier");
+        assert!(
+            matches!(&err, CoreError::InvalidArgument(m) if m.contains("fake, jail")),
+            "{err}"
+        );
+        assert_eq!(Drivers::new(fake("fake")).default_tier(), "fake");
+    }
+}
