@@ -447,3 +447,20 @@ fn net_netns_handles_are_checked_by_inode() {
     // Gone: refused, not confused with anything else.
     assert!(NetNs::open_pid_checked(pid, id).is_err());
 }
+
+#[test]
+fn net_install_in_the_calling_threads_netns_as_sandbox_init_does() {
+    let t = TestNs::new();
+    let fd = t.ns.as_fd();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            crate::raw::net::setns(fd, libc::CLONE_NEWNET).expect("setns");
+            install_egress(&EgressConfig::default()).expect("install_egress");
+        })
+        .join()
+        .expect("thread");
+    });
+    assert_eq!(t.ruleset(), golden());
+    // The caller's own netns is untouched.
+    assert!(NetNs::current().expect("own").id() != t.ns.id());
+}
