@@ -95,12 +95,9 @@ impl Msg {
     }
 }
 
-/// The outcome of a batch the kernel answered: every message asked an ack (`NLM_F_ACK`),
-/// so success is one zero-error ack per sequence number in `seqs`.
-///
-/// `buf` holds what the socket had queued after the send (netlink processes a send
-/// synchronously, so all answers are there already). Returns the first error the kernel
-/// reported: every `NLMSG_ERROR` as (sequence number, error), 0 being an ack.
+/// The answers in `buf` (what the socket had queued after a send: netlink processes a send
+/// synchronously): every `NLMSG_ERROR` as (sequence number, error), error 0 being an ack
+/// and a negative value an errno. Other message types are skipped.
 pub(crate) fn parse_acks(buf: &[u8]) -> io::Result<Vec<(u32, i32)>> {
     let mut out = Vec::new();
     let mut off = 0;

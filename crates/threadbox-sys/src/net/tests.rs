@@ -203,7 +203,10 @@ fn net_install_makes_exactly_the_fixed_table_and_route() {
 #[test]
 fn net_tcp_anywhere_reaches_the_daemon_listener_with_its_original_destination() {
     let t = TestNs::with_egress();
+    let host = NetNs::current().expect("own netns").id();
     let l = tcp_listener_in_netns(t.ns.as_fd(), "127.0.0.1:1".parse().unwrap()).expect("listener");
+    // The calling thread never left the host netns (the worker thread did the setns).
+    assert_eq!(NetNs::current().expect("own netns").id(), host);
     // Ready for tokio: non-blocking (no client yet, so accept would block).
     assert_eq!(
         l.accept().map(drop).map_err(|e| e.kind()),
@@ -252,6 +255,16 @@ fn net_dns_to_any_port_53_reaches_the_dns_socket_and_the_reply_returns() {
     let t = TestNs::with_egress();
     let u = udp_socket_in_netns(t.ns.as_fd(), "127.0.0.53:53".parse().unwrap()).expect("udp");
     u.set_nonblocking(false).expect("blocking for the test");
+    // DNS over TCP to any :53 lands on the daemon's TCP socket at the DNS address too.
+    let tl = tcp_listener_in_netns(t.ns.as_fd(), "127.0.0.53:53".parse().unwrap()).expect("tcp");
+    tl.set_nonblocking(false).expect("blocking for the test");
+    let tcp_server = std::thread::spawn(move || {
+        let (c, _) = tl.accept().expect("accept");
+        let dst = original_dst(c.as_fd()).expect("original dst");
+        use std::io::Write;
+        let _ = (&c).write_all(b"tcp-answer\n");
+        dst
+    });
     let server = std::thread::spawn(move || {
         for _ in 0..2 {
             let mut buf = [0u8; 512];
@@ -274,6 +287,18 @@ for addr in [("198.18.0.99", 53), ("127.0.0.53", 53)]:
     );
     server.join().expect("server");
     assert_eq!(out, "answer:q\nanswer:q\n");
+    let out = t.inside(
+        r#"
+import socket
+s = socket.create_connection(("198.18.0.99", 53), timeout=10)
+print(s.makefile().readline().strip())
+"#,
+    );
+    assert_eq!(out, "tcp-answer\n");
+    assert_eq!(
+        tcp_server.join().expect("server"),
+        "198.18.0.99:53".parse::<SocketAddr>().unwrap()
+    );
 }
 
 /// `errno` names of each attempt, printed by the script as `label=RESULT`.
