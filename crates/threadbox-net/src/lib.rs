@@ -7,6 +7,10 @@
 //! destination, so every piece runs on loopback in tests without root.
 #![forbid(unsafe_code)]
 
+pub mod dns;
 pub mod policy;
+mod sandbox;
 
+pub use dns::{ResolveError, Resolver, StaticResolver, SystemResolver, UpstreamResolver};
 pub use policy::{Floor, FloorHit, NetworkPolicy, PolicyError};
+pub use sandbox::{Limits, SandboxNet, SandboxNetConfig};
