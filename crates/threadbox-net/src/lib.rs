@@ -8,7 +8,9 @@
 #![forbid(unsafe_code)]
 
 pub mod dns;
+pub mod peek;
 pub mod policy;
+pub mod proxy;
 mod sandbox;
 
 pub use dns::{ResolveError, Resolver, StaticResolver, SystemResolver, UpstreamResolver};
