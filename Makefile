@@ -20,6 +20,7 @@ lint:
 	# core, built without its own, must still compile beside it.
 	cargo check -p threadbox-agent --features threadbox-agent/insecure-test-hooks
 	cargo check -p threadbox-core -p threadbox-agent --features threadbox-agent/insecure-test-hooks
+	./scripts/check-no-aws-lc.sh
 
 openapi:
 	cargo run -q -p threadbox -- openapi > api/openapi.json
