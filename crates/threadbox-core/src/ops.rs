@@ -8,7 +8,6 @@
 
 use crate::error::Result;
 use crate::manager::bytes_stream::{ByteSink, ByteStream};
-use crate::manager::validate::*;
 use crate::{Caller, Manager};
 use std::future::Future;
 pub use threadbox_api::ops::*;
@@ -19,14 +18,6 @@ use threadbox_api::{
 
 /// An operation the manager can run.
 pub trait Run: Operation + Sized {
-    /// The checks of this operation that need no sandbox, the same functions the
-    /// manager applies when it runs it (`manager/validate.rs`). [`Manager::run`] does not
-    /// call this (the manager checks as it goes); it is for a door that has no manager to
-    /// run against, so that it answers bad input the same way.
-    fn validate(&self) -> Result<()> {
-        Ok(())
-    }
-
     /// Runs the operation for `caller`.
     fn run(self, m: &Manager, caller: &Caller)
         -> impl Future<Output = Result<Self::Output>> + Send;
@@ -42,13 +33,6 @@ impl Manager {
 }
 
 impl Run for CreateSandbox {
-    fn validate(&self) -> Result<()> {
-        if let Some(name) = &self.0.name {
-            validate_name(name)?;
-        }
-        validate_labels(&self.0.labels)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<CreatedSandbox> {
         let (sandbox, created) = m.create(caller, self.0).await?;
         Ok(CreatedSandbox { sandbox, created })
@@ -105,23 +89,12 @@ impl Run for Selftest {
 }
 
 impl Run for Exec {
-    fn validate(&self) -> Result<()> {
-        exec_spec(self.request.clone(), false).map(drop)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ExecResponse> {
         m.exec(caller, &self.sandbox, self.request).await
     }
 }
 
 impl Run for StartProcess {
-    fn validate(&self) -> Result<()> {
-        let r = &self.request;
-        command_of(r.command.clone(), r.shell.clone())?;
-        validate_env(&r.env)?;
-        r.cwd.as_deref().map_or(Ok(()), validate_path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ProcessInfo> {
         m.start_process(caller, &self.sandbox, self.request).await
     }
@@ -140,10 +113,6 @@ impl Run for GetProcessLogs {
 }
 
 impl Run for KillProcess {
-    fn validate(&self) -> Result<()> {
-        validate_signal(self.signal)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
         m.kill_process(caller, &self.sandbox, self.process_id, self.signal)
             .await
@@ -151,10 +120,6 @@ impl Run for KillProcess {
 }
 
 impl Run for ListFiles {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.0.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<FileList> {
         let t = self.0;
         m.list_files(caller, &t.sandbox, &t.path, t.user).await
@@ -162,10 +127,6 @@ impl Run for ListFiles {
 }
 
 impl Run for StatFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.0.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<FileEntry> {
         let t = self.0;
         m.stat_file(caller, &t.sandbox, &t.path, t.user).await
@@ -173,10 +134,6 @@ impl Run for StatFile {
 }
 
 impl Run for Mkdir {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.target.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
         let t = self.target;
         m.mkdir(caller, &t.sandbox, &t.path, t.user, self.parents)
@@ -185,10 +142,6 @@ impl Run for Mkdir {
 }
 
 impl Run for RemoveFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.target.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
         let t = self.target;
         m.remove_file(caller, &t.sandbox, &t.path, t.user, self.recursive)
@@ -203,11 +156,6 @@ impl Run for ListImages {
 }
 
 impl Run for AddImage {
-    fn validate(&self) -> Result<()> {
-        crate::images::validate_image_name(&self.0.name)?;
-        crate::images::validate_rootfs_path(&self.0.path).map(drop)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Image> {
         m.add_image(caller, self.0).await
     }
@@ -228,10 +176,6 @@ impl Operation for ReadFile {
 }
 
 impl Run for ReadFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.0.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ByteStream> {
         let t = self.0;
         m.read_file(caller, &t.sandbox, &t.path, t.user).await
@@ -253,10 +197,6 @@ impl Operation for WriteFile {
 }
 
 impl Run for WriteFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.target.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<u64> {
         let t = self.target;
         m.write_file(caller, &t.sandbox, &t.path, t.user, self.body)
@@ -276,10 +216,6 @@ impl Operation for ExecStream {
 }
 
 impl Run for ExecStream {
-    fn validate(&self) -> Result<()> {
-        self.0.validate()
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Self::Output> {
         let e = self.0;
         m.exec_stream(caller, &e.sandbox, e.request).await

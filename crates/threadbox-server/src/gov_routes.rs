@@ -52,7 +52,7 @@ pub(crate) async fn create_key(
     Auth(caller): Auth,
     ApiJson(req): ApiJson<CreateKeyRequest>,
 ) -> Result<(StatusCode, ApiJson<CreatedKey>), ApiError> {
-    let key = st.manager()?.create_key(&caller, req).await?;
+    let key = st.manager.create_key(&caller, req).await?;
     Ok((StatusCode::CREATED, ApiJson(key)))
 }
 
@@ -66,9 +66,7 @@ pub(crate) async fn list_keys(
     ApiQuery(q): ApiQuery<KeysQuery>,
 ) -> Result<ApiJson<ApiKeyList>, ApiError> {
     Ok(ApiJson(
-        st.manager()?
-            .list_keys(&caller, q.tenant.as_deref())
-            .await?,
+        st.manager.list_keys(&caller, q.tenant.as_deref()).await?,
     ))
 }
 
@@ -82,7 +80,7 @@ pub(crate) async fn revoke_key(
     Auth(caller): Auth,
     ApiPath(key_id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.manager()?.revoke_key(&caller, &key_id).await?;
+    st.manager.revoke_key(&caller, &key_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -96,7 +94,7 @@ pub(crate) async fn get_quota(
     Auth(caller): Auth,
     ApiPath(tenant): ApiPath<String>,
 ) -> Result<ApiJson<TenantQuota>, ApiError> {
-    Ok(ApiJson(st.manager()?.get_quota(&caller, &tenant).await?))
+    Ok(ApiJson(st.manager.get_quota(&caller, &tenant).await?))
 }
 
 #[utoipa::path(put, path = "/v1/quotas/{tenant}", tag = "governance",
@@ -112,7 +110,7 @@ pub(crate) async fn set_quota(
     ApiJson(quota): ApiJson<Quota>,
 ) -> Result<ApiJson<TenantQuota>, ApiError> {
     Ok(ApiJson(
-        st.manager()?.set_quota(&caller, &tenant, quota).await?,
+        st.manager.set_quota(&caller, &tenant, quota).await?,
     ))
 }
 
@@ -133,7 +131,7 @@ pub(crate) async fn usage(
             .then(|| caller.tenant.clone())
     });
     Ok(ApiJson(
-        st.manager()?
+        st.manager
             .usage(&caller, tenant.as_deref(), q.since.as_deref())
             .await?,
     ))
@@ -149,7 +147,7 @@ pub(crate) async fn audit_list(
     ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<ApiJson<AuditList>, ApiError> {
     Ok(ApiJson(
-        st.manager()?
+        st.manager
             .audit_list(&caller, q.after.unwrap_or(0), q.since.as_deref(), q.limit)
             .await?,
     ))
@@ -163,7 +161,7 @@ pub(crate) async fn audit_verify(
     State(st): St,
     Auth(caller): Auth,
 ) -> Result<ApiJson<AuditVerification>, ApiError> {
-    Ok(ApiJson(st.manager()?.audit_verify(&caller).await?))
+    Ok(ApiJson(st.manager.audit_verify(&caller).await?))
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "meta",
@@ -172,7 +170,7 @@ pub(crate) async fn audit_verify(
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn metrics(State(st): St, Auth(caller): Auth) -> Result<Response, ApiError> {
     caller.require(Scope::Admin).map_err(ApiError::from)?;
-    let counts = st.manager()?.sandbox_counts(&caller).await?;
+    let counts = st.manager.sandbox_counts(&caller).await?;
     Ok((
         [(
             header::CONTENT_TYPE,

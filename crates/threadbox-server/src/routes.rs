@@ -53,10 +53,9 @@ impl AppState {
     }
 }
 
-/// The router's state. The manager is optional only so that the HTTP layer (routing,
-/// rejections, limits, OpenAPI) can be unit-tested without a jail.
+/// The router's state.
 pub(crate) struct Shared {
-    manager: Option<Arc<Manager>>,
+    pub(crate) manager: Arc<Manager>,
     max_upload_bytes: u64,
     mcp: McpOptions,
     pub(crate) metrics: Arc<Metrics>,
@@ -65,27 +64,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn manager(&self) -> Result<&Manager, ApiError> {
-        self.manager.as_deref().ok_or_else(|| {
-            ApiError::new(ErrorCode::Unavailable, "the sandbox manager is not running")
-        })
-    }
-
-    /// The manager that will run `op`. Without one (router tests), `op` is still checked
-    /// as the manager checks it, so bad input is answered the same way; then `unavailable`.
-    pub(crate) fn manager_for<O: Run>(&self, op: &O) -> Result<&Manager, ApiError> {
-        match self.manager.as_deref() {
-            Some(m) => Ok(m),
-            None => {
-                op.validate()?;
-                self.manager()
-            }
-        }
-    }
-
     /// Runs one operation for `caller`: the whole of most handlers.
     pub(crate) async fn run<O: Run>(&self, caller: &Caller, op: O) -> Result<O::Output, ApiError> {
-        Ok(self.manager_for(&op)?.run(caller, op).await?)
+        Ok(self.manager.run(caller, op).await?)
     }
 }
 
@@ -94,7 +75,7 @@ pub(crate) type St = State<Arc<Shared>>;
 /// The daemon's HTTP application.
 pub fn app(state: AppState) -> Router {
     router(Shared {
-        manager: Some(state.manager),
+        manager: state.manager,
         max_upload_bytes: state.max_upload_bytes,
         mcp: state.mcp,
         metrics: Arc::default(),
@@ -102,31 +83,22 @@ pub fn app(state: AppState) -> Router {
     })
 }
 
-/// [`app_without_manager`] reached through a TCP door that requires API keys.
+/// The application over `manager` as reached through `door` (router tests: the
+/// manager runs over the fake tier, see `test_app.rs`).
 #[cfg(test)]
-pub(crate) fn app_without_manager_tcp() -> Router {
+pub(crate) fn app_for_tests(
+    manager: Arc<Manager>,
+    max_upload_bytes: u64,
+    door: auth::Door,
+) -> Router {
     router(Shared {
-        manager: None,
-        max_upload_bytes: 1024,
-        mcp: McpOptions::default(),
-        metrics: Arc::default(),
-        refusals: Default::default(),
-    })
-    .layer(axum::Extension(auth::Door::Tcp))
-}
-
-/// The HTTP layer without a manager: every call that needs one answers `unavailable`.
-#[cfg(test)]
-pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
-    router(Shared {
-        manager: None,
+        manager,
         max_upload_bytes,
         mcp: McpOptions::default(),
         metrics: Arc::default(),
         refusals: Default::default(),
     })
-    // As if through the operator's socket: these tests are about the HTTP layer.
-    .layer(axum::Extension(auth::Door::Socket))
+    .layer(axum::Extension(door))
 }
 
 /// `/mcp`: the MCP tools over Streamable HTTP, one manager call per tool call.
@@ -142,12 +114,8 @@ fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSess
         let caller = parts
             .and_then(|p| p.extensions.get::<Caller>().cloned())
             .ok_or_else(|| BackendError::new(ErrorCode::Unauthenticated, "missing API key"))?;
-        let backend: Arc<dyn Backend> = match &manager {
-            Some(m) => {
-                Arc::new(ManagerBackend::new(m.clone(), caller).with_metrics(metrics.clone()))
-            }
-            None => Arc::new(ManagerBackend::unavailable()),
-        };
+        let backend: Arc<dyn Backend> =
+            Arc::new(ManagerBackend::new(manager.clone(), caller).with_metrics(metrics.clone()));
         Ok(backend)
     });
     mcp::http_service(resolve, &shared.mcp)
@@ -986,6 +954,7 @@ mod route_table_tests {
     /// from) are one table: every template there is routed here.
     #[tokio::test]
     async fn every_shared_path_template_is_routed() {
+        let app = crate::test_app::TestApp::socket(1024).await;
         for template in routes::ALL {
             let values: Vec<&str> = routes::placeholders(template).iter().map(|_| "7").collect();
             let uri = routes::fill(template, &values);
@@ -996,7 +965,9 @@ mod route_table_tests {
                     .uri(&uri)
                     .body(Body::empty())
                     .expect("a request");
-                let resp = app_without_manager(1024)
+                let resp = app
+                    .router
+                    .clone()
                     .oneshot(req)
                     .await
                     .expect("the router is infallible");
@@ -1012,7 +983,9 @@ mod route_table_tests {
             assert!(routed, "{template} ({uri}) is not routed");
         }
         // And the check can fail: a path outside the table is not routed.
-        let resp = app_without_manager(1024)
+        let resp = app
+            .router
+            .clone()
             .oneshot(
                 Request::get("/v1/sandboxes/7/nope")
                     .body(Body::empty())

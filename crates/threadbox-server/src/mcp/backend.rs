@@ -100,7 +100,7 @@ where
 /// The daemon's own backend: one operation per tool call, acting for one caller.
 #[derive(Clone)]
 pub struct ManagerBackend {
-    manager: Option<Arc<Manager>>,
+    manager: Arc<Manager>,
     caller: Caller,
     /// The daemon's `/metrics`: an exec through MCP is counted as one through REST.
     metrics: Option<Arc<Metrics>>,
@@ -109,7 +109,7 @@ pub struct ManagerBackend {
 impl ManagerBackend {
     pub fn new(manager: Arc<Manager>, caller: Caller) -> Self {
         ManagerBackend {
-            manager: Some(manager),
+            manager,
             caller,
             metrics: None,
         }
@@ -121,24 +121,9 @@ impl ManagerBackend {
         self
     }
 
-    /// A backend whose every call answers `unavailable` (router tests without a jail).
-    pub fn unavailable() -> Self {
-        ManagerBackend {
-            manager: None,
-            caller: Caller::operator(),
-            metrics: None,
-        }
-    }
-
     /// Runs one operation for this backend's caller.
     async fn run<O: Run>(&self, op: O) -> BackendResult<O::Output> {
-        match self.manager.as_deref() {
-            Some(m) => Ok(m.run(&self.caller, op).await?),
-            None => Err(BackendError::new(
-                ErrorCode::Unavailable,
-                "the sandbox manager is not running",
-            )),
-        }
+        Ok(self.manager.run(&self.caller, op).await?)
     }
 }
 
