@@ -15,6 +15,7 @@
 //! Operations whose input or output is a byte stream (a file's contents, a streamed exec)
 //! are types here too, but their transport is written by each door.
 
+pub use crate::gov_ops::*;
 use crate::routes;
 use crate::*;
 use std::collections::BTreeMap;

@@ -8,6 +8,7 @@ pub mod caller;
 pub mod driver;
 pub mod error;
 pub mod fake;
+mod gov_ops;
 pub mod gov_store;
 pub mod images;
 pub mod keys;
