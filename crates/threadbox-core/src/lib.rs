@@ -10,12 +10,14 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod range;
 pub mod store;
 pub mod uid_range;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
 pub use error::{CoreError, Result};
 pub use manager::Manager;
+pub use range::FileRange;
 
 use std::path::PathBuf;
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use threadbox_api::routes;
 use threadbox_api::*;
-use threadbox_core::{Caller, Manager};
+use threadbox_core::{Caller, FileRange, Manager};
 use utoipa::{IntoParams, ToSchema};
 
 /// Bound on JSON request bodies.
@@ -263,6 +263,22 @@ pub struct FileQuery {
     /// `user` (default) or `root`.
     #[param(value_type = Option<User>)]
     pub user: Option<String>,
+}
+
+/// A path to read, who reads it, and optionally which bytes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReadFileQuery {
+    /// Path inside the sandbox (relative paths are relative to the user's home).
+    pub path: String,
+    /// `user` (default) or `root`.
+    #[param(value_type = Option<User>)]
+    pub user: Option<String>,
+    /// First byte to return (default 0). At or past the end of the file: an empty body.
+    pub offset: Option<u64>,
+    /// Most bytes to return (default: to the end of the file); at least 1.
+    pub length: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -713,21 +729,22 @@ pub(crate) async fn kill_process(
 }
 
 #[utoipa::path(get, path = routes::FILES, tag = "files",
-    params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), ReadFileQuery),
     responses(
-        (status = 200, description = "The file's bytes", body = RawBytes, content_type = "application/octet-stream"),
+        (status = 200, description = "The file's bytes (those of `offset`/`length` when given)", body = RawBytes, content_type = "application/octet-stream"),
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn read_file(
     State(st): St,
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
-    ApiQuery(q): ApiQuery<FileQuery>,
+    ApiQuery(q): ApiQuery<ReadFileQuery>,
 ) -> Result<Response, ApiError> {
     let user = parse_user(q.user.as_deref())?;
     let path = check_path(&q.path)?;
+    let range = FileRange::new(q.offset.unwrap_or(0), q.length).map_err(ApiError::from)?;
     let chunks = st
         .manager()?
-        .read_file(&caller, &sandbox, path, user)
+        .read_file(&caller, &sandbox, path, user, range)
         .await?;
     let body = chunks.map(|chunk| {
         chunk.map(Bytes::from).map_err(|err| {

@@ -518,7 +518,13 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
         FilesCommand::Read(a) => {
             let user = parse_user(a.file.user.as_deref())?;
             let mut chunks = client
-                .read_file(&a.file.sandbox, &a.file.path, user)
+                .read_file_range(
+                    &a.file.sandbox,
+                    &a.file.path,
+                    user,
+                    a.offset.unwrap_or(0),
+                    a.length,
+                )
                 .await?;
             let mut output = Output::new(a.raw);
             while let Some(chunk) = chunks.next().await {

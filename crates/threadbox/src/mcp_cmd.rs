@@ -100,7 +100,8 @@ impl Backend for ClientBackend {
         use futures::StreamExt;
         let stream = self
             .client
-            .read_file(sandbox, path, user)
+            // One byte past the bound tells whether the file goes on.
+            .read_file_range(sandbox, path, user, 0, Some(limit.saturating_add(1)))
             .await
             .map_err(backend_error)?;
         let chunks = stream.map(|c| c.map(|b| b.to_vec()).map_err(backend_error));

@@ -11,7 +11,7 @@ use threadbox_api::{
     CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
     User,
 };
-use threadbox_core::{Caller, CoreError, Manager};
+use threadbox_core::{Caller, CoreError, FileRange, Manager};
 
 /// A failed call, as the API reports it: a stable code and a message safe for a client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -182,7 +182,9 @@ impl Backend for ManagerBackend {
         limit: u64,
     ) -> BackendResult<(Vec<u8>, bool)> {
         let (m, c) = self.m()?;
-        let stream = m.read_file(c, sandbox, path, user).await?;
+        // One byte past the bound tells whether the file goes on.
+        let range = FileRange::new(0, Some(limit.saturating_add(1)))?;
+        let stream = m.read_file(c, sandbox, path, user, range).await?;
         Ok(read_bounded(stream, limit).await?)
     }
 

@@ -183,6 +183,10 @@ def _had_sandbox_before(runtime: ToolRuntime | None) -> bool | None:
     return any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict) and "sandbox_id" in m.artifact for m in msgs)
 
 
+_FIRST_WINDOW = 64 << 10
+_MAX_WINDOW = 1 << 20
+
+
 class _Reader:
     """Collects lines ``offset .. offset+limit`` of a streamed file within a budget."""
 
@@ -196,6 +200,7 @@ class _Reader:
         self.done = False
         self.more = False
         self.first = b""
+        self.win = 0
 
     def feed(self, chunk: bytes) -> bool:
         """Takes a chunk; True when nothing more is needed."""
@@ -234,6 +239,27 @@ class _Reader:
         if not self.done and self.buf:
             self._take(self.buf)
             self.buf = b""
+
+    def window(self) -> int | None:
+        """How many bytes to fetch next (a byte range of the file), None when done.
+
+        Windows start small and double, so a short read costs one small request and a
+        long one few requests; the daemon sends only the bytes of each window.
+        """
+        if self.done:
+            return None
+        self.win = min(self.win * 2, _MAX_WINDOW) if self.win else _FIRST_WINDOW
+        return max(1, min(self.win, self.max_bytes - self.pulled))
+
+    def take_window(self, data: bytes, asked: int) -> bool:
+        """Takes a fetched window; True when nothing more is needed (a short one is the end)."""
+        if data and self.feed(data):
+            return True
+        if len(data) < asked:
+            self.finish()
+            self.done = True
+            return True
+        return False
 
 
 class ThreadboxToolkit(BaseToolkit):
@@ -671,17 +697,12 @@ class ThreadboxToolkit(BaseToolkit):
                 data = sb.files.read(real) if entry.size <= self.max_image_bytes else None
                 return self._image_result(path, entry, data, sb.id)
             rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-            stream = sb.files.read_stream(real)
-            try:
-                for chunk in stream:
-                    if rd.feed(chunk):
-                        break
-                else:
-                    rd.finish()
-            finally:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
+            pos = 0
+            while (want := rd.window()) is not None:
+                data = sb.files.read(real, offset=pos, length=want)
+                pos += len(data)
+                if rd.take_window(data, want):
+                    break
             return self._lines_result(path, entry, rd, sb.id)
 
         return self._file_op(config, runtime, "read_file", path, op)
@@ -707,19 +728,12 @@ class ThreadboxToolkit(BaseToolkit):
                 data = await sb.files.read(real) if entry.size <= self.max_image_bytes else None
                 return self._image_result(path, entry, data, sb.id)
             rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-            stream: AsyncIterator[bytes] = sb.files.read_stream(real)
-            try:
-                done = False
-                async for chunk in stream:
-                    if rd.feed(chunk):
-                        done = True
-                        break
-                if not done:
-                    rd.finish()
-            finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+            pos = 0
+            while (want := rd.window()) is not None:
+                data = await sb.files.read(real, offset=pos, length=want)
+                pos += len(data)
+                if rd.take_window(data, want):
+                    break
             return self._lines_result(path, entry, rd, sb.id)
 
         return await self._afile_op(config, runtime, "read_file", path, op)

@@ -596,8 +596,17 @@ class AsyncFiles:
     def _files(self, *rest: str) -> str:
         return self._sb._path("files", *rest)
 
-    async def read(self, path: str, *, user: Literal["user", "root"] | None = None) -> bytes:
-        resp = await self._sb.client._send("GET", self._files(), params=c.file_params(path, user))
+    async def read(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
+    ) -> bytes:
+        """Reads a file, or ``length`` bytes of it from byte ``offset`` (only those are sent)."""
+        params = c.read_params(path, user, offset, length)
+        resp = await self._sb.client._send("GET", self._files(), params=params)
         return resp.content
 
     async def read_text(
@@ -606,10 +615,17 @@ class AsyncFiles:
         return (await self.read(path, user=user)).decode(encoding)
 
     async def read_stream(
-        self, path: str, *, chunk_size: int = _CHUNK, user: Literal["user", "root"] | None = None
+        self,
+        path: str,
+        *,
+        chunk_size: int = _CHUNK,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
     ) -> AsyncIterator[bytes]:
-        """Streams a file in chunks."""
-        resp = await self._sb.client._send("GET", self._files(), params=c.file_params(path, user), stream=True)
+        """Streams a file (or ``length`` bytes from ``offset``) in chunks."""
+        params = c.read_params(path, user, offset, length)
+        resp = await self._sb.client._send("GET", self._files(), params=params, stream=True)
         try:
             async for chunk in resp.aiter_bytes(chunk_size):
                 yield chunk

@@ -234,5 +234,15 @@ def file_params(path: str, user: str | None = None, **extra: str) -> dict[str, s
     return p
 
 
+def read_params(path: str, user: str | None, offset: int, length: int | None) -> dict[str, str]:
+    """Query of a file read; ``offset``/``length`` only when they narrow it (the daemon checks them)."""
+    extra: dict[str, str] = {}
+    if offset:
+        extra["offset"] = str(offset)
+    if length is not None:
+        extra["length"] = str(length)
+    return file_params(path, user, **extra)
+
+
 def is_success(status: int) -> bool:
     return 200 <= status < 300

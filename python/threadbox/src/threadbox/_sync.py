@@ -705,9 +705,19 @@ class Files:
     def _files(self, *rest: str) -> str:
         return self._sb._path("files", *rest)
 
-    def read(self, path: str, *, user: Literal["user", "root"] | None = None) -> bytes:
-        """Reads a whole file."""
-        resp = self._sb.client._send("GET", self._files(), params=c.file_params(path, user))
+    def read(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
+    ) -> bytes:
+        """Reads a file, or ``length`` bytes of it from byte ``offset`` (only those are sent).
+
+        A range that starts at or past the end of the file reads as ``b""``.
+        """
+        resp = self._sb.client._send("GET", self._files(), params=c.read_params(path, user, offset, length))
         return resp.content
 
     def read_text(self, path: str, *, encoding: str = "utf-8", user: Literal["user", "root"] | None = None) -> str:
@@ -715,10 +725,17 @@ class Files:
         return self.read(path, user=user).decode(encoding)
 
     def read_stream(
-        self, path: str, *, chunk_size: int = _CHUNK, user: Literal["user", "root"] | None = None
+        self,
+        path: str,
+        *,
+        chunk_size: int = _CHUNK,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
     ) -> Iterator[bytes]:
-        """Streams a file in chunks (for files too large to hold in memory)."""
-        resp = self._sb.client._send("GET", self._files(), params=c.file_params(path, user), stream=True)
+        """Streams a file (or ``length`` bytes from ``offset``) in chunks, for files too large to hold."""
+        params = c.read_params(path, user, offset, length)
+        resp = self._sb.client._send("GET", self._files(), params=params, stream=True)
         try:
             yield from resp.iter_bytes(chunk_size)
         finally:
