@@ -1,0 +1,305 @@
+//! Create (and get-or-create), boot, get and list.
+
+use super::*;
+
+impl Manager {
+    pub(super) async fn image_spec(&self, name: &str) -> Result<ImageSpec> {
+        let img =
+            self.store.get_image(name).await?.ok_or_else(|| {
+                CoreError::InvalidArgument(format!("image {name:?} does not exist"))
+            })?;
+        Ok(match img.kind.as_str() {
+            "host" => crate::images::host_image_spec(&self.config.root),
+            _ => ImageSpec {
+                lower: vec![img.path.clone().unwrap_or_default().into()],
+                binds: vec![],
+            },
+        })
+    }
+
+    /// Starts the agent of `row` and connects to it. Caller holds the lifecycle lock.
+    pub(super) async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
+        let image = self.image_spec(&row.image).await?;
+        let driver = self.driver_for(row)?;
+        let id = row.id.clone();
+        let hostname = row.name.clone().unwrap_or_else(|| row.id.clone());
+        let slot = row.slot;
+        let limits = threadbox_sys::cgroup::Limits {
+            memory_bytes: row.memory_bytes,
+            cpus: row.cpus,
+            pids: row.pids,
+        };
+        let pid = blocking(move || {
+            driver.launch(&LaunchRequest {
+                id: &id,
+                hostname: &hostname,
+                slot,
+                image: &image,
+                limits,
+            })
+        })
+        .await?;
+        match AgentConn::connect(
+            &self.driver_for(row)?.socket_path(&row.id),
+            AGENT_CONNECT_TIMEOUT,
+        )
+        .await
+        {
+            Ok(conn) => {
+                Self::set_conn(live, Some(conn));
+                Ok(pid)
+            }
+            Err(e) => {
+                let d = self.driver_for(row)?;
+                let i = row.id.clone();
+                let _ = blocking(move || d.stop(&i)).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates a sandbox, or returns the existing one of that name (`created == false`).
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        req: CreateSandboxRequest,
+    ) -> Result<(Sandbox, bool)> {
+        let name = req.name.clone().unwrap_or_else(|| "-".to_string());
+        // `None`: the sandbox of that name this create waited for was itself being
+        // created and failed (and is gone): try again rather than answer `not_found` (F4).
+        // Bounded: every round waits for one whole failed create of that name.
+        let mut r = Ok(None);
+        for _ in 0..8 {
+            r = self.create_inner(caller, req.clone()).await;
+            if !matches!(r, Ok(None)) {
+                break;
+            }
+        }
+        let r = r.and_then(|o| {
+            o.ok_or_else(|| {
+                CoreError::Unavailable(format!(
+                    "sandbox {name} kept failing to be created by concurrent requests"
+                ))
+            })
+        });
+        let target = match &r {
+            Ok((sb, _)) => sb.id.clone(),
+            Err(_) => name,
+        };
+        self.audit(caller, "sandbox.create", &target, &r).await;
+        r
+    }
+
+    pub(super) async fn create_inner(
+        &self,
+        caller: &Caller,
+        req: CreateSandboxRequest,
+    ) -> Result<Option<(Sandbox, bool)>> {
+        caller.require(Scope::SandboxesWrite)?;
+        if let Some(name) = &req.name {
+            validate_name(name)?;
+        }
+        validate_labels(&req.labels)?;
+        let memory_bytes = req
+            .limits
+            .memory_bytes
+            .unwrap_or(self.config.default_memory_bytes);
+        if !(16 << 20..=1 << 40).contains(&memory_bytes) {
+            return Err(CoreError::InvalidArgument(
+                "memory_bytes must be between 16 MiB and 1 TiB".into(),
+            ));
+        }
+        let cpus = req.limits.cpus.unwrap_or(self.config.default_cpus);
+        if !(cpus.is_finite() && (0.01..=1024.0).contains(&cpus)) {
+            return Err(CoreError::InvalidArgument(
+                "cpus must be between 0.01 and 1024".into(),
+            ));
+        }
+        let tier = req
+            .tier
+            .clone()
+            .unwrap_or_else(|| crate::driver::DEFAULT_TIER.to_string());
+        self.drivers.get(&tier)?;
+        let pids = req.limits.pids.unwrap_or(self.config.default_pids);
+        if !(8..=1 << 22).contains(&pids) {
+            return Err(CoreError::InvalidArgument(
+                "pids must be between 8 and 4194304".into(),
+            ));
+        }
+        let max_disk = self
+            .config
+            .max_disk_bytes
+            .clamp(crate::MIN_DISK_BYTES, crate::MAX_DISK_BYTES);
+        let requested_disk = req.limits.disk_bytes;
+        if let Some(d) = requested_disk {
+            if !(crate::MIN_DISK_BYTES..=crate::MAX_DISK_BYTES).contains(&d) {
+                return Err(CoreError::InvalidArgument(
+                    "disk_bytes must be between 16 MiB and 16 TiB".into(),
+                ));
+            }
+            if d > max_disk {
+                return Err(CoreError::InvalidArgument(format!(
+                    "disk_bytes {d} is more than this daemon allows for one sandbox \
+                     ({max_disk} bytes, set by the operator with --max-disk-bytes)"
+                )));
+            }
+        }
+        let default_disk = self.config.default_disk_bytes.min(max_disk);
+        // Final once the tenant's disk quota is known (admit_disk, below).
+        let disk_bytes = requested_disk.unwrap_or(default_disk);
+        for (what, v) in [
+            ("idle_pause_secs", req.idle_pause_secs),
+            ("ttl_secs", req.ttl_secs),
+        ] {
+            if let Some(v) = v {
+                if v == 0 || v > 10 * 365 * 24 * 3600 {
+                    return Err(CoreError::InvalidArgument(format!(
+                        "{what} must be between 1 and 315360000"
+                    )));
+                }
+            }
+        }
+        let image = req.image.clone().unwrap_or_else(|| HOST_IMAGE.to_string());
+        if self.store.get_image(&image).await?.is_none() {
+            return Err(CoreError::InvalidArgument(format!(
+                "image {image:?} does not exist"
+            )));
+        }
+
+        let created = now_ms();
+        let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
+        let mut row = SandboxRow {
+            id: id.clone(),
+            tenant: caller.tenant.clone(),
+            name: req.name.clone(),
+            state: State::Creating,
+            labels: req.labels,
+            image,
+            memory_bytes,
+            cpus,
+            pids,
+            disk_bytes,
+            idle_pause_secs: req.idle_pause_secs,
+            ttl_secs: req.ttl_secs,
+            ttl_action: req.ttl_action,
+            slot: 0,
+            agent_pid: None,
+            created_at: created,
+            last_active_at: created,
+            tier: tier.to_string(),
+        };
+        let live = self.live(&id);
+        // Held across the insert so two creates of one name cannot both insert; the new
+        // sandbox's lifecycle lock is taken before the name is visible, so a concurrent
+        // get-or-create of the same name waits until it is running.
+        let guard = {
+            let _c = self.create_lock.lock().await;
+            if let Some(name) = &req.name {
+                if let Some(existing) = self.store.get_sandbox(&caller.tenant, name).await? {
+                    drop(_c);
+                    self.forget(&id);
+                    let l = self.live(&existing.id);
+                    let _g = l.lifecycle.lock().await;
+                    return match self.reload(&existing.id).await {
+                        Ok(row) => Ok(Some((to_api(&self.config, caller, &row), false))),
+                        Err(CoreError::NotFound(_)) => Ok(None),
+                        Err(e) => Err(e),
+                    };
+                }
+            }
+            // Checked and inserted under the admission lock, so two creates cannot both
+            // take the last place of a quota; refused before anything exists.
+            let _adm = self.gov.admission.lock().await;
+            let admitted = match self
+                .admit(&caller.tenant, Admit::Create { memory_bytes, cpus })
+                .await
+            {
+                Ok(()) => {
+                    self.admit_disk(&caller.tenant, requested_disk, default_disk)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match admitted {
+                Ok(disk) => row.disk_bytes = disk,
+                Err(e) => {
+                    self.forget(&id);
+                    return Err(e);
+                }
+            }
+            // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE.
+            match self.adopt_from_pool(&row).await {
+                Ok(Some(adopted)) => {
+                    self.forget(&id);
+                    let row = self.reload(&adopted).await?;
+                    tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
+                    return Ok(Some((to_api(&self.config, caller, &row), true)));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.forget(&id);
+                    return Err(e);
+                }
+            }
+            let g = live.lifecycle.lock().await;
+            row.slot = self.store.insert_sandbox(&row).await?;
+            g
+        };
+        let result: Result<i32> = async {
+            let d = self.driver_for(&row)?;
+            let (i, slot, disk) = (id.clone(), row.slot, row.disk_bytes);
+            blocking(move || d.prepare(&i, slot, disk)).await?;
+            self.boot(&row, &live).await
+        }
+        .await;
+        match result {
+            Ok(pid) => {
+                self.store
+                    .transition(&id, &[State::Creating], State::Running, Some(pid))
+                    .await?;
+                drop(guard);
+                let row = self.reload(&id).await?;
+                tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
+                Ok(Some((to_api(&self.config, caller, &row), true)))
+            }
+            Err(e) => {
+                // Nothing half-created: remove what exists, then the row.
+                let d = self.driver_for(&row)?;
+                let i = id.clone();
+                let _ = blocking(move || d.destroy(&i)).await;
+                let _ = self.store.delete_sandbox(&id).await;
+                drop(guard);
+                self.forget(&id);
+                tracing::error!(sandbox = %id, "create failed: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        caller.require(Scope::SandboxesRead)?;
+        Ok(to_api(
+            &self.config,
+            caller,
+            &self.resolve(caller, id_or_name).await?,
+        ))
+    }
+
+    /// The caller's tenant's sandboxes.
+    pub async fn list(
+        &self,
+        caller: &Caller,
+        labels: &BTreeMap<String, String>,
+        state: Option<SandboxState>,
+    ) -> Result<Vec<Sandbox>> {
+        caller.require(Scope::SandboxesRead)?;
+        let rows = self.store.all_sandboxes().await?;
+        Ok(rows
+            .iter()
+            .filter(|r| r.state != State::Deleting && r.tenant == caller.tenant)
+            .map(|r| to_api(&self.config, caller, r))
+            .filter(|s| state.is_none_or(|st| s.state == st))
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .collect())
+    }
+}

@@ -1,0 +1,50 @@
+//! The image catalog.
+
+use super::*;
+
+impl Manager {
+    pub async fn add_image(&self, caller: &Caller, req: AddImageRequest) -> Result<Image> {
+        let target = req.name.clone();
+        let r = async {
+            caller.require(Scope::Admin)?;
+
+            crate::images::validate_image_name(&req.name)?;
+            let path = crate::images::validate_rootfs(&req.path)?;
+            let row = ImageRow {
+                name: req.name,
+                kind: "rootfs".into(),
+                path: Some(path.display().to_string()),
+                created_at: now_ms(),
+            };
+            self.store.insert_image(&row).await?;
+            Ok(Image {
+                name: row.name,
+                kind: row.kind,
+                path: row.path,
+                created_at: rfc3339(row.created_at),
+            })
+        }
+        .await;
+        self.audit(caller, "image.add", &target, &r).await;
+        r
+    }
+
+    pub async fn list_images(&self, caller: &Caller) -> Result<ImageList> {
+        caller.require(Scope::SandboxesRead)?;
+
+        Ok(ImageList {
+            images: self
+                .store
+                .list_images()
+                .await?
+                .into_iter()
+                .map(|r| Image {
+                    name: r.name,
+                    kind: r.kind,
+                    path: r.path,
+                    created_at: rfc3339(r.created_at),
+                })
+                .collect(),
+        })
+    }
+}
