@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, Names
+from conftest import CountingTransport, Daemon, Names
 
 import threadbox
 from threadbox import (
@@ -397,3 +397,38 @@ def test_a_url_with_v1_gets_a_hint(daemon: Daemon) -> None:
         bad.list()
     assert "no such route" in str(ei.value) and "without /v1" in str(ei.value)
     assert f"for example {daemon.url}," in str(ei.value)
+
+
+def test_read_a_range_transfers_only_the_range(daemon: Daemon, names: Names) -> None:
+    """P13: a 20 000-byte window of a 50 MB file moves 20 000 bytes, not 50 MB."""
+    counter = CountingTransport()
+    with Threadbox(daemon.url, transport=counter) as tb:
+        sb = tb.create(names.new("range"))
+        sb.exec("seq 1 6500000 > big.txt")  # ~50 MB
+        size = sb.files.stat("big.txt").size
+        assert size > 50_000_000
+        expected = sb.exec(["sh", "-c", "tail -c +30000001 big.txt | head -c 20000"]).stdout.encode()
+        counter.received = 0
+        assert sb.files.read("big.txt", offset=30_000_000, length=20_000) == expected
+        assert counter.received == 20_000
+        tail = sb.exec(["tail", "-c", "5", "big.txt"]).stdout.encode()
+        counter.received = 0
+        assert b"".join(sb.files.read_stream("big.txt", offset=size - 5, length=100)) == tail
+        assert counter.received == 5
+        assert sb.files.read("big.txt", offset=size) == b""
+        assert sb.files.read("big.txt", offset=size + 1000, length=10) == b""
+        with pytest.raises(threadbox.InvalidArgument, match="length must be at least 1"):
+            sb.files.read("big.txt", length=0)
+        with pytest.raises(threadbox.InvalidArgument):
+            sb.files.read("big.txt", offset=-1)
+
+
+async def test_async_read_a_range(atb: AsyncThreadbox, names: Names) -> None:
+    sb = await atb.create(names.new("arange"))
+    await sb.files.write("r.bin", bytes(range(256)) * 100)
+    assert await sb.files.read("r.bin", offset=300, length=10) == bytes(range(44, 54))
+    chunks = [c async for c in sb.files.read_stream("r.bin", offset=25_590, length=1000)]
+    assert b"".join(chunks) == bytes(range(246, 256))
+    assert await sb.files.read("r.bin", offset=1 << 40) == b""
+    with pytest.raises(threadbox.InvalidArgument):
+        await sb.files.read("r.bin", length=0)

@@ -9,7 +9,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from conftest import Names
+from conftest import CountingTransport, Daemon, Names
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
@@ -154,6 +154,25 @@ def test_read_file_offset_limit_without_downloading_it_all(tb: Threadbox, names:
     assert msg.artifact["bytes_read"] < 1 << 20, "a 47 MB file was downloaded to show 20 000 characters"
     part = tk.read_file.invoke({"path": "big.txt", "offset": 99, "limit": 3}, c)
     assert part.startswith("100\n101\n102\n[lines 99-101 of big.txt")
+
+
+def test_read_file_fetches_byte_ranges(daemon: Daemon, names: Names) -> None:
+    """The daemon sends only the windows the tool asks for (counted at the SDK's transport)."""
+    counter = CountingTransport()
+    with Threadbox(daemon.url, transport=counter) as tb:
+        tk = ThreadboxToolkit(client=tb)
+        c = cfg(names.thread("ranges"))
+        tk.run_shell.invoke({"command": "seq 1 6000000 > big.txt"}, c)
+        counter.received = 0
+        part = tk.read_file.invoke({"path": "big.txt", "offset": 99, "limit": 3}, c)
+        assert part.startswith("100\n101\n102\n[lines 99-101 of big.txt")
+        # One 64 KiB window, plus the small JSON answer of the stat before it.
+        assert counter.received <= (64 << 10) + 2048, counter.received
+        counter.received = 0
+        msg = tk.read_file.invoke({"type": "tool_call", "id": "r", "name": "read_file", "args": {"path": "big.txt"}}, c)
+        assert msg.artifact["truncated"] is True
+        assert msg.artifact["bytes_read"] <= 64 << 10
+        assert counter.received <= msg.artifact["bytes_read"] + 2048, counter.received
 
 
 def _png(width: int = 2, height: int = 2) -> bytes:

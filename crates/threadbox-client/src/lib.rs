@@ -306,7 +306,11 @@ impl Client {
         let resp = self
             .send(
                 Method::GET,
-                &Self::sandbox_path(routes::FILES, sandbox, Some(&file_query(path, user, &extra))),
+                &Self::sandbox_path(
+                    routes::FILES,
+                    sandbox,
+                    Some(&file_query(path, user, &extra)),
+                ),
                 empty_body(),
                 None,
             )

@@ -33,7 +33,10 @@ impl FileRange {
                     "length must be at least 1 (leave it out to read to the end)".into(),
                 ));
             }
-            if offset.checked_add(len).is_none_or(|end| end > MAX_FILE_OFFSET) {
+            if offset
+                .checked_add(len)
+                .is_none_or(|end| end > MAX_FILE_OFFSET)
+            {
                 return Err(CoreError::InvalidArgument(format!(
                     "offset {offset} + length {len} is beyond the largest file offset ({MAX_FILE_OFFSET})"
                 )));

@@ -517,7 +517,11 @@ fn files_read_a_byte_range() {
     let run = d
         .cli(&["files", "read", &id, "big.bin", "--length", "0"])
         .expect_code(1);
-    assert!(run.stderr.contains("length must be at least 1"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("length must be at least 1"),
+        "{}",
+        run.stderr
+    );
     let run = d
         .cli(&[
             "files",
@@ -536,10 +540,7 @@ fn files_read_a_byte_range() {
         run.stderr
     );
     for bad in ["offset=abc", "offset=-1", "length=1.5", "length=-3"] {
-        let (status, body) = raw_get(
-            &d,
-            &format!("/v1/sandboxes/{id}/files?path=big.bin&{bad}"),
-        );
+        let (status, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files?path=big.bin&{bad}"));
         assert_eq!(status, 400, "{bad}: {body}");
         assert!(body.contains("invalid_argument"), "{bad}: {body}");
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import mimetypes
 import posixpath
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 from langchain_core.messages import ToolMessage
