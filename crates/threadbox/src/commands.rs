@@ -417,9 +417,15 @@ async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<u8> {
                 exit_code,
                 signal,
                 timed_out,
+                oom_killed,
+                memory_limit_bytes,
                 ..
             } => {
                 output.finish()?;
+                if oom_killed {
+                    // A bare 137 does not say why; the kernel's verdict does.
+                    eprintln!("{}", oom_message(memory_limit_bytes));
+                }
                 if timed_out {
                     return Ok(EXIT_TIMEOUT);
                 }

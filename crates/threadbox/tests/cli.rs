@@ -551,3 +551,31 @@ fn files_read_a_byte_range() {
     );
     assert_eq!(status, 200, "{body}");
 }
+
+#[test]
+fn exec_names_an_oom_kill_on_stderr() {
+    if !require_root("exec_names_an_oom_kill_on_stderr") {
+        return;
+    }
+    let _serial = serial();
+    let d = Daemon::start();
+    let id = d.create(&["--memory", "64M"]);
+    let run = d.cli(&[
+        "exec",
+        &id,
+        "--",
+        "python3",
+        "-c",
+        "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096])",
+    ]);
+    assert_eq!(run.code, 137, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("killed: out of memory (limit 64 MiB)"),
+        "{}",
+        run.stderr
+    );
+    // A process killed by SIGKILL for another reason is not called an OOM kill.
+    let run = d.cli(&["exec", &id, "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(run.code, 137, "{}", run.stderr);
+    assert!(!run.stderr.contains("out of memory"), "{}", run.stderr);
+}
