@@ -20,9 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use threadbox_api::{
-    decode_bytes, encode_bytes, human_bytes, oom_message, CreateSandboxRequest, Encoding,
-    ErrorCode, ExecRequest, ExecResponse, FileKind, FileList, Sandbox, SandboxList, SandboxState,
-    User,
+    decode_bytes, encode_bytes, oom_message, CreateSandboxRequest, Encoding, ErrorCode,
+    ExecRequest, ExecResponse, FileKind, FileList, Sandbox, SandboxList, SandboxState, User,
 };
 
 /// Timeout of `exec` and `run_python` when the caller gives none, in seconds.
@@ -731,6 +730,7 @@ fn error_result(tool: &str, err: BackendError) -> CallToolResult {
 #[cfg(test)]
 mod text_tests {
     use super::*;
+    use threadbox_api::human_bytes;
 
     fn killed(oom: bool) -> ExecResponse {
         ExecResponse {
