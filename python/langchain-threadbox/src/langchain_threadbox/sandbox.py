@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import posixpath
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,7 +29,7 @@ from threadbox import (
     ThreadboxError,
 )
 
-from ._output import human_bytes
+from ._output import NEW_SANDBOX_NOTE, human_bytes, safe_text
 from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
@@ -64,6 +66,12 @@ _PATH_ARGS = {
 }
 
 
+# Set while an inherited helper (ls, read, grep, ...) runs: its `execute` calls carry
+# commands whose output the helper parses (JSON), so that output stays as it is, and a
+# pending new-sandbox note waits for the next call the model itself made.
+_IN_HELPER: contextvars.ContextVar[bool] = contextvars.ContextVar("threadbox_da_helper", default=False)
+
+
 def map_path(path: Any) -> Any:
     """``/notes.md`` and ``/proj/app.py`` -> ``/home/user/...``; system paths unchanged.
 
@@ -87,12 +95,16 @@ def _with_mapped_path(name: str, method: Callable[..., Any]) -> Callable[..., An
 
     @functools.wraps(method)
     def wrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
-        if self._map_paths:
-            bound = sig.bind_partial(self, *args, **kwargs)
-            if arg in bound.arguments:
-                bound.arguments[arg] = map_path(bound.arguments[arg])
-                return method(*bound.args, **bound.kwargs)
-        return method(self, *args, **kwargs)
+        token = _IN_HELPER.set(True)
+        try:
+            if self._map_paths:
+                bound = sig.bind_partial(self, *args, **kwargs)
+                if arg in bound.arguments:
+                    bound.arguments[arg] = map_path(bound.arguments[arg])
+                    return method(*bound.args, **bound.kwargs)
+            return method(self, *args, **kwargs)
+        finally:
+            _IN_HELPER.reset(token)
 
     return wrapper
 
@@ -113,9 +125,19 @@ def _file_error(e: ThreadboxError) -> FileOperationError | None:
     return None
 
 
-def _combine(r: ExecResult, timeout: float) -> ExecuteResponse:
-    out = r.stdout
-    err = r.stderr
+def _combine(r: ExecResult, timeout: float, *, for_model: bool = True) -> ExecuteResponse:
+    """stdout then stderr, and how the command ended.
+
+    For the model, bytes that are not text (NUL, other control characters, invalid UTF-8)
+    are escaped as ``\\xNN`` and mostly-binary output is summarised, as the toolkit does
+    (ADR 0024). A helper's own command (``ls``/``read``/... parse JSON) gets the text as
+    it came.
+    """
+    if for_model:
+        out, _ = safe_text(r.stdout_bytes)
+        err, _ = safe_text(r.stderr_bytes)
+    else:
+        out, err = r.stdout, r.stderr
     if err:
         if out and not out.endswith("\n"):
             out += "\n"
@@ -204,6 +226,11 @@ class ThreadboxSandbox(BaseSandbox):
         self._max_output_bytes = max_output_bytes
         self._map_paths = map_paths
         self._per_thread = per_thread
+        # Sandbox name -> id of the sandbox this backend last used under it, and the names
+        # whose sandbox was created again since (their next execute says so; ADR 0025).
+        self._seen: dict[str, str] = {}
+        self._recreated: set[str] = set()
+        self._lock = threading.Lock()
 
     # -- resolution -----------------------------------------------------------
 
@@ -214,10 +241,34 @@ class ThreadboxSandbox(BaseSandbox):
         sb = self._binding.resolve(None)
         if isinstance(self._binding, FixedSandbox):
             self._fixed = sb
+        self._track(sb)
         return sb
 
     async def _asandbox(self) -> AsyncSandbox:
-        return await self._binding.aresolve(None)
+        sb = await self._binding.aresolve(None)
+        self._track(sb)
+        return sb
+
+    def _track(self, sb: Sandbox | AsyncSandbox) -> None:
+        """Notes a sandbox created under a name this backend used before (a recreation)."""
+        key = sb.name or sb.id
+        with self._lock:
+            before = self._seen.get(key)
+            self._seen[key] = sb.id
+            if sb.created and before is not None and before != sb.id:
+                self._recreated.add(key)
+
+    def _announce(self, sb: Sandbox | AsyncSandbox, resp: ExecuteResponse) -> ExecuteResponse:
+        """The model's first command after a recreation starts with the note (ADR 0022)."""
+        if _IN_HELPER.get():
+            return resp
+        key = sb.name or sb.id
+        with self._lock:
+            if key not in self._recreated:
+                return resp
+            self._recreated.discard(key)
+        out = NEW_SANDBOX_NOTE + resp.output
+        return ExecuteResponse(output=out, exit_code=resp.exit_code, truncated=resp.truncated)
 
     @property
     def id(self) -> str:
@@ -251,7 +302,7 @@ class ThreadboxSandbox(BaseSandbox):
         except SandboxNotRunning:
             sb.ensure_running()
             r = sb.exec(command, timeout=t, max_output_bytes=self._max_output_bytes)
-        return _combine(r, t)
+        return self._announce(sb, _combine(r, t, for_model=not _IN_HELPER.get()))
 
     async def aexecute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         """Async twin of :meth:`execute`."""
@@ -262,7 +313,7 @@ class ThreadboxSandbox(BaseSandbox):
         except SandboxNotRunning:
             await sb.ensure_running()
             r = await sb.exec(command, timeout=t, max_output_bytes=self._max_output_bytes)
-        return _combine(r, t)
+        return self._announce(sb, _combine(r, t, for_model=not _IN_HELPER.get()))
 
     # -- files ----------------------------------------------------------------
 
@@ -371,12 +422,16 @@ for _name in _PATH_ARGS:
 
                 @functools.wraps(method)
                 async def awrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
-                    if self._map_paths:
-                        bound = sig.bind_partial(self, *args, **kwargs)
-                        if arg in bound.arguments:
-                            bound.arguments[arg] = map_path(bound.arguments[arg])
-                            return await method(*bound.args, **bound.kwargs)
-                    return await method(self, *args, **kwargs)
+                    token = _IN_HELPER.set(True)
+                    try:
+                        if self._map_paths:
+                            bound = sig.bind_partial(self, *args, **kwargs)
+                            if arg in bound.arguments:
+                                bound.arguments[arg] = map_path(bound.arguments[arg])
+                                return await method(*bound.args, **bound.kwargs)
+                        return await method(self, *args, **kwargs)
+                    finally:
+                        _IN_HELPER.reset(token)
 
                 return awrapper
 

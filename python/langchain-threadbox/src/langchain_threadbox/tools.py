@@ -26,7 +26,7 @@ from threadbox import (
     ThreadboxError,
 )
 
-from ._output import DEFAULT_MAX_OUTPUT_CHARS, cut_middle, format_exec, safe_text
+from ._output import DEFAULT_MAX_OUTPUT_CHARS, NEW_SANDBOX_NOTE, cut_middle, format_exec, safe_text
 from ._paths import RAW_EXIT_CODES, RAW_READ, RAW_WRITE, escape_name, raw_path
 from .binding import (
     DEFAULT_THREAD_PREFIX,
@@ -413,10 +413,7 @@ class ThreadboxToolkit(BaseToolkit):
         if not _had_sandbox_before(runtime):
             # The conversation's first sandbox (or no history to tell): nothing was lost.
             return content, artifact
-        note = (
-            "[new sandbox: this conversation's sandbox no longer existed (deleted or expired), so a new, "
-            "empty one was created; files and processes from earlier calls are gone]\n"
-        )
+        note = NEW_SANDBOX_NOTE
         if isinstance(content, str):
             return note + content, artifact
         return [{"type": "text", "text": note}, *content], artifact
