@@ -30,12 +30,12 @@ pub const MAX_LIST: usize = 50_000;
 
 /// Absolute (or relative to `home`), without `.`/`..`/empty components (see
 /// [`threadbox_agent::path`]).
-pub fn normalize(path: &str, home: &str) -> Result<PathBuf> {
+pub fn normalize<P: AsRef<[u8]> + ?Sized>(path: &P, home: &str) -> Result<PathBuf> {
     path::normalize(path, home).map_err(path_error)
 }
 
 /// [`normalize`] plus the refusal of kernel interfaces.
-pub fn checked_path(path: &str, home: &str) -> Result<PathBuf> {
+pub fn checked_path<P: AsRef<[u8]> + ?Sized>(path: &P, home: &str) -> Result<PathBuf> {
     path::checked(path, home).map_err(path_error)
 }
 
@@ -103,7 +103,7 @@ fn open(root: &Root, p: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd
 
 pub fn read(
     agent: &Agent,
-    path: &str,
+    path: &[u8],
     user: RunAs,
     offset: u64,
     limit: Option<u64>,
@@ -140,7 +140,7 @@ pub fn read(
 
 pub fn write(
     agent: &Agent,
-    path: &str,
+    path: &[u8],
     user: RunAs,
     data: &[u8],
     append: bool,
@@ -208,16 +208,16 @@ fn kind_of(st: &Stat) -> FileKind {
     }
 }
 
-/// Names that are not UTF-8 are shown with U+FFFD (the protocol carries strings).
-/// `link` is the symlink's target when the entry is one (read by the caller with
-/// `readlinkat` on the entry's resolved parent).
+/// Names and paths go as the bytes they are (the protocol carries bytes that are not
+/// UTF-8 as base64). `link` is the symlink's target when the entry is one (read by the
+/// caller with `readlinkat` on the entry's resolved parent); it is shown lossily.
 fn info(p: &Path, st: &Stat, link: Option<Vec<u8>>) -> FileInfo {
     FileInfo {
         name: p
             .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
+            .map(|n| n.as_bytes().into())
             .unwrap_or_else(|| "/".into()),
-        path: shown(p),
+        path: p.as_os_str().as_bytes().into(),
         kind: kind_of(st),
         size: st.size,
         mode: st.mode & 0o7777,
@@ -243,7 +243,7 @@ fn entry_info(
     Ok(info(p, &st, link))
 }
 
-pub fn list(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
+pub fn list(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
@@ -295,7 +295,7 @@ fn entry(root: &Root, p: &Path) -> Result<resolve::Entry> {
     Ok(e)
 }
 
-pub fn stat(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
+pub fn stat(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
@@ -311,7 +311,7 @@ pub fn stat(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
     })
 }
 
-pub fn mkdir(agent: &Agent, path: &str, user: RunAs, parents: bool) -> Result<Response> {
+pub fn mkdir(agent: &Agent, path: &[u8], user: RunAs, parents: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
@@ -334,7 +334,7 @@ pub fn mkdir(agent: &Agent, path: &str, user: RunAs, parents: bool) -> Result<Re
 
 /// Removes a file, symlink (not its target) or directory (`recursive` for a non-empty
 /// one; the walk never follows symlinks and never leaves the directory it removes).
-pub fn remove(agent: &Agent, path: &str, user: RunAs, recursive: bool) -> Result<Response> {
+pub fn remove(agent: &Agent, path: &[u8], user: RunAs, recursive: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     if p == Path::new("/") {
@@ -358,7 +358,7 @@ pub fn remove(agent: &Agent, path: &str, user: RunAs, recursive: bool) -> Result
 }
 
 /// Renames within the sandbox (atomic on one file system; replaces an existing file).
-pub fn rename(agent: &Agent, from: &str, to: &str, user: RunAs) -> Result<Response> {
+pub fn rename(agent: &Agent, from: &[u8], to: &[u8], user: RunAs) -> Result<Response> {
     let who = identity(user);
     let src = checked_path(from, who.home)?;
     let dst = checked_path(to, who.home)?;

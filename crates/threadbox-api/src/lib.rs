@@ -403,8 +403,17 @@ pub enum FileKind {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct FileEntry {
+    /// The name; when it is not UTF-8, a display form with U+FFFD (see `name_b64`).
     pub name: String,
+    /// The absolute path; when it is not UTF-8, a display form (see `path_b64`).
     pub path: String,
+    /// The name's bytes in base64, present only when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_b64: Option<String>,
+    /// The path's bytes in base64, present only when they are not UTF-8; give it back as
+    /// the `path_b64` query parameter of the file routes to name this entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_b64: Option<String>,
     pub kind: FileKind,
     pub size: u64,
     pub mode: u32,

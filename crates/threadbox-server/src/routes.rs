@@ -259,7 +259,9 @@ pub struct DeleteQuery {
 #[into_params(parameter_in = Query)]
 pub struct FileQuery {
     /// Path inside the sandbox (relative paths are relative to the user's home).
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// `user` (default) or `root`.
     #[param(value_type = Option<User>)]
     pub user: Option<String>,
@@ -271,7 +273,9 @@ pub struct FileQuery {
 #[into_params(parameter_in = Query)]
 pub struct ReadFileQuery {
     /// Path inside the sandbox (relative paths are relative to the user's home).
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// `user` (default) or `root`.
     #[param(value_type = Option<User>)]
     pub user: Option<String>,
@@ -286,7 +290,9 @@ pub struct ReadFileQuery {
 #[into_params(parameter_in = Query)]
 pub struct RemoveFileQuery {
     /// Path inside the sandbox.
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// Remove a directory and everything in it.
     pub recursive: Option<bool>,
     /// `user` (default) or `root`.
@@ -299,7 +305,9 @@ pub struct RemoveFileQuery {
 #[into_params(parameter_in = Query)]
 pub struct MkdirQuery {
     /// Path inside the sandbox.
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// Create missing parents; no error when the directory exists.
     pub parents: Option<bool>,
     /// `user` (default) or `root`.
@@ -321,14 +329,29 @@ fn parse_user(user: Option<&str>) -> Result<User, ApiError> {
     }
 }
 
-fn check_path(path: &str) -> Result<&str, ApiError> {
-    if path.is_empty() {
+/// The path of a file route: `path`, or `path_b64` for one that is not UTF-8 (ADR 0026).
+fn check_path(path: Option<&str>, path_b64: Option<&str>) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine;
+    let bytes = match (path, path_b64) {
+        (Some(p), None) => p.as_bytes().to_vec(),
+        (None, Some(b)) => {
+            // A `+` that was not percent-encoded arrives as a space.
+            let b = b.trim().replace(' ', "+");
+            base64::engine::general_purpose::STANDARD
+                .decode(&b)
+                .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&b))
+                .map_err(|e| ApiError::invalid(format!("`path_b64` is not base64: {e}")))?
+        }
+        (Some(_), Some(_)) => return Err(ApiError::invalid("give `path` or `path_b64`, not both")),
+        (None, None) => return Err(ApiError::invalid("missing `path` (or `path_b64`)")),
+    };
+    if bytes.is_empty() {
         return Err(ApiError::invalid("`path` must not be empty"));
     }
-    if path.contains('\0') {
+    if bytes.contains(&0) {
         return Err(ApiError::invalid("`path` must not contain NUL bytes"));
     }
-    Ok(path)
+    Ok(bytes)
 }
 
 /// Parses `label=k=v` (repeatable) and `state=...` of the list route.
@@ -740,11 +763,11 @@ pub(crate) async fn read_file(
     ApiQuery(q): ApiQuery<ReadFileQuery>,
 ) -> Result<Response, ApiError> {
     let user = parse_user(q.user.as_deref())?;
-    let path = check_path(&q.path)?;
+    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
     let range = FileRange::new(q.offset.unwrap_or(0), q.length).map_err(ApiError::from)?;
     let chunks = st
         .manager()?
-        .read_file(&caller, &sandbox, path, user, range)
+        .read_file(&caller, &sandbox, &path, user, range)
         .await?;
     let body = chunks.map(|chunk| {
         chunk.map(Bytes::from).map_err(|err| {
@@ -779,7 +802,7 @@ pub(crate) async fn write_file(
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let user = parse_user(q.user.as_deref())?;
-    let path = check_path(&q.path)?;
+    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
     let limit = st.max_upload_bytes;
     let too_large = || ApiError::too_large(format!("file uploads are limited to {limit} bytes"));
     if let Some(len) = headers
@@ -811,7 +834,7 @@ pub(crate) async fn write_file(
         })
         .boxed();
     let result = manager
-        .write_file(&caller, &sandbox, path, user, body)
+        .write_file(&caller, &sandbox, &path, user, body)
         .await;
     if exceeded.load(Ordering::Relaxed) {
         return Err(too_large());
@@ -832,9 +855,9 @@ pub(crate) async fn remove_file(
     ApiQuery(q): ApiQuery<RemoveFileQuery>,
 ) -> Result<StatusCode, ApiError> {
     let user = parse_user(q.user.as_deref())?;
-    let path = check_path(&q.path)?;
+    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
     st.manager()?
-        .remove_file(&caller, &sandbox, path, user, q.recursive.unwrap_or(false))
+        .remove_file(&caller, &sandbox, &path, user, q.recursive.unwrap_or(false))
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -851,10 +874,10 @@ pub(crate) async fn list_files(
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<ApiJson<FileList>, ApiError> {
     let user = parse_user(q.user.as_deref())?;
-    let path = check_path(&q.path)?;
+    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
     Ok(ApiJson(
         st.manager()?
-            .list_files(&caller, &sandbox, path, user)
+            .list_files(&caller, &sandbox, &path, user)
             .await?,
     ))
 }
@@ -871,10 +894,10 @@ pub(crate) async fn stat_file(
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<ApiJson<FileEntry>, ApiError> {
     let user = parse_user(q.user.as_deref())?;
-    let path = check_path(&q.path)?;
+    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
     Ok(ApiJson(
         st.manager()?
-            .stat_file(&caller, &sandbox, path, user)
+            .stat_file(&caller, &sandbox, &path, user)
             .await?,
     ))
 }
@@ -891,9 +914,9 @@ pub(crate) async fn mkdir(
     ApiQuery(q): ApiQuery<MkdirQuery>,
 ) -> Result<StatusCode, ApiError> {
     let user = parse_user(q.user.as_deref())?;
-    let path = check_path(&q.path)?;
+    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
     st.manager()?
-        .mkdir(&caller, &sandbox, path, user, q.parents.unwrap_or(false))
+        .mkdir(&caller, &sandbox, &path, user, q.parents.unwrap_or(false))
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -11,7 +11,7 @@ impl Manager {
         &self,
         caller: &Caller,
         id_or_name: &str,
-        path: &str,
+        path: &[u8],
         user: User,
         range: FileRange,
     ) -> Result<ByteStream> {
@@ -19,7 +19,7 @@ impl Manager {
 
         validate_path(path)?;
         let (conn, inflight) = self.running_conn(caller, id_or_name, false).await?;
-        let path = path.to_string();
+        let path = proto::PathBytes::from(path);
         let user = run_as(user);
         // The first chunk is read before answering, so a missing file is an error
         // response rather than a cut stream. An empty range still opens the file.
@@ -89,7 +89,7 @@ impl Manager {
         &self,
         caller: &Caller,
         id_or_name: &str,
-        path: &str,
+        path: &[u8],
         user: User,
         mut body: ByteSink,
     ) -> Result<u64> {
@@ -97,16 +97,17 @@ impl Manager {
             caller.require(Scope::SandboxesWrite)?;
 
             validate_path(path)?;
-            if path.ends_with('/') {
+            if path.ends_with(b"/") {
                 return Err(CoreError::InvalidArgument("path names a directory".into()));
             }
             let (conn, _inflight) = self.running_conn(caller, id_or_name, true).await?;
             let user = run_as(user);
-            let (dir, name) = match path.rfind('/') {
+            let (dir, name) = match path.iter().rposition(|b| *b == b'/') {
                 Some(i) => (&path[..=i], &path[i + 1..]),
-                None => ("", path),
+                None => (&b""[..], path),
             };
-            let tmp = format!("{dir}.{name}.tb-upload-{}", uuid::Uuid::new_v4().simple());
+            let suffix = format!(".tb-upload-{}", uuid::Uuid::new_v4().simple());
+            let tmp = proto::PathBytes([dir, b".", name, suffix.as_bytes()].concat());
             let mut written: u64 = 0;
             let mut first = true;
             let mut pending: Vec<u8> = Vec::new();
@@ -150,7 +151,7 @@ impl Manager {
                 match conn
                     .call(proto::Request::Rename {
                         from: tmp.clone(),
-                        to: path.to_string(),
+                        to: path.into(),
                         user,
                     })
                     .await?
@@ -183,7 +184,7 @@ impl Manager {
         &self,
         caller: &Caller,
         id_or_name: &str,
-        path: &str,
+        path: &[u8],
         user: User,
     ) -> Result<FileList> {
         caller.require(Scope::SandboxesWrite)?;
@@ -212,7 +213,7 @@ impl Manager {
         &self,
         caller: &Caller,
         id_or_name: &str,
-        path: &str,
+        path: &[u8],
         user: User,
     ) -> Result<FileEntry> {
         caller.require(Scope::SandboxesWrite)?;
@@ -239,7 +240,7 @@ impl Manager {
         &self,
         caller: &Caller,
         id_or_name: &str,
-        path: &str,
+        path: &[u8],
         user: User,
         parents: bool,
     ) -> Result<()> {
@@ -268,7 +269,7 @@ impl Manager {
         &self,
         caller: &Caller,
         id_or_name: &str,
-        path: &str,
+        path: &[u8],
         user: User,
         recursive: bool,
     ) -> Result<()> {
@@ -299,7 +300,7 @@ struct RangeRead {
     conn: Arc<AgentConn>,
     /// Held while the stream lives, so shutdown waits for the read.
     _inflight: Inflight,
-    path: String,
+    path: proto::PathBytes,
     user: proto::RunAs,
     range: FileRange,
     /// Bytes of the range read so far.

@@ -184,7 +184,9 @@ impl Backend for ManagerBackend {
         let (m, c) = self.m()?;
         // One byte past the bound tells whether the file goes on.
         let range = FileRange::new(0, Some(limit.saturating_add(1)))?;
-        let stream = m.read_file(c, sandbox, path, user, range).await?;
+        let stream = m
+            .read_file(c, sandbox, path.as_bytes(), user, range)
+            .await?;
         Ok(read_bounded(stream, limit).await?)
     }
 
@@ -197,12 +199,13 @@ impl Backend for ManagerBackend {
     ) -> BackendResult<()> {
         let body = futures::stream::iter([Ok::<_, String>(data)]).boxed();
         let (m, c) = self.m()?;
-        m.write_file(c, sandbox, path, user, body).await?;
+        m.write_file(c, sandbox, path.as_bytes(), user, body)
+            .await?;
         Ok(())
     }
 
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
         let (m, c) = self.m()?;
-        Ok(m.list_files(c, sandbox, path, user).await?)
+        Ok(m.list_files(c, sandbox, path.as_bytes(), user).await?)
     }
 }
