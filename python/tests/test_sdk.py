@@ -432,3 +432,29 @@ async def test_async_read_a_range(atb: AsyncThreadbox, names: Names) -> None:
     assert await sb.files.read("r.bin", offset=1 << 40) == b""
     with pytest.raises(threadbox.InvalidArgument):
         await sb.files.read("r.bin", length=0)
+
+
+def test_names_that_are_not_utf8_round_trip(tb: Threadbox, names: Names) -> None:
+    """ADR 0026: a listed name is a str (surrogateescape, as os.fsdecode makes it) that names the file."""
+    sb = tb.create(names.new("rawnames"))
+    sb.exec(["python3", "-c", "import os; os.mkdir(b'd\\xff'); open(b'd\\xff/caf\\xe9.txt', 'wb').write(b'bonjour')"])
+    (d,) = [e for e in sb.files.list(".") if e.name_b64]
+    assert d.name == "d\udcff" and os.fsencode(d.name) == b"d\xff" and d.raw_name == b"d\xff" and d.is_dir
+    (f,) = sb.files.list(d.name)
+    assert f.name == "caf\udce9.txt" and f.path == "/home/user/d\udcff/caf\udce9.txt"
+    assert sb.files.read(f.path) == b"bonjour"
+    assert sb.files.read(os.fsdecode(b"d\xff/caf\xe9.txt"), offset=3) == b"jour"
+    assert sb.files.stat(f.path).size == 7
+    sb.files.write(os.fsdecode(b"d\xff/new\xfe"), b"x")
+    assert sb.exec(["python3", "-c", "print(open(b'd\\xff/new\\xfe').read())"]).stdout == "x\n"
+    sb.files.remove(f.path)
+    assert not sb.files.exists(f.path)
+    plain = sb.files.stat(".")
+    assert plain.name_b64 is None and plain.path_b64 is None
+
+
+async def test_async_names_that_are_not_utf8(atb: AsyncThreadbox, names: Names) -> None:
+    sb = await atb.create(names.new("arawnames"))
+    await sb.exec(["python3", "-c", "open(b'x\\xe9', 'wb').write(b'ok')"])
+    (e,) = [e for e in await sb.files.list(".") if e.name_b64]
+    assert e.name == "x\udce9" and await sb.files.read(e.name) == b"ok"

@@ -142,6 +142,10 @@ def test_non_utf8_names_round_trip(tb: Threadbox, names: Names) -> None:
     tk.write_file.invoke({"path": "caf\\xe9-\\xff.txt", "content": "salut"}, c)
     assert tk.read_file.invoke({"path": "caf\\xe9-\\xff.txt"}, c) == "salut"
     assert tk.read_file.invoke({"path": "caf\\xe9-\\xfe.txt"}, c).endswith("no such file or directory")
+    # A directory whose own name is not UTF-8 lists, and its files read back.
+    tk.run_python.invoke({"code": "import os; os.mkdir(b'd\\xff'); open(b'd\\xff/n\\xe9', 'wb').write(b'deep')"}, c)
+    assert "n\\xe9  (4 bytes)" in tk.list_files.invoke({"path": "d\\xff"}, c)
+    assert tk.read_file.invoke({"path": "d\\xff/n\\xe9"}, c) == "deep"
 
 
 def test_read_file_offset_limit_without_downloading_it_all(tb: Threadbox, names: Names) -> None:

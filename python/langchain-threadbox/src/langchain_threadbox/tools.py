@@ -27,7 +27,7 @@ from threadbox import (
 )
 
 from ._output import DEFAULT_MAX_OUTPUT_CHARS, NEW_SANDBOX_NOTE, cut_middle, format_exec, safe_text
-from ._paths import RAW_EXIT_CODES, RAW_READ, RAW_WRITE, escape_name, raw_path
+from ._paths import escape_name, sdk_path
 from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
@@ -664,15 +664,6 @@ class ThreadboxToolkit(BaseToolkit):
             body = f"[{path} has {rd.line} lines; offset {rd.offset} is past the end]"
         return body, artifact
 
-    def _raw_read_result(self, path: str, r: ExecResult, offset: int, limit: int | None, sb_id: str) -> ToolResult:
-        _raw_check(path, r)
-        data = r.stdout_bytes
-        rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-        if not rd.feed(data):
-            rd.finish()
-        entry = FileEntry(path, path, "file", len(data), 0, 0, 0, "", None)
-        return self._lines_result(path, entry, rd, sb_id)
-
     def _read_file(
         self,
         path: str,
@@ -681,14 +672,9 @@ class ThreadboxToolkit(BaseToolkit):
         limit: int | None = None,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real, raw = path, raw_path(path)
+        real = sdk_path(path)
 
         def op(sb: Sandbox) -> ToolResult:
-            if raw is not None:
-                r = sb.exec(
-                    ["python3", "-c", RAW_READ, raw.hex(), str(_RAW_MAX)], timeout=60, max_output_bytes=_RAW_MAX
-                )
-                return self._raw_read_result(path, r, offset, limit, sb.id)
             entry = sb.files.stat(real)
             if self._read_plan(path, entry) == "image":
                 data = sb.files.read(real) if entry.size <= self.max_image_bytes else None
@@ -712,14 +698,9 @@ class ThreadboxToolkit(BaseToolkit):
         limit: int | None = None,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real, raw = path, raw_path(path)
+        real = sdk_path(path)
 
         async def op(sb: AsyncSandbox) -> ToolResult:
-            if raw is not None:
-                r = await sb.exec(
-                    ["python3", "-c", RAW_READ, raw.hex(), str(_RAW_MAX)], timeout=60, max_output_bytes=_RAW_MAX
-                )
-                return self._raw_read_result(path, r, offset, limit, sb.id)
             entry = await sb.files.stat(real)
             if self._read_plan(path, entry) == "image":
                 data = await sb.files.read(real) if entry.size <= self.max_image_bytes else None
@@ -743,13 +724,10 @@ class ThreadboxToolkit(BaseToolkit):
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
         data = content.encode("utf-8")
-        real, raw = path, raw_path(path)
+        real = sdk_path(path)
 
         def op(sb: Sandbox) -> ToolResult:
-            if raw is not None:
-                _raw_check(path, sb.exec(["python3", "-c", RAW_WRITE, raw.hex()], stdin=content, timeout=60))
-            else:
-                sb.files.write(real, data, parents=True)
+            sb.files.write(real, data, parents=True)
             return f"Wrote {len(data)} bytes to {_abs(path)}", {
                 "path": _abs(path),
                 "size": len(data),
@@ -766,13 +744,10 @@ class ThreadboxToolkit(BaseToolkit):
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
         data = content.encode("utf-8")
-        real, raw = path, raw_path(path)
+        real = sdk_path(path)
 
         async def op(sb: AsyncSandbox) -> ToolResult:
-            if raw is not None:
-                _raw_check(path, await sb.exec(["python3", "-c", RAW_WRITE, raw.hex()], stdin=content, timeout=60))
-            else:
-                await sb.files.write(real, data, parents=True)
+            await sb.files.write(real, data, parents=True)
             return f"Wrote {len(data)} bytes to {_abs(path)}", {
                 "path": _abs(path),
                 "size": len(data),
@@ -781,9 +756,8 @@ class ThreadboxToolkit(BaseToolkit):
 
         return await self._afile_op(config, runtime, "write_file", path, op)
 
-    def _list_result(self, path: str, entries: Sequence[FileEntry], raw: list[bytes] | None, sb_id: str) -> ToolResult:
-        if raw is not None:
-            entries = _with_raw_names(entries, raw)
+    def _list_result(self, path: str, entries: Sequence[FileEntry], sb_id: str) -> ToolResult:
+        entries = _with_escaped_names(entries)
         return _format_entries(_abs(path), entries, self.max_output_chars), {
             "path": _abs(path),
             "count": len(entries),
@@ -796,14 +770,10 @@ class ThreadboxToolkit(BaseToolkit):
         path: str = ".",
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real = _plain_dir(path)
+        real = sdk_path(path)
 
         def op(sb: Sandbox) -> ToolResult:
-            entries = sb.files.list(real)
-            raw = None
-            if any("\ufffd" in e.name for e in entries):
-                raw = _raw_names(sb.exec(["python3", "-c", _RAW_NAMES, real], timeout=30))
-            return self._list_result(path, entries, raw, sb.id)
+            return self._list_result(path, sb.files.list(real), sb.id)
 
         return self._file_op(config, runtime, "list_files", path, op)
 
@@ -813,14 +783,10 @@ class ThreadboxToolkit(BaseToolkit):
         path: str = ".",
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real = _plain_dir(path)
+        real = sdk_path(path)
 
         async def op(sb: AsyncSandbox) -> ToolResult:
-            entries = await sb.files.list(real)
-            raw = None
-            if any("\ufffd" in e.name for e in entries):
-                raw = _raw_names(await sb.exec(["python3", "-c", _RAW_NAMES, real], timeout=30))
-            return self._list_result(path, entries, raw, sb.id)
+            return self._list_result(path, await sb.files.list(real), sb.id)
 
         return await self._afile_op(config, runtime, "list_files", path, op)
 
@@ -943,49 +909,8 @@ def _result(end: Any, out: list[bytes], err: list[bytes]) -> ExecResult:
     )
 
 
-_RAW_MAX = 4 << 20
-
-
-def _raw_check(path: str, r: ExecResult) -> None:
-    code = RAW_EXIT_CODES.get(r.exit_code or 0)
-    if code == "is_directory":
-        raise _FileError(f"Error: {path}: is a directory (use list_files)")
-    if code is not None:
-        raise _file_error(ThreadboxError(code, code=code), path)
-    if r.exit_code != 0:
-        raise _FileError(f"Error: {path}: {r.stderr.strip()[-300:] or 'failed'}")
-
-
-def _plain_dir(path: str) -> str:
-    if raw_path(path) is not None:
-        raise _FileError(
-            f"Error: {path}: listing a directory whose own name is not UTF-8 is not supported; use run_shell (ls)"
-        )
-    return path
-
-
-# Lists a directory's raw names (hex), for names the files API can only show lossily.
-_RAW_NAMES = "import os, sys\nfor n in os.listdir(os.fsencode(sys.argv[1])): print(n.hex())"
-
-
-def _raw_names(r: ExecResult) -> list[bytes] | None:
-    if r.exit_code != 0:
-        return None
-    try:
-        return [bytes.fromhex(line) for line in r.stdout.split()]
-    except ValueError:
-        return None
-
-
-def _with_raw_names(entries: Sequence[FileEntry], raw: list[bytes]) -> list[FileEntry]:
-    """Replaces lossy names (with U+FFFD) by their escaped raw form."""
+def _with_escaped_names(entries: Sequence[FileEntry]) -> list[FileEntry]:
+    """Names that are not UTF-8 shown as ``caf\\xe9.txt``, which the tools take back."""
     from dataclasses import replace
 
-    lossy = {
-        n.decode("utf-8", "replace"): n for n in raw if n.decode("utf-8", "replace") != n.decode("utf-8", "ignore")
-    }
-    out = []
-    for e in entries:
-        b = lossy.get(e.name)
-        out.append(replace(e, name=escape_name(b)) if b is not None else e)
-    return out
+    return [replace(e, name=escape_name(e.raw_name)) if e.name_b64 else e for e in entries]
