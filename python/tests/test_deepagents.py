@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -249,3 +250,30 @@ def test_a_recreated_thread_sandbox_is_announced_by_execute(tb: Threadbox, names
     assert "missing" in after
     later = turn("show once more")
     assert "[new sandbox" not in later and "missing" in later, later
+
+
+def test_names_that_are_not_utf8_round_trip(tb: Threadbox, names: Names) -> None:
+    """ADR 0026: ls shows `\\xNN`, never a lone surrogate; the escaped path names the same file."""
+    sb = tb.create(names.new("da-raw"))
+    sb.exec(
+        ["python3", "-c", "import os; os.mkdir(b'd\\xff'); open(b'd\\xff/caf\\xe9.txt', 'wb').write(b'bonjour\\n')"]
+    )
+    backend = ThreadboxSandbox(sandbox=sb)
+    ls = backend.ls("/home/user")
+    paths = [e["path"] for e in ls.entries or []]
+    assert "/home/user/d\\xff" in paths, paths
+    assert all(p.encode("utf-8") for p in paths)  # no lone surrogates
+    inner = backend.ls("/home/user/d\\xff")
+    assert [e["path"] for e in inner.entries or []] == ["/home/user/d\\xff/caf\\xe9.txt"], inner
+    res = backend.read("/home/user/d\\xff/caf\\xe9.txt")
+    assert res.error is None and res.file_data is not None and "bonjour" in res.file_data["content"], res
+    edit = backend.edit("/home/user/d\\xff/caf\\xe9.txt", "bonjour", "salut")
+    assert edit.error is None, edit
+    (down,) = backend.download_files(["/home/user/d\\xff/caf\\xe9.txt"])
+    assert down.content == b"salut\n"
+    w = backend.write("/home/user/d\\xff/new\\xfe.txt", "neuf\n")
+    assert w.error is None, w
+    assert sb.files.read(os.fsdecode(b"d\xff/new\xfe.txt")) == b"neuf\n"
+    # No alias is left behind, and a plain name is not affected.
+    assert sb.exec("ls -a /tmp | grep -c threadbox-alias || true").stdout.strip() == "0"
+    assert backend.ls("/home/user/nope").error is not None

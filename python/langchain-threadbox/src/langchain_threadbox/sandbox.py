@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import inspect
 import posixpath
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +32,7 @@ from threadbox import (
 )
 
 from ._output import NEW_SANDBOX_NOTE, human_bytes, safe_text
+from ._paths import escape_name, raw_path, sdk_path
 from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
@@ -89,6 +92,57 @@ def map_path(path: Any) -> Any:
     return posixpath.normpath(HOME + "/" + path.lstrip("/"))
 
 
+# Alias path -> the bytes it stands for, while a helper runs on a name that is not UTF-8.
+_ALIASES: contextvars.ContextVar[dict[str, bytes] | None] = contextvars.ContextVar("threadbox_da_aliases", default=None)
+_MAKE_ALIAS = "import os, sys; os.symlink(bytes.fromhex(sys.argv[1]), sys.argv[2])"
+
+
+def _escape_surrogates(path: str) -> str:
+    """A path as listed (``surrogateescape`` for bytes that are not UTF-8) as the model sees it."""
+    return escape_name(path.encode("utf-8", "surrogateescape"))
+
+
+def _shown(result: Any, alias: str | None = None, shown: str | None = None) -> Any:
+    """A helper's result with every path a model can read and give back (ADR 0026).
+
+    Paths of names that are not UTF-8 come out of the inherited helpers as lone
+    surrogates (which no provider API takes); they become ``\\xNN`` escapes. A helper
+    run on an alias gets its paths and messages put back in the caller's terms.
+    """
+    if not dataclasses.is_dataclass(result) or isinstance(result, type):
+        return result
+    changes: dict[str, Any] = {}
+    for attr in ("entries", "matches"):
+        items = getattr(result, attr, None)
+        if not isinstance(items, list):
+            continue
+        out = []
+        for item in items:
+            if isinstance(item, dict) and isinstance(item.get("path"), str):
+                p = item["path"]
+                if alias is not None and shown is not None and p.startswith(alias):
+                    p = shown + p[len(alias) :]
+                item = {**item, "path": _escape_surrogates(p)}
+            out.append(item)
+        changes[attr] = out
+    err = getattr(result, "error", None)
+    if isinstance(err, str) and alias is not None and shown is not None:
+        changes["error"] = err.replace(alias, shown)
+    return dataclasses.replace(result, **changes) if changes else result
+
+
+def _alias_name() -> str:
+    return f"/tmp/.threadbox-alias-{uuid.uuid4().hex[:12]}"
+
+
+def _raw_target(path: str) -> bytes | None:
+    """The bytes an escaped absolute path stands for (None: a plain path)."""
+    raw = raw_path(path)
+    if raw is None:
+        return None
+    return raw if raw.startswith(b"/") else HOME.encode() + b"/" + raw
+
+
 def _with_mapped_path(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     sig = inspect.signature(method)
     arg = _PATH_ARGS[name]
@@ -97,12 +151,28 @@ def _with_mapped_path(name: str, method: Callable[..., Any]) -> Callable[..., An
     def wrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
         token = _IN_HELPER.set(True)
         try:
+            bound = sig.bind_partial(self, *args, **kwargs)
+            if not isinstance(bound.arguments.get(arg), str):
+                return _shown(method(*bound.args, **bound.kwargs))
+            path = bound.arguments[arg]
             if self._map_paths:
-                bound = sig.bind_partial(self, *args, **kwargs)
-                if arg in bound.arguments:
-                    bound.arguments[arg] = map_path(bound.arguments[arg])
-                    return method(*bound.args, **bound.kwargs)
-            return method(self, *args, **kwargs)
+                path = map_path(path)
+            raw = _raw_target(path)
+            if raw is None:
+                bound.arguments[arg] = path
+                return _shown(method(*bound.args, **bound.kwargs))
+            # The inherited helpers put paths into their programs as UTF-8 text; a name
+            # that is not UTF-8 is reached through a symlink with a plain name.
+            alias = _alias_name()
+            sb = self.sandbox()
+            sb.exec(["python3", "-c", _MAKE_ALIAS, raw.hex(), alias], timeout=30)
+            atoken = _ALIASES.set({**(_ALIASES.get() or {}), alias: raw})
+            try:
+                bound.arguments[arg] = alias
+                return _shown(method(*bound.args, **bound.kwargs), alias, path)
+            finally:
+                _ALIASES.reset(atoken)
+                sb.exec(["rm", "-f", alias], timeout=30)
         finally:
             _IN_HELPER.reset(token)
 
@@ -288,8 +358,12 @@ class ThreadboxSandbox(BaseSandbox):
             ) from e
 
     def _abs(self, path: str) -> str:
+        """The path to give the SDK: mapped, an alias resolved, escapes turned into bytes."""
+        raw = (_ALIASES.get() or {}).get(path)
+        if raw is not None:
+            return raw.decode("utf-8", "surrogateescape")
         mapped: str = map_path(path) if self._map_paths else path
-        return mapped
+        return sdk_path(mapped)
 
     # -- execute --------------------------------------------------------------
 
@@ -424,12 +498,26 @@ for _name in _PATH_ARGS:
                 async def awrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
                     token = _IN_HELPER.set(True)
                     try:
+                        bound = sig.bind_partial(self, *args, **kwargs)
+                        if not isinstance(bound.arguments.get(arg), str):
+                            return _shown(await method(*bound.args, **bound.kwargs))
+                        path = bound.arguments[arg]
                         if self._map_paths:
-                            bound = sig.bind_partial(self, *args, **kwargs)
-                            if arg in bound.arguments:
-                                bound.arguments[arg] = map_path(bound.arguments[arg])
-                                return await method(*bound.args, **bound.kwargs)
-                        return await method(self, *args, **kwargs)
+                            path = map_path(path)
+                        raw = _raw_target(path)
+                        if raw is None:
+                            bound.arguments[arg] = path
+                            return _shown(await method(*bound.args, **bound.kwargs))
+                        alias = _alias_name()
+                        sb = await self._asandbox()
+                        await sb.exec(["python3", "-c", _MAKE_ALIAS, raw.hex(), alias], timeout=30)
+                        atoken = _ALIASES.set({**(_ALIASES.get() or {}), alias: raw})
+                        try:
+                            bound.arguments[arg] = alias
+                            return _shown(await method(*bound.args, **bound.kwargs), alias, path)
+                        finally:
+                            _ALIASES.reset(atoken)
+                            await sb.exec(["rm", "-f", alias], timeout=30)
                     finally:
                         _IN_HELPER.reset(token)
 
