@@ -16,6 +16,7 @@ test:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	./scripts/check-no-aws-lc.sh
 
 openapi:
 	cargo run -q -p threadbox -- openapi > api/openapi.json

@@ -31,6 +31,11 @@ if [ ! -x "$ROOTFS/usr/bin/python3" ]; then
 fi
 export THREADBOX_TEST_ROOTFS="$ROOTFS"
 
+echo "== test tools"
+# nft: only the egress golden test (threadbox-sys `net::tests`) uses it, to read back the
+# table the kernel made of our own netlink batch. threadbox itself never runs nft.
+command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftables; }
+
 echo "== rust tests"
 cargo test --workspace -- --test-threads=2
 

@@ -219,6 +219,40 @@ async def test_pause_resume_and_delete(daemon: Daemon, transport: str, names: Na
         assert r.isError
 
 
+def _exec_count(daemon: Daemon) -> int:
+    text = httpx.get(daemon.url + "/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith("threadbox_exec_duration_seconds_count "):
+            return int(float(line.split()[1]))
+    raise AssertionError(f"no exec histogram in /metrics:\n{text[:2000]}")
+
+
+async def test_execs_are_counted_in_metrics(daemon: Daemon, transport: str, names: Names) -> None:
+    # Both doors run the same exec operation, and /metrics counts it whichever door
+    # it came through (stdio reaches the daemon over REST; HTTP runs it in process).
+    async with mcp_session(daemon, transport) as session:
+        name = names.new("mcp-metrics")
+        await ok(session, "sandbox_create", name=name)
+        before = _exec_count(daemon)
+        await ok(session, "exec", sandbox=name, command="true")
+        await ok(session, "run_python", sandbox=name, code="print(1)")
+        assert _exec_count(daemon) == before + 2
+        await ok(session, "sandbox_delete", sandbox=name)
+
+
+async def test_resume_boots_a_stopped_sandbox_as_rest_start_does(daemon: Daemon, transport: str, names: Names) -> None:
+    async with mcp_session(daemon, transport) as session:
+        name = names.new("mcp-start")
+        await ok(session, "sandbox_create", name=name)
+        await ok(session, "exec", sandbox=name, command="echo kept > f.txt")
+        async with httpx.AsyncClient(timeout=60) as http:
+            stopped = await http.post(f"{daemon.url}/v1/sandboxes/{name}/stop")
+        assert stopped.json()["state"] == "stopped"
+        assert (await ok(session, "sandbox_resume", sandbox=name))["state"] == "running"
+        assert (await ok(session, "read_file", sandbox=name, path="f.txt"))["content"] == "kept\n"
+        await ok(session, "sandbox_delete", sandbox=name)
+
+
 @pytest.mark.parametrize("version", ["2025-03-26", "2025-06-18", "2025-11-25"])
 def test_http_negotiates_protocol_versions(daemon: Daemon, version: str) -> None:
     body = {

@@ -1,8 +1,8 @@
 //! The agent's shared state: the child policy ingredients, the pid → waiter map fed by the
 //! reaper, per-call cgroups, and background processes.
 
+use crate::background::Background;
 use crate::error::{AgentError, Result};
-use crate::exec::Background;
 use crate::log;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};

@@ -4,7 +4,7 @@
 
 use crate::agent::Agent;
 use crate::error::AgentError;
-use crate::{exec, files, log, selftest};
+use crate::{background, exec, files, log, selftest};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -142,18 +142,18 @@ async fn handle(
     match req {
         Request::Ping => Response::Pong,
         Request::Exec(spec) => exec::exec(agent, id, spec, tx, cancel).await,
-        Request::BackgroundStart(spec) => done(exec::start_background(&agent, spec)),
-        Request::BackgroundList => exec::list_background(&agent),
-        Request::BackgroundLogs { bg_id } => done(exec::background_logs(&agent, bg_id)),
+        Request::BackgroundStart(spec) => done(background::start_background(&agent, spec)),
+        Request::BackgroundList => background::list_background(&agent),
+        Request::BackgroundLogs { bg_id } => done(background::background_logs(&agent, bg_id)),
         Request::BackgroundKill { bg_id, signal } => {
-            done(exec::kill_background(&agent, bg_id, signal))
+            done(background::kill_background(&agent, bg_id, signal))
         }
         Request::FileRead {
             path,
             user,
             offset,
             limit,
-        } => done(files::read(&agent, &path, user, offset, limit)),
+        } => done(files::read(&agent, &path, user, offset, limit).await),
         Request::FileWrite {
             path,
             user,
@@ -161,16 +161,8 @@ async fn handle(
             append,
             mode,
             make_parents,
-        } => done(files::write(
-            &agent,
-            &path,
-            user,
-            &data,
-            append,
-            mode,
-            make_parents,
-        )),
-        Request::FileList { path, user } => done(files::list(&agent, &path, user)),
+        } => done(files::write(&agent, &path, user, &data, append, mode, make_parents).await),
+        Request::FileList { path, user } => done(files::list(&agent, &path, user).await),
         Request::FileStat { path, user } => done(files::stat(&agent, &path, user)),
         Request::Mkdir {
             path,
@@ -181,7 +173,7 @@ async fn handle(
             path,
             user,
             recursive,
-        } => done(files::remove(&agent, &path, user, recursive)),
+        } => done(files::remove(&agent, &path, user, recursive).await),
         Request::Rename { from, to, user } => done(files::rename(&agent, &from, &to, user)),
         Request::Selftest => selftest::selftest(agent).await,
         Request::Stats => Response::Stats {

@@ -1,17 +1,16 @@
 //! Running processes: `Exec` (to completion, captured or streamed, with a timeout that
-//! kills the whole tree) and background processes with bounded ring logs.
+//! kills the whole tree). Background processes are in `background.rs`.
 
 use crate::agent::{self, Agent, CallCgroup};
 use crate::error::{AgentError, Result};
-use std::cell::RefCell;
+
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::rc::Rc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use threadbox_proto::{
-    BackgroundInfo, BackgroundLogs, BackgroundSpec, ErrorKind, ExecResult, ExecSpec, Frame,
-    Response, Stream, CHUNK, MAX_OUTPUT_LIMIT,
+    ErrorKind, ExecResult, ExecSpec, Frame, Response, Stream, CHUNK, MAX_OUTPUT_LIMIT,
 };
 use threadbox_sys::child::{self as syschild, WaitStatus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,7 +27,7 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_millis(100);
 /// blocks the writer: flow control instead of memory).
 const STREAM_BACKLOG: usize = 16;
 /// Background processes remembered; beyond that the oldest finished ones are forgotten.
-const MAX_BACKGROUND: usize = 256;
+pub(crate) const MAX_BACKGROUND: usize = 256;
 
 /// Bounded capture of one output stream: the first half of the bound is kept as it
 /// comes, the second half as a ring of the latest bytes, so the end of a long output
@@ -122,7 +121,7 @@ fn far_future() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(86400 * 365)
 }
 
-fn exit_fields(status: Option<WaitStatus>) -> (Option<i32>, Option<i32>) {
+pub(crate) fn exit_fields(status: Option<WaitStatus>) -> (Option<i32>, Option<i32>) {
     match status {
         Some(WaitStatus::Exited(c)) => (Some(c), None),
         Some(WaitStatus::Signaled(s)) => (Some(128 + s), Some(s)),
@@ -166,7 +165,7 @@ fn start_failure(e: AgentError, started: Instant) -> Response {
     })
 }
 
-fn program_name(command: &threadbox_proto::Command) -> String {
+pub(crate) fn program_name(command: &threadbox_proto::Command) -> String {
     match command {
         threadbox_proto::Command::Argv(v) => v.first().cloned().unwrap_or_default(),
         threadbox_proto::Command::Shell(_) => "/bin/sh".into(),
@@ -174,16 +173,16 @@ fn program_name(command: &threadbox_proto::Command) -> String {
 }
 
 /// A spawned process with its pipes, its cgroup and its exit-status waiter.
-struct Spawned {
-    pid: i32,
-    exit: oneshot::Receiver<WaitStatus>,
-    stdin: Option<pipe::Sender>,
-    stdout: pipe::Receiver,
-    stderr: pipe::Receiver,
-    cgroup: Option<String>,
+pub(crate) struct Spawned {
+    pub(crate) pid: i32,
+    pub(crate) exit: oneshot::Receiver<WaitStatus>,
+    pub(crate) stdin: Option<pipe::Sender>,
+    pub(crate) stdout: pipe::Receiver,
+    pub(crate) stderr: pipe::Receiver,
+    pub(crate) cgroup: Option<String>,
 }
 
-fn spawn(
+pub(crate) fn spawn(
     agent: &Agent,
     prepared: agent::Prepared,
     program: &str,
@@ -515,14 +514,14 @@ fn handle_read(
 
 /// The last `cap` bytes of a stream.
 #[derive(Debug)]
-pub struct Ring {
-    buf: VecDeque<u8>,
-    cap: usize,
-    dropped: u64,
+pub(crate) struct Ring {
+    pub(crate) buf: VecDeque<u8>,
+    pub(crate) cap: usize,
+    pub(crate) dropped: u64,
 }
 
 impl Ring {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Ring {
             buf: VecDeque::new(),
             cap,
@@ -530,7 +529,7 @@ impl Ring {
         }
     }
 
-    fn push(&mut self, data: &[u8]) {
+    pub(crate) fn push(&mut self, data: &[u8]) {
         let data = if data.len() > self.cap {
             self.dropped += (data.len() - self.cap) as u64;
             &data[data.len() - self.cap..]
@@ -543,171 +542,9 @@ impl Ring {
         self.buf.extend(data);
     }
 
-    fn contents(&self) -> Vec<u8> {
+    pub(crate) fn contents(&self) -> Vec<u8> {
         self.buf.iter().copied().collect()
     }
-}
-
-#[derive(Debug)]
-pub struct Background {
-    pub info: BackgroundInfo,
-    stdout: Ring,
-    stderr: Ring,
-    cgroup: Option<String>,
-}
-
-fn now_secs() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-pub fn start_background(agent: &Rc<Agent>, spec: BackgroundSpec) -> Result<Response> {
-    {
-        let mut bg = agent.background.borrow_mut();
-        while bg.len() >= MAX_BACKGROUND {
-            let oldest_done = bg
-                .iter()
-                .find(|(_, b)| !b.borrow().info.running)
-                .map(|(k, _)| *k);
-            match oldest_done {
-                Some(k) => {
-                    bg.remove(&k);
-                }
-                None => {
-                    return Err(AgentError::invalid(format!(
-                        "already {MAX_BACKGROUND} background processes running"
-                    )))
-                }
-            }
-        }
-    }
-    let program = program_name(&spec.command);
-    let prepared = agent::prepare(
-        &agent.root,
-        &spec.command,
-        &spec.env,
-        spec.cwd.as_deref(),
-        spec.user,
-    )?;
-    let p = spawn(agent, prepared, &program, "bg", false)?;
-    let bg_id = agent.next_bg.get();
-    agent.next_bg.set(bg_id + 1);
-    let cap = spec.max_log.min(MAX_OUTPUT_LIMIT) as usize;
-    let entry = Rc::new(RefCell::new(Background {
-        info: BackgroundInfo {
-            bg_id,
-            pid: p.pid,
-            command: spec.command,
-            running: true,
-            exit_code: None,
-            signal: None,
-            started_at: now_secs(),
-        },
-        stdout: Ring::new(cap),
-        stderr: Ring::new(cap),
-        cgroup: p.cgroup.clone(),
-    }));
-    agent.background.borrow_mut().insert(bg_id, entry.clone());
-    let pid = p.pid;
-    tokio::task::spawn_local(follow_background(agent.clone(), entry, p));
-    Ok(Response::BackgroundStarted { bg_id, pid })
-}
-
-/// Feeds the ring logs until both pipes close and records the exit status.
-async fn follow_background(agent: Rc<Agent>, entry: Rc<RefCell<Background>>, mut p: Spawned) {
-    let mut obuf = vec![0u8; CHUNK];
-    let mut ebuf = vec![0u8; CHUNK];
-    let (mut out_eof, mut err_eof, mut exited) = (false, false, false);
-    while !(out_eof && err_eof && exited) {
-        tokio::select! {
-            st = &mut p.exit, if !exited => {
-                exited = true;
-                let (exit_code, signal) = exit_fields(st.ok());
-                let mut e = entry.borrow_mut();
-                e.info.running = false;
-                e.info.exit_code = exit_code;
-                e.info.signal = signal;
-            }
-            r = p.stdout.read(&mut obuf), if !out_eof => match r {
-                Ok(n) if n > 0 => entry.borrow_mut().stdout.push(&obuf[..n]),
-                _ => out_eof = true,
-            },
-            r = p.stderr.read(&mut ebuf), if !err_eof => match r {
-                Ok(n) if n > 0 => entry.borrow_mut().stderr.push(&ebuf[..n]),
-                _ => err_eof = true,
-            },
-        }
-    }
-    if let Some(name) = p.cgroup.take() {
-        agent.release_cgroup(name);
-    }
-}
-
-pub fn list_background(agent: &Agent) -> Response {
-    let processes = agent
-        .background
-        .borrow()
-        .values()
-        .map(|b| b.borrow().info.clone())
-        .collect();
-    Response::BackgroundList { processes }
-}
-
-fn find(agent: &Agent, bg_id: u64) -> Result<Rc<RefCell<Background>>> {
-    agent
-        .background
-        .borrow()
-        .get(&bg_id)
-        .cloned()
-        .ok_or_else(|| {
-            AgentError::new(
-                ErrorKind::NotFound,
-                format!("no background process {bg_id}"),
-            )
-        })
-}
-
-pub fn background_logs(agent: &Agent, bg_id: u64) -> Result<Response> {
-    let b = find(agent, bg_id)?;
-    let b = b.borrow();
-    Ok(Response::BackgroundLogs(BackgroundLogs {
-        stdout: b.stdout.contents(),
-        stderr: b.stderr.contents(),
-        stdout_dropped: b.stdout.dropped,
-        stderr_dropped: b.stderr.dropped,
-    }))
-}
-
-/// SIGKILL (the default) kills the whole cgroup of the process, descendants included;
-/// another signal goes to the process alone.
-pub fn kill_background(agent: &Agent, bg_id: u64, signal: Option<i32>) -> Result<Response> {
-    let b = find(agent, bg_id)?;
-    let (pid, running, cgroup) = {
-        let b = b.borrow();
-        (b.info.pid, b.info.running, b.cgroup.clone())
-    };
-    let sig = signal.unwrap_or(libc::SIGKILL);
-    if !(1..=64).contains(&sig) {
-        return Err(AgentError::invalid(format!("invalid signal {sig}")));
-    }
-    if sig == libc::SIGKILL {
-        // Without a cgroup, a group whose leader is gone is not signalled: its number may
-        // belong to someone else by now.
-        if running || cgroup.is_some() {
-            agent.kill_tree(cgroup.as_deref(), pid);
-        }
-        return Ok(Response::Done);
-    }
-    if !running {
-        return Err(AgentError::invalid(format!(
-            "background process {bg_id} has already exited"
-        )));
-    }
-    syschild::kill(pid, sig)
-        .map_err(|e| AgentError::io(&e, &format!("signal to process {pid}")))?;
-    Ok(Response::Done)
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use crate::agent::{identity, Agent, Identity};
 use crate::error::{AgentError, Result};
 use std::ffi::{CStr, OsStr};
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -27,6 +26,10 @@ pub use threadbox_agent::path::MAX_PATH;
 pub const MAX_READ: u64 = 4 * 1024 * 1024;
 /// Most entries one `FileList` returns (beyond: an error, never a silent cut).
 pub const MAX_LIST: usize = 50_000;
+/// Directory entries handled between two yields of a long operation (remove, list).
+const STEP_ENTRIES: usize = 256;
+/// Bytes read between two yields of a large read.
+const STEP_BYTES: usize = 256 * 1024;
 
 /// Absolute (or relative to `home`), without `.`/`..`/empty components (see
 /// [`threadbox_agent::path`]).
@@ -101,7 +104,9 @@ fn open(root: &Root, p: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd
     root.open_at(p, flags | libc::O_NONBLOCK | libc::O_NOCTTY, mode)
 }
 
-pub fn read(
+/// Opens as the user (DAC is checked at open), then reads in steps with a yield between
+/// them, so a 4 MiB read does not hold the agent's only thread (ADR 0043).
+pub async fn read(
     agent: &Agent,
     path: &[u8],
     user: RunAs,
@@ -110,7 +115,7 @@ pub fn read(
 ) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
-    as_user(&who, || {
+    let (file, size) = as_user(&who, || {
         let fd =
             open(&agent.root, &p, libc::O_RDONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?;
         let file = regular_file(fd, &p)?;
@@ -118,27 +123,34 @@ pub fn read(
             .metadata()
             .map_err(|e| AgentError::io(&e, &shown(&p)))?
             .len();
-        let want = limit
-            .unwrap_or(MAX_READ)
-            .min(MAX_READ)
-            .min(size.saturating_sub(offset)) as usize;
-        let mut data = vec![0u8; want];
-        let mut got = 0;
-        while got < want {
-            match file.read_at(&mut data[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(AgentError::io(&e, &shown(&p))),
-            }
+        Ok((file, size))
+    })?;
+    let want = limit
+        .unwrap_or(MAX_READ)
+        .min(MAX_READ)
+        .min(size.saturating_sub(offset)) as usize;
+    let mut data = vec![0u8; want];
+    let mut got = 0;
+    while got < want {
+        let end = want.min(got + STEP_BYTES);
+        match file.read_at(&mut data[got..end], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(AgentError::io(&e, &shown(&p))),
         }
-        data.truncate(got);
-        let eof = offset + got as u64 >= size;
-        Ok(Response::FileData { data, eof, size })
-    })
+        if got < want {
+            tokio::task::yield_now().await;
+        }
+    }
+    data.truncate(got);
+    let eof = offset + got as u64 >= size;
+    Ok(Response::FileData { data, eof, size })
 }
 
-pub fn write(
+/// Opens (or creates) as the user, then writes in steps with a yield between them (a
+/// frame may carry tens of MiB; ADR 0043). The descriptor needs no identity once open.
+pub async fn write(
     agent: &Agent,
     path: &[u8],
     user: RunAs,
@@ -158,7 +170,7 @@ pub fn write(
     // Only permission bits: no setuid/setgid/sticky through the API.
     let perm = mode.unwrap_or(0o644) & 0o777;
     let root = &agent.root;
-    as_user(&who, || {
+    let (file, start) = as_user(&who, || {
         if make_parents {
             if let Some(parent) = p.parent() {
                 root.create_dir_all(parent, 0o755)
@@ -178,22 +190,31 @@ pub fn write(
             ),
             Err(e) => return Err(AgentError::io(&e, &shown(&p))),
         };
-        let mut file = regular_file(fd, &p)?;
+        let file = regular_file(fd, &p)?;
         let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
         if created || mode.is_some() {
             // The umask must not change what the caller asked for.
             file.set_permissions(std::fs::Permissions::from_mode(perm))
                 .map_err(err)?;
         }
-        if append {
-            let end = file.metadata().map_err(err)?.len();
-            file.write_all_at(data, end).map_err(err)?;
+        let start = if append {
+            file.metadata().map_err(err)?.len()
         } else {
             file.set_len(0).map_err(err)?;
-            file.write_all(data).map_err(err)?;
+            0
+        };
+        Ok((file, start))
+    })?;
+    let mut written = 0u64;
+    for (i, chunk) in data.chunks(STEP_BYTES).enumerate() {
+        if i > 0 {
+            tokio::task::yield_now().await;
         }
-        Ok(Response::Done)
-    })
+        file.write_all_at(chunk, start + written)
+            .map_err(|e| AgentError::io(&e, &shown(&p)))?;
+        written += chunk.len() as u64;
+    }
+    Ok(Response::Done)
 }
 
 fn kind_of(st: &Stat) -> FileKind {
@@ -243,34 +264,45 @@ fn entry_info(
     Ok(info(p, &st, link))
 }
 
-pub fn list(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
+/// Reads the names as the user, then stats them in steps (the identity taken for each
+/// step, a yield between them: up to [`MAX_LIST`] entries, ADR 0043).
+pub async fn list(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
-    as_user(&who, || {
-        let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
+    let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
+    let (dir, names) = as_user(&who, || {
         let dir = agent
             .root
             .open_at(&p, libc::O_RDONLY | libc::O_DIRECTORY, 0)
             .map_err(err)?;
         refuse_kernel_fs(&dir, &p)?;
         let names = resolve::read_dir(dir.as_fd(), MAX_LIST).map_err(err)?;
-        if names.len() > MAX_LIST {
-            return Err(AgentError::invalid(format!(
-                "{}: more than {MAX_LIST} entries; list a subdirectory",
-                shown(&p)
-            )));
+        Ok((dir, names))
+    })?;
+    if names.len() > MAX_LIST {
+        return Err(AgentError::invalid(format!(
+            "{}: more than {MAX_LIST} entries; list a subdirectory",
+            shown(&p)
+        )));
+    }
+    let mut entries = Vec::with_capacity(names.len());
+    for (i, chunk) in names.chunks(STEP_ENTRIES).enumerate() {
+        if i > 0 {
+            tokio::task::yield_now().await;
         }
-        let mut entries = Vec::with_capacity(names.len());
-        for name in &names {
-            let child = p.join(OsStr::from_bytes(name.to_bytes()));
-            // The entry may vanish between readdir and fstatat: skip it.
-            if let Ok(fi) = entry_info(dir.as_fd(), name, &child) {
-                entries.push(fi);
+        as_user(&who, || {
+            for name in chunk {
+                let child = p.join(OsStr::from_bytes(name.to_bytes()));
+                // The entry may vanish between readdir and fstatat: skip it.
+                if let Ok(fi) = entry_info(dir.as_fd(), name, &child) {
+                    entries.push(fi);
+                }
             }
-        }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Response::FileList { entries })
-    })
+            Ok(())
+        })?;
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Response::FileList { entries })
 }
 
 /// Refuses a directory in a kernel interface file system (the lexical check keeps /proc,
@@ -334,25 +366,44 @@ pub fn mkdir(agent: &Agent, path: &[u8], user: RunAs, parents: bool) -> Result<R
 
 /// Removes a file, symlink (not its target) or directory (`recursive` for a non-empty
 /// one; the walk never follows symlinks and never leaves the directory it removes).
-pub fn remove(agent: &Agent, path: &[u8], user: RunAs, recursive: bool) -> Result<Response> {
+///
+/// A recursive remove runs in bounded steps with a yield between them (ADR 0043): the
+/// agent has one thread, and a large tree removed in one go would stall every other call
+/// in the sandbox, exec timeouts and output pumping included. The filesystem identity is
+/// taken for each step and given back before the yield, so other calls never run with it.
+pub async fn remove(agent: &Agent, path: &[u8], user: RunAs, recursive: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     if p == Path::new("/") {
         return Err(AgentError::invalid("refusing to remove /"));
     }
-    as_user(&who, || {
-        let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
+    let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
+    let walk = as_user(&who, || {
         let e = entry(&agent.root, &p)?;
         let st = resolve::stat_at(e.dir.as_fd(), &e.name).map_err(err)?;
-        if st.is_dir() {
-            if recursive {
-                let sub = resolve::open_subdir(e.dir.as_fd(), &e.name).map_err(err)?;
-                resolve::remove_contents(sub.as_fd()).map_err(err)?;
-            }
-            resolve::unlink_at(e.dir.as_fd(), &e.name, true).map_err(err)?;
-        } else {
+        if !st.is_dir() {
             resolve::unlink_at(e.dir.as_fd(), &e.name, false).map_err(err)?;
+            return Ok(None);
         }
+        if !recursive {
+            resolve::unlink_at(e.dir.as_fd(), &e.name, true).map_err(err)?;
+            return Ok(None);
+        }
+        let sub = resolve::open_subdir(e.dir.as_fd(), &e.name).map_err(err)?;
+        Ok(Some((e, sub)))
+    })?;
+    let Some((e, sub)) = walk else {
+        return Ok(Response::Done);
+    };
+    let mut contents = resolve::RemoveContents::new();
+    while !as_user(&who, || {
+        contents.step(sub.as_fd(), STEP_ENTRIES).map_err(err)
+    })? {
+        tokio::task::yield_now().await;
+    }
+    drop(sub);
+    as_user(&who, || {
+        resolve::unlink_at(e.dir.as_fd(), &e.name, true).map_err(err)?;
         Ok(Response::Done)
     })
 }

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+mod background;
 mod conn;
 mod error;
 mod exec;

@@ -475,6 +475,64 @@ fn selftest_reports_the_child_posture() {
     }));
 }
 
+/// F8: the agent has one thread, so a long recursive remove must not hold it. While the
+/// remove of a large tree is in flight, an exec sent after it on the same connection
+/// finishes first (an order of completion, not a time).
+#[test]
+fn a_recursive_remove_does_not_stall_a_concurrent_exec() {
+    if skip_unless_root() {
+        return;
+    }
+    let agent = Agent::start();
+    let mut c = agent.connect();
+    let dir = Scratch::new();
+    let tree = dir.0.join("tree");
+    // 60 directories of 1,000 empty files, one of them nested deeper: far more work than
+    // starting `/bin/true`, whatever the machine's load.
+    for d in 0..60 {
+        let sub = if d == 0 {
+            tree.join("d0").join("deeper").join("still")
+        } else {
+            tree.join(format!("d{d}"))
+        };
+        std::fs::create_dir_all(&sub).unwrap();
+        for f in 0..1000 {
+            std::fs::File::create(sub.join(format!("f{f}"))).unwrap();
+        }
+    }
+    let rm = c.send(Request::Remove {
+        path: tree.to_string_lossy().into(),
+        user: RunAs::Root,
+        recursive: true,
+    });
+    let ex = c.send(Request::Exec(argv(&["/bin/true"])));
+    let mut finished = Vec::new();
+    while finished.len() < 2 {
+        match c.recv() {
+            Frame::Response { id, resp } if resp.is_final() => finished.push((id, resp)),
+            Frame::Response { .. } => {}
+            other => panic!("unexpected frame {other:?}"),
+        }
+    }
+    let ids: Vec<u64> = finished.iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        ids,
+        vec![ex, rm],
+        "the exec must finish while the remove is still running: {finished:?}"
+    );
+    for (id, resp) in &finished {
+        if *id == rm {
+            assert!(matches!(resp, Response::Done), "{resp:?}");
+        } else {
+            assert!(
+                matches!(resp, Response::Exited(r) if r.exit_code == Some(0)),
+                "{resp:?}"
+            );
+        }
+    }
+    assert!(!tree.exists(), "the tree is removed");
+}
+
 #[test]
 fn names_that_are_not_utf8_cross_as_bytes() {
     if skip_unless_root() {

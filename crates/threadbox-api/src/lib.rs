@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
 mod governance;
+pub mod network;
+pub mod ops;
 pub mod routes;
 pub use governance::*;
 
@@ -152,6 +154,9 @@ pub struct CreateSandboxRequest {
     pub limits: LimitsRequest,
     /// Pause automatically after this many seconds without API activity.
     pub idle_pause_secs: Option<u64>,
+    /// Stop automatically after this many seconds without API activity (files are kept;
+    /// processes end). A TTL counted from the last call, so it never cuts a busy sandbox.
+    pub idle_stop_secs: Option<u64>,
     /// Stop or delete (see `ttl_action`) this many seconds after creation.
     pub ttl_secs: Option<u64>,
     #[serde(default)]
@@ -174,6 +179,8 @@ pub struct Sandbox {
     pub last_active_at: String,
     pub limits: Limits,
     pub idle_pause_secs: Option<u64>,
+    #[serde(default)]
+    pub idle_stop_secs: Option<u64>,
     pub ttl_secs: Option<u64>,
     pub ttl_action: TtlAction,
     /// Process id of the sandbox's agent on the host, when running or paused; shown to

@@ -22,10 +22,11 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use hyper::{Method, StatusCode};
+use hyper::Method;
 use ndjson::ndjson_events;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use threadbox_api::ops::{self, FileTarget, HttpMethod, Operation};
 use threadbox_api::routes::{self, fill};
 use threadbox_api::*;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -41,6 +42,14 @@ pub struct Client {
     /// Sent as `X-Threadbox-Tenant`: the tenant an operator or admin acts for.
     tenant: Option<String>,
     connect_timeout: Duration,
+}
+
+fn target(sandbox: &str, path: &str, user: User) -> FileTarget {
+    FileTarget {
+        sandbox: sandbox.into(),
+        path: path.into(),
+        user,
+    }
 }
 
 fn user_str(user: User) -> &'static str {
@@ -116,6 +125,41 @@ impl Client {
         }
     }
 
+    /// Sends one operation and decodes its answer: every JSON endpoint below is this
+    /// with the operation's type (its method, route, query and body; ADR 0057).
+    pub async fn call<O>(&self, op: &O) -> Result<O::Output>
+    where
+        O: Operation,
+        O::Output: serde::de::DeserializeOwned,
+    {
+        let values = op.path_values();
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        let mut path = fill(O::PATH, &values);
+        let query = op.query();
+        if !query.is_empty() {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in &query {
+                q.append_pair(k, v);
+            }
+            path = format!("{path}?{}", q.finish());
+        }
+        let method = match O::METHOD {
+            HttpMethod::Get => Method::GET,
+            HttpMethod::Post => Method::POST,
+            HttpMethod::Put => Method::PUT,
+            HttpMethod::Delete => Method::DELETE,
+        };
+        let (body, content_type) = match op.body() {
+            Some(json) => (json_body(&json)?, Some("application/json")),
+            None => (empty_body(), None),
+        };
+        let resp = self.send(method, &path, body, content_type).await?;
+        let bytes = self.read_body(resp).await?;
+        // A `204 No Content` answers `()`, which JSON spells `null`.
+        let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        serde_json::from_slice(bytes).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
     // ---- meta -----------------------------------------------------------------------
 
     pub async fn health(&self) -> Result<Health> {
@@ -131,16 +175,8 @@ impl Client {
 
     /// Creates a sandbox; `created` is false when a sandbox of that name already existed.
     pub async fn create(&self, req: &CreateSandboxRequest) -> Result<(Sandbox, bool)> {
-        let resp = self
-            .send(
-                Method::POST,
-                routes::SANDBOXES,
-                json_body(req)?,
-                Some("application/json"),
-            )
-            .await?;
-        let created = resp.status() == StatusCode::CREATED;
-        Ok((self.json(resp).await?, created))
+        let out = self.call(&ops::CreateSandbox(req.clone())).await?;
+        Ok((out.sandbox, out.created))
     }
 
     pub async fn list(
@@ -148,66 +184,51 @@ impl Client {
         labels: &BTreeMap<String, String>,
         state: Option<SandboxState>,
     ) -> Result<SandboxList> {
-        // In a block: the serializer is not `Send` and must not live across the await.
-        let q = {
-            let mut q = form_urlencoded::Serializer::new(String::new());
-            for (k, v) in labels {
-                q.append_pair("label", &format!("{k}={v}"));
-            }
-            if let Some(s) = state {
-                q.append_pair("state", s.as_str());
-            }
-            q.finish()
-        };
-        let path = if q.is_empty() {
-            routes::SANDBOXES.to_string()
-        } else {
-            format!("{}?{q}", routes::SANDBOXES)
-        };
-        self.get_json(&path).await
+        let labels = labels.clone();
+        self.call(&ops::ListSandboxes { labels, state }).await
     }
 
     pub async fn get(&self, sandbox: &str) -> Result<Sandbox> {
-        self.get_json(&Self::sandbox_path(routes::SANDBOX, sandbox, None))
-            .await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::GetSandbox { sandbox }).await
     }
 
     pub async fn delete(&self, sandbox: &str, force: bool) -> Result<()> {
-        let path = Self::sandbox_path(routes::SANDBOX, sandbox, force.then_some("force=true"));
-        self.no_content(Method::DELETE, &path).await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::DeleteSandbox { sandbox, force }).await
     }
 
     pub async fn pause(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(routes::SANDBOX_PAUSE, sandbox, None))
-            .await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::PauseSandbox { sandbox }).await
     }
 
     pub async fn resume(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(routes::SANDBOX_RESUME, sandbox, None))
-            .await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::ResumeSandbox { sandbox }).await
     }
 
     pub async fn stop(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(routes::SANDBOX_STOP, sandbox, None))
-            .await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::StopSandbox { sandbox }).await
     }
 
     pub async fn start(&self, sandbox: &str) -> Result<Sandbox> {
-        self.post_empty(&Self::sandbox_path(routes::SANDBOX_START, sandbox, None))
-            .await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::StartSandbox { sandbox }).await
     }
 
     pub async fn selftest(&self, sandbox: &str) -> Result<SelftestReport> {
-        self.get_json(&Self::sandbox_path(routes::SANDBOX_SELFTEST, sandbox, None))
-            .await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::Selftest { sandbox }).await
     }
 
     // ---- exec -------------------------------------------------------------------------
 
     /// Runs a command to completion.
     pub async fn exec(&self, sandbox: &str, req: &ExecRequest) -> Result<ExecResponse> {
-        self.post_json(&Self::sandbox_path(routes::EXEC, sandbox, None), req)
-            .await
+        let (sandbox, request) = (sandbox.to_string(), req.clone());
+        self.call(&ops::Exec { sandbox, request }).await
     }
 
     /// Runs a command and yields its events as they arrive: `start`, `stdout`/`stderr`,
@@ -235,20 +256,21 @@ impl Client {
         sandbox: &str,
         req: &StartProcessRequest,
     ) -> Result<ProcessInfo> {
-        self.post_json(&Self::sandbox_path(routes::PROCESSES, sandbox, None), req)
-            .await
+        let (sandbox, request) = (sandbox.to_string(), req.clone());
+        self.call(&ops::StartProcess { sandbox, request }).await
     }
 
     pub async fn list_processes(&self, sandbox: &str) -> Result<ProcessList> {
-        self.get_json(&Self::sandbox_path(routes::PROCESSES, sandbox, None))
-            .await
+        let sandbox = sandbox.to_string();
+        self.call(&ops::ListProcesses { sandbox }).await
     }
 
     pub async fn process_logs(&self, sandbox: &str, process_id: u64) -> Result<ProcessLogs> {
-        self.get_json(&fill(
-            routes::PROCESS_LOGS,
-            &[sandbox, &process_id.to_string()],
-        ))
+        let sandbox = sandbox.to_string();
+        self.call(&ops::GetProcessLogs {
+            sandbox,
+            process_id,
+        })
         .await
     }
 
@@ -259,17 +281,13 @@ impl Client {
         process_id: u64,
         signal: Option<i32>,
     ) -> Result<()> {
-        let body = json_body(&KillProcessRequest { signal })?;
-        let resp = self
-            .send(
-                Method::POST,
-                &fill(routes::PROCESS_KILL, &[sandbox, &process_id.to_string()]),
-                body,
-                Some("application/json"),
-            )
-            .await?;
-        self.read_body(resp).await?;
-        Ok(())
+        let sandbox = sandbox.to_string();
+        self.call(&ops::KillProcess {
+            sandbox,
+            process_id,
+            signal,
+        })
+        .await
     }
 
     // ---- files ------------------------------------------------------------------------
@@ -412,58 +430,33 @@ impl Client {
         user: User,
         recursive: bool,
     ) -> Result<()> {
-        let extra: &[(&str, &str)] = if recursive {
-            &[("recursive", "true")]
-        } else {
-            &[]
-        };
-        self.no_content(
-            Method::DELETE,
-            &Self::sandbox_path(routes::FILES, sandbox, Some(&file_query(path, user, extra))),
-        )
-        .await
+        let target = target(sandbox, path, user);
+        self.call(&ops::RemoveFile { target, recursive }).await
     }
 
     pub async fn list_files(&self, sandbox: &str, path: &str, user: User) -> Result<FileList> {
-        self.get_json(&Self::sandbox_path(
-            routes::FILES_LIST,
-            sandbox,
-            Some(&file_query(path, user, &[])),
-        ))
-        .await
+        self.call(&ops::ListFiles(target(sandbox, path, user)))
+            .await
     }
 
     pub async fn stat_file(&self, sandbox: &str, path: &str, user: User) -> Result<FileEntry> {
-        self.get_json(&Self::sandbox_path(
-            routes::FILES_STAT,
-            sandbox,
-            Some(&file_query(path, user, &[])),
-        ))
-        .await
+        self.call(&ops::StatFile(target(sandbox, path, user))).await
     }
 
     pub async fn mkdir(&self, sandbox: &str, path: &str, user: User, parents: bool) -> Result<()> {
-        let extra: &[(&str, &str)] = if parents { &[("parents", "true")] } else { &[] };
-        self.no_content(
-            Method::POST,
-            &Self::sandbox_path(
-                routes::FILES_MKDIR,
-                sandbox,
-                Some(&file_query(path, user, extra)),
-            ),
-        )
-        .await
+        let target = target(sandbox, path, user);
+        self.call(&ops::Mkdir { target, parents }).await
     }
 
     // ---- images -------------------------------------------------------------------------
 
     pub async fn list_images(&self) -> Result<ImageList> {
-        self.get_json(routes::IMAGES).await
+        self.call(&ops::ListImages).await
     }
 
     /// Registers a root filesystem directory on the daemon's host as an image.
     pub async fn add_image(&self, req: &AddImageRequest) -> Result<Image> {
-        self.post_json(routes::IMAGES, req).await
+        self.call(&ops::AddImage(req.clone())).await
     }
 }
 

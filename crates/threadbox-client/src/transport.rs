@@ -46,6 +46,29 @@ pub(crate) fn json_body<T: Serialize>(value: &T) -> Result<ReqBody> {
     Ok(full_body(bytes))
 }
 
+/// First pause between connect attempts while the daemon's backlog is full; doubles up to
+/// [`BACKLOG_RETRY_MAX`].
+const BACKLOG_RETRY_FIRST: Duration = Duration::from_millis(5);
+const BACKLOG_RETRY_MAX: Duration = Duration::from_millis(200);
+
+/// Connects to a unix socket, waiting while its accept backlog is full. A non-blocking
+/// unix connect fails at once with `EAGAIN` there (a blocking one would sleep until room
+/// is made), and the kernel offers nothing to wait on: retry with a growing pause. A busy
+/// daemon is then waited for, within the caller's connect timeout, instead of reported
+/// as absent.
+async fn connect_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixStream> {
+    let mut pause = BACKLOG_RETRY_FIRST;
+    loop {
+        match tokio::net::UnixStream::connect(path).await {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(BACKLOG_RETRY_MAX);
+            }
+            other => return other,
+        }
+    }
+}
+
 impl Client {
     pub(crate) async fn send(
         &self,
@@ -94,9 +117,7 @@ impl Client {
         })?;
         match &self.endpoint {
             Endpoint::Unix(path) => {
-                let stream = self
-                    .within_connect_timeout(tokio::net::UnixStream::connect(path))
-                    .await?;
+                let stream = self.within_connect_timeout(connect_unix(path)).await?;
                 self.round_trip(TokioIo::new(stream), request).await
             }
             Endpoint::Tcp { authority, .. } => {
@@ -248,11 +269,6 @@ impl Client {
         self.json(resp).await
     }
 
-    pub(crate) async fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let resp = self.send(Method::POST, path, empty_body(), None).await?;
-        self.json(resp).await
-    }
-
     pub(crate) async fn no_content(&self, method: Method, path: &str) -> Result<()> {
         let resp = self.send(method, path, empty_body(), None).await?;
         self.read_body(resp).await?;
@@ -341,5 +357,104 @@ mod tests {
         assert_eq!(err.code(), Some(threadbox_api::ErrorCode::Unavailable));
         assert!(err.to_string().contains("xxxxxxxxxx"), "{err}");
         let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[cfg(test)]
+mod connect_tests {
+    use crate::{Client, ClientError};
+    use std::time::Duration;
+    use tokio::net::{UnixListener, UnixSocket, UnixStream};
+
+    /// A listener that never accepts, with its backlog full: the kernel refuses further
+    /// non-blocking connects with `EAGAIN` until it drains.
+    async fn full_listener(dir: &std::path::Path) -> (UnixListener, Vec<UnixStream>, String) {
+        let path = dir.join("d.sock");
+        let socket = UnixSocket::new_stream().unwrap();
+        socket.bind(&path).unwrap();
+        let listener = socket.listen(0).unwrap();
+        let mut held = Vec::new();
+        loop {
+            match UnixStream::connect(&path).await {
+                Ok(s) => held.push(s),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling the backlog: {e}"),
+            }
+            assert!(held.len() < 64, "the backlog does not fill");
+        }
+        (listener, held, format!("unix://{}", path.display()))
+    }
+
+    fn tempdir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "threadbox-client-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn rand_suffix() -> u64 {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        N.fetch_add(1, Ordering::SeqCst)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_unix_connect_to_a_daemon_that_never_accepts_times_out() {
+        let dir = tempdir();
+        let (_listener, _held, url) = full_listener(&dir).await;
+        let client = Client::new(&url)
+            .unwrap()
+            .with_connect_timeout(Duration::from_millis(200));
+        // The outer bound only turns a hang into a failure; it is not what is tested.
+        let err = tokio::time::timeout(Duration::from_secs(60), client.health())
+            .await
+            .expect("the connect must end by itself")
+            .unwrap_err();
+        match &err {
+            ClientError::Connect { source, .. } => {
+                assert_eq!(source.kind(), std::io::ErrorKind::TimedOut, "{err}");
+                assert!(source.to_string().contains("timed out"), "{source}");
+            }
+            other => panic!("{other}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A full backlog is a busy daemon, not an absent one: the connect waits for room
+    /// (as a blocking connect does) within the timeout instead of failing at once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_unix_connect_waits_for_a_full_backlog_to_drain() {
+        let dir = tempdir();
+        let (listener, held, url) = full_listener(&dir).await;
+        let client = Client::new(&url)
+            .unwrap()
+            .with_connect_timeout(Duration::from_secs(60));
+        let mut call = tokio::spawn(async move { client.health().await });
+        // Let the call make its first attempt (one runtime thread: it runs when we yield).
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        // Drain the backlog (the fillers), then the call's own connection: closed unanswered.
+        let mut accepted = 0;
+        let result = loop {
+            tokio::select! {
+                r = listener.accept() => {
+                    drop(r.unwrap());
+                    accepted += 1;
+                }
+                r = &mut call => break r.unwrap(),
+            }
+        };
+        let err = result.unwrap_err();
+        assert!(
+            !matches!(err, ClientError::Connect { .. }),
+            "the connect must wait for room, got: {err}"
+        );
+        assert!(accepted >= 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -46,59 +46,106 @@ pub struct Stored {
 
 /// Checks the stored entries (in `seq` order, as read) and the chain's head.
 pub fn verify(entries: &[Stored], head_count: u64, head_hash: &str) -> AuditVerification {
-    let bad = |seq: u64, reason: String, n: u64| AuditVerification {
+    let mut check = ChainCheck::new();
+    for e in entries {
+        if !check.push(e) {
+            break;
+        }
+    }
+    check.finish(head_count, head_hash)
+}
+
+/// [`verify`] one entry at a time, so the log can be checked as it is read (in pages)
+/// instead of loaded whole. Holds the previous hash and the count, nothing else.
+#[derive(Debug, Clone)]
+pub struct ChainCheck {
+    prev: String,
+    n: u64,
+    bad: Option<AuditVerification>,
+}
+
+impl Default for ChainCheck {
+    fn default() -> Self {
+        ChainCheck::new()
+    }
+}
+
+impl ChainCheck {
+    pub fn new() -> ChainCheck {
+        ChainCheck {
+            prev: GENESIS.to_string(),
+            n: 0,
+            bad: None,
+        }
+    }
+
+    /// Entries checked and found good so far.
+    pub fn checked(&self) -> u64 {
+        self.n
+    }
+
+    /// Checks the next entry; `false` once the chain is broken (later entries change
+    /// nothing: the first bad one is the answer).
+    pub fn push(&mut self, e: &Stored) -> bool {
+        if self.bad.is_some() {
+            return false;
+        }
+        let expected_seq = self.n + 1;
+        let reason = if e.record.seq != expected_seq {
+            Some(format!(
+                "entry {expected_seq} is missing (found entry {} in its place)",
+                e.record.seq
+            ))
+        } else if e.prev_hash != self.prev {
+            Some(format!(
+                "entry {expected_seq} does not follow entry {} (removed or reordered)",
+                expected_seq - 1
+            ))
+        } else if chain_hash(&self.prev, &e.record) != e.hash {
+            Some(format!(
+                "entry {expected_seq} was altered (its hash does not match)"
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.bad = Some(bad(expected_seq, reason, self.n));
+            return false;
+        }
+        self.prev.clone_from(&e.hash);
+        self.n += 1;
+        true
+    }
+
+    /// The verdict, given the head (entry count and last hash) read with the entries.
+    pub fn finish(self, head_count: u64, head_hash: &str) -> AuditVerification {
+        if let Some(b) = self.bad {
+            return b;
+        }
+        let n = self.n;
+        if head_count != n || (n > 0 && head_hash != self.prev) {
+            let seq = n.min(head_count) + 1;
+            return bad(
+                seq,
+                format!("the log should hold {head_count} entries but holds {n} (entries removed at the end, or the head was altered)"),
+                n,
+            );
+        }
+        AuditVerification {
+            ok: true,
+            entries: n,
+            first_bad_seq: None,
+            reason: None,
+        }
+    }
+}
+
+fn bad(seq: u64, reason: String, n: u64) -> AuditVerification {
+    AuditVerification {
         ok: false,
         entries: n,
         first_bad_seq: Some(seq),
         reason: Some(reason),
-    };
-    let mut prev = GENESIS.to_string();
-    for (i, e) in entries.iter().enumerate() {
-        let expected_seq = i as u64 + 1;
-        let n = i as u64;
-        if e.record.seq != expected_seq {
-            return bad(
-                expected_seq,
-                format!(
-                    "entry {expected_seq} is missing (found entry {} in its place)",
-                    e.record.seq
-                ),
-                n,
-            );
-        }
-        if e.prev_hash != prev {
-            return bad(
-                expected_seq,
-                format!(
-                    "entry {expected_seq} does not follow entry {} (removed or reordered)",
-                    expected_seq - 1
-                ),
-                n,
-            );
-        }
-        if chain_hash(&prev, &e.record) != e.hash {
-            return bad(
-                expected_seq,
-                format!("entry {expected_seq} was altered (its hash does not match)"),
-                n,
-            );
-        }
-        prev = e.hash.clone();
-    }
-    let n = entries.len() as u64;
-    if head_count != n || (n > 0 && head_hash != prev) {
-        let seq = n.min(head_count) + 1;
-        return bad(
-            seq,
-            format!("the log should hold {head_count} entries but holds {n} (entries removed at the end, or the head was altered)"),
-            n,
-        );
-    }
-    AuditVerification {
-        ok: true,
-        entries: n,
-        first_bad_seq: None,
-        reason: None,
     }
 }
 

@@ -218,14 +218,20 @@ pub fn host_image_spec(root: &Path) -> ImageSpec {
     }
 }
 
-/// Checks a directory offered as a root filesystem image.
-pub fn validate_rootfs(path: &str) -> Result<PathBuf> {
+/// What can be said of an image's path without looking at the host: it is absolute.
+pub fn validate_rootfs_path(path: &str) -> Result<PathBuf> {
     let p = PathBuf::from(path);
     if !p.is_absolute() {
         return Err(CoreError::InvalidArgument(format!(
             "image path {path:?} must be absolute"
         )));
     }
+    Ok(p)
+}
+
+/// Checks a directory offered as a root filesystem image.
+pub fn validate_rootfs(path: &str) -> Result<PathBuf> {
+    let p = validate_rootfs_path(path)?;
     let meta = fs::metadata(&p)
         .map_err(|_| CoreError::InvalidArgument(format!("image path {path:?} does not exist")))?;
     if !meta.is_dir() {

@@ -61,6 +61,8 @@ pub struct SandboxRow {
     /// Size of the sandbox's disk image; 0 = no quota (created before quotas).
     pub disk_bytes: u64,
     pub idle_pause_secs: Option<u64>,
+    /// Stop after this long without activity (a TTL counted from the last call).
+    pub idle_stop_secs: Option<u64>,
     pub ttl_secs: Option<u64>,
     pub ttl_action: TtlAction,
     pub slot: u32,
@@ -115,6 +117,9 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
         disk_bytes: r.try_get::<i64, _>("disk_bytes")? as u64,
         idle_pause_secs: r
             .try_get::<Option<i64>, _>("idle_pause_secs")?
+            .map(|v| v as u64),
+        idle_stop_secs: r
+            .try_get::<Option<i64>, _>("idle_stop_secs")?
             .map(|v| v as u64),
         ttl_secs: r.try_get::<Option<i64>, _>("ttl_secs")?.map(|v| v as u64),
         ttl_action: if ttl_action == "delete" {
@@ -227,8 +232,8 @@ impl Store {
         let res = sqlx::query(
             "INSERT INTO sandboxes (id, tenant, name, state, labels, image, memory_bytes, cpus, pids, \
              idle_pause_secs, ttl_secs, ttl_action, slot, agent_pid, created_at, last_active_at, \
-             disk_bytes, tier) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+             disk_bytes, tier, idle_stop_secs) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)",
         )
         .bind(&row.id)
         .bind(&row.tenant)
@@ -247,6 +252,7 @@ impl Store {
         .bind(row.last_active_at)
         .bind(row.disk_bytes as i64)
         .bind(&row.tier)
+        .bind(row.idle_stop_secs.map(|v| v as i64))
         .execute(&mut *tx)
         .await;
         match res {
@@ -299,7 +305,7 @@ impl Store {
         let res = sqlx::query(
             "UPDATE sandboxes SET tenant = ?, name = ?, labels = ?, memory_bytes = ?, cpus = ?, \
              pids = ?, idle_pause_secs = ?, ttl_secs = ?, ttl_action = ?, created_at = ?, \
-             last_active_at = ? WHERE id = ? AND tenant = ? AND state = 'running'",
+             last_active_at = ?, idle_stop_secs = ? WHERE id = ? AND tenant = ? AND state = 'running'",
         )
         .bind(&row.tenant)
         .bind(&row.name)
@@ -312,6 +318,7 @@ impl Store {
         .bind(ttl_str(row.ttl_action))
         .bind(row.created_at)
         .bind(row.last_active_at)
+        .bind(row.idle_stop_secs.map(|v| v as i64))
         .bind(id)
         .bind(crate::caller::POOL_TENANT)
         .execute(&self.pool)
@@ -453,3 +460,7 @@ impl Store {
             .collect()
     }
 }
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+pub(crate) mod tests;

@@ -24,7 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use threadbox_api::routes;
 use threadbox_api::*;
-use threadbox_core::{Caller, FileRange, Manager};
+use threadbox_core::ops::{self, FileTarget, Run};
+use threadbox_core::{Caller, Manager};
 use utoipa::{IntoParams, ToSchema};
 
 /// Bound on JSON request bodies.
@@ -68,6 +69,23 @@ impl Shared {
         self.manager.as_deref().ok_or_else(|| {
             ApiError::new(ErrorCode::Unavailable, "the sandbox manager is not running")
         })
+    }
+
+    /// The manager that will run `op`. Without one (router tests), `op` is still checked
+    /// as the manager checks it, so bad input is answered the same way; then `unavailable`.
+    pub(crate) fn manager_for<O: Run>(&self, op: &O) -> Result<&Manager, ApiError> {
+        match self.manager.as_deref() {
+            Some(m) => Ok(m),
+            None => {
+                op.validate()?;
+                self.manager()
+            }
+        }
+    }
+
+    /// Runs one operation for `caller`: the whole of most handlers.
+    pub(crate) async fn run<O: Run>(&self, caller: &Caller, op: O) -> Result<O::Output, ApiError> {
+        Ok(self.manager_for(&op)?.run(caller, op).await?)
     }
 }
 
@@ -119,12 +137,15 @@ pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
 /// never lets through) fails closed.
 fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSessionManager> {
     let manager = shared.manager.clone();
+    let metrics = shared.metrics.clone();
     let resolve: ResolveBackend = Arc::new(move |parts| {
         let caller = parts
             .and_then(|p| p.extensions.get::<Caller>().cloned())
             .ok_or_else(|| BackendError::new(ErrorCode::Unauthenticated, "missing API key"))?;
         let backend: Arc<dyn Backend> = match &manager {
-            Some(m) => Arc::new(ManagerBackend::new(m.clone(), caller)),
+            Some(m) => {
+                Arc::new(ManagerBackend::new(m.clone(), caller).with_metrics(metrics.clone()))
+            }
             None => Arc::new(ManagerBackend::unavailable()),
         };
         Ok(backend)
@@ -329,11 +350,17 @@ fn parse_user(user: Option<&str>) -> Result<User, ApiError> {
     }
 }
 
-/// The path of a file route: `path`, or `path_b64` for one that is not UTF-8 (ADR 0026).
-fn check_path(path: Option<&str>, path_b64: Option<&str>) -> Result<Vec<u8>, ApiError> {
+/// The file an operation names: the sandbox in the path, `path` (or `path_b64`, for a
+/// path that is not UTF-8; ADR 0026) and `user` in the query.
+fn target(
+    sandbox: String,
+    path: Option<String>,
+    path_b64: Option<String>,
+    user: Option<&str>,
+) -> Result<FileTarget, ApiError> {
     use base64::Engine;
-    let bytes = match (path, path_b64) {
-        (Some(p), None) => p.as_bytes().to_vec(),
+    let path = match (path, path_b64) {
+        (Some(p), None) => p.into_bytes(),
         (None, Some(b)) => {
             // A `+` that was not percent-encoded arrives as a space.
             let b = b.trim().replace(' ', "+");
@@ -345,13 +372,15 @@ fn check_path(path: Option<&str>, path_b64: Option<&str>) -> Result<Vec<u8>, Api
         (Some(_), Some(_)) => return Err(ApiError::invalid("give `path` or `path_b64`, not both")),
         (None, None) => return Err(ApiError::invalid("missing `path` (or `path_b64`)")),
     };
-    if bytes.is_empty() {
-        return Err(ApiError::invalid("`path` must not be empty"));
-    }
-    if bytes.contains(&0) {
-        return Err(ApiError::invalid("`path` must not contain NUL bytes"));
-    }
-    Ok(bytes)
+    Ok(FileTarget {
+        sandbox,
+        path,
+        user: parse_user(user)?,
+    })
+}
+
+fn file_target(sandbox: String, q: FileQuery) -> Result<FileTarget, ApiError> {
+    target(sandbox, q.path, q.path_b64, q.user.as_deref())
 }
 
 /// Parses `label=k=v` (repeatable) and `state=...` of the list route.
@@ -393,34 +422,6 @@ pub(crate) fn parse_list_query(
     Ok((labels, state))
 }
 
-fn check_command(command: &Option<Vec<String>>, shell: &Option<String>) -> Result<(), ApiError> {
-    match (command, shell) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
-            "give exactly one of `command` and `shell`, not both",
-        )),
-        (None, None) => Err(ApiError::invalid("give one of `command` and `shell`")),
-        (Some(argv), None) if argv.is_empty() => {
-            Err(ApiError::invalid("`command` must not be empty"))
-        }
-        (Some(argv), None) if argv[0].is_empty() => {
-            Err(ApiError::invalid("`command[0]` must not be empty"))
-        }
-        _ => Ok(()),
-    }
-}
-
-fn check_exec(req: &ExecRequest) -> Result<(), ApiError> {
-    check_command(&req.command, &req.shell)?;
-    if let Some(t) = req.timeout_secs {
-        if !t.is_finite() || t <= 0.0 {
-            return Err(ApiError::invalid(
-                "`timeout_secs` must be a positive number",
-            ));
-        }
-    }
-    Ok(())
-}
-
 // ---- handlers -------------------------------------------------------------------------
 
 #[utoipa::path(get, path = routes::HEALTHZ, tag = "meta",
@@ -456,18 +457,13 @@ pub(crate) async fn create_sandbox(
     Auth(caller): Auth,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
 ) -> Result<(StatusCode, ApiJson<CreatedSandbox>), ApiError> {
-    if let Some(name) = &req.name {
-        if name.is_empty() {
-            return Err(ApiError::invalid("`name` must not be empty"));
-        }
-    }
-    let (sandbox, created) = st.manager()?.create(&caller, req).await?;
-    let status = if created {
+    let out = st.run(&caller, ops::CreateSandbox(req)).await?;
+    let status = if out.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, ApiJson(CreatedSandbox { sandbox, created })))
+    Ok((status, ApiJson(out)))
 }
 
 #[utoipa::path(get, path = routes::SANDBOXES, tag = "sandboxes",
@@ -484,8 +480,8 @@ pub(crate) async fn list_sandboxes(
     RawQuery(raw): RawQuery,
 ) -> Result<ApiJson<SandboxList>, ApiError> {
     let (labels, state) = parse_list_query(raw.as_deref())?;
-    let sandboxes = st.manager()?.list(&caller, &labels, state).await?;
-    Ok(ApiJson(SandboxList { sandboxes }))
+    let op = ops::ListSandboxes { labels, state };
+    Ok(ApiJson(st.run(&caller, op).await?))
 }
 
 #[utoipa::path(get, path = routes::SANDBOX, tag = "sandboxes",
@@ -498,7 +494,7 @@ pub(crate) async fn get_sandbox(
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.get(&caller, &sandbox).await?))
+    Ok(ApiJson(st.run(&caller, ops::GetSandbox { sandbox }).await?))
 }
 
 #[utoipa::path(delete, path = routes::SANDBOX, tag = "sandboxes",
@@ -512,8 +508,8 @@ pub(crate) async fn delete_sandbox(
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> Result<StatusCode, ApiError> {
-    st.manager()?
-        .delete(&caller, &sandbox, q.force.unwrap_or(false))
+    let force = q.force.unwrap_or(false);
+    st.run(&caller, ops::DeleteSandbox { sandbox, force })
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -528,7 +524,9 @@ pub(crate) async fn pause_sandbox(
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.pause(&caller, &sandbox).await?))
+    Ok(ApiJson(
+        st.run(&caller, ops::PauseSandbox { sandbox }).await?,
+    ))
 }
 
 #[utoipa::path(post, path = routes::SANDBOX_RESUME, tag = "sandboxes",
@@ -541,7 +539,9 @@ pub(crate) async fn resume_sandbox(
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.resume(&caller, &sandbox).await?))
+    Ok(ApiJson(
+        st.run(&caller, ops::ResumeSandbox { sandbox }).await?,
+    ))
 }
 
 #[utoipa::path(post, path = routes::SANDBOX_STOP, tag = "sandboxes",
@@ -554,7 +554,9 @@ pub(crate) async fn stop_sandbox(
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.stop(&caller, &sandbox).await?))
+    Ok(ApiJson(
+        st.run(&caller, ops::StopSandbox { sandbox }).await?,
+    ))
 }
 
 #[utoipa::path(post, path = routes::SANDBOX_START, tag = "sandboxes",
@@ -567,7 +569,9 @@ pub(crate) async fn start_sandbox(
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<Sandbox>, ApiError> {
-    Ok(ApiJson(st.manager()?.start(&caller, &sandbox).await?))
+    Ok(ApiJson(
+        st.run(&caller, ops::StartSandbox { sandbox }).await?,
+    ))
 }
 
 #[utoipa::path(post, path = routes::EXEC, tag = "exec",
@@ -582,9 +586,12 @@ pub(crate) async fn exec(
     ApiPath(sandbox): ApiPath<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<ApiJson<ExecResponse>, ApiError> {
-    check_exec(&req)?;
     let started = std::time::Instant::now();
-    let result = st.manager()?.exec(&caller, &sandbox, req).await?;
+    let op = ops::Exec {
+        sandbox,
+        request: req,
+    };
+    let result = st.run(&caller, op).await?;
     st.metrics.record_exec(started.elapsed());
     Ok(ApiJson(result))
 }
@@ -602,9 +609,12 @@ pub(crate) async fn exec_stream(
     ApiPath(sandbox): ApiPath<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<Response, ApiError> {
-    check_exec(&req)?;
     let started = std::time::Instant::now();
-    let rx = st.manager()?.exec_stream(&caller, &sandbox, req).await?;
+    let op = ops::ExecStream(ops::Exec {
+        sandbox,
+        request: req,
+    });
+    let rx = st.run(&caller, op).await?;
     let lines = exec_event_lines(rx, st.metrics.clone(), started);
     Ok((
         [
@@ -679,8 +689,11 @@ pub(crate) async fn start_process(
     ApiPath(sandbox): ApiPath<String>,
     ApiJson(req): ApiJson<StartProcessRequest>,
 ) -> Result<(StatusCode, ApiJson<ProcessInfo>), ApiError> {
-    check_command(&req.command, &req.shell)?;
-    let info = st.manager()?.start_process(&caller, &sandbox, req).await?;
+    let op = ops::StartProcess {
+        sandbox,
+        request: req,
+    };
+    let info = st.run(&caller, op).await?;
     Ok((StatusCode::CREATED, ApiJson(info)))
 }
 
@@ -695,7 +708,7 @@ pub(crate) async fn list_processes(
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<ProcessList>, ApiError> {
     Ok(ApiJson(
-        st.manager()?.list_processes(&caller, &sandbox).await?,
+        st.run(&caller, ops::ListProcesses { sandbox }).await?,
     ))
 }
 
@@ -711,11 +724,11 @@ pub(crate) async fn process_logs(
     Auth(caller): Auth,
     ApiPath((sandbox, process_id)): ApiPath<(String, u64)>,
 ) -> Result<ApiJson<ProcessLogs>, ApiError> {
-    Ok(ApiJson(
-        st.manager()?
-            .process_logs(&caller, &sandbox, process_id)
-            .await?,
-    ))
+    let op = ops::GetProcessLogs {
+        sandbox,
+        process_id,
+    };
+    Ok(ApiJson(st.run(&caller, op).await?))
 }
 
 #[utoipa::path(post, path = routes::PROCESS_KILL, tag = "processes",
@@ -738,16 +751,12 @@ pub(crate) async fn kill_process(
         serde_json::from_slice(&body)
             .map_err(|err| ApiError::invalid(format!("invalid kill request: {err}")))?
     };
-    if let Some(sig) = req.signal {
-        if !(1..=64).contains(&sig) {
-            return Err(ApiError::invalid(format!(
-                "invalid signal {sig}: expected 1 to 64"
-            )));
-        }
-    }
-    st.manager()?
-        .kill_process(&caller, &sandbox, process_id, req.signal)
-        .await?;
+    let op = ops::KillProcess {
+        sandbox,
+        process_id,
+        signal: req.signal,
+    };
+    st.run(&caller, op).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -762,13 +771,12 @@ pub(crate) async fn read_file(
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<ReadFileQuery>,
 ) -> Result<Response, ApiError> {
-    let user = parse_user(q.user.as_deref())?;
-    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
-    let range = FileRange::new(q.offset.unwrap_or(0), q.length).map_err(ApiError::from)?;
-    let chunks = st
-        .manager()?
-        .read_file(&caller, &sandbox, &path, user, range)
-        .await?;
+    let op = ops::ReadFile {
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
+        offset: q.offset.unwrap_or(0),
+        length: q.length,
+    };
+    let chunks = st.run(&caller, op).await?;
     let body = chunks.map(|chunk| {
         chunk.map(Bytes::from).map_err(|err| {
             // Headers are gone already: the client sees a cut body.
@@ -801,8 +809,7 @@ pub(crate) async fn write_file(
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let user = parse_user(q.user.as_deref())?;
-    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
+    let target = file_target(sandbox, q)?;
     let limit = st.max_upload_bytes;
     let too_large = || ApiError::too_large(format!("file uploads are limited to {limit} bytes"));
     if let Some(len) = headers
@@ -814,7 +821,6 @@ pub(crate) async fn write_file(
             return Err(too_large());
         }
     }
-    let manager = st.manager()?;
     let exceeded = Arc::new(AtomicBool::new(false));
     let flag = exceeded.clone();
     let mut seen: u64 = 0;
@@ -833,9 +839,7 @@ pub(crate) async fn write_file(
             Err(err) => Err(format!("reading the request body failed: {err}")),
         })
         .boxed();
-    let result = manager
-        .write_file(&caller, &sandbox, &path, user, body)
-        .await;
+    let result = st.run(&caller, ops::WriteFile { target, body }).await;
     if exceeded.load(Ordering::Relaxed) {
         return Err(too_large());
     }
@@ -854,11 +858,11 @@ pub(crate) async fn remove_file(
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<RemoveFileQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let user = parse_user(q.user.as_deref())?;
-    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
-    st.manager()?
-        .remove_file(&caller, &sandbox, &path, user, q.recursive.unwrap_or(false))
-        .await?;
+    let op = ops::RemoveFile {
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
+        recursive: q.recursive.unwrap_or(false),
+    };
+    st.run(&caller, op).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -873,13 +877,8 @@ pub(crate) async fn list_files(
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<ApiJson<FileList>, ApiError> {
-    let user = parse_user(q.user.as_deref())?;
-    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
-    Ok(ApiJson(
-        st.manager()?
-            .list_files(&caller, &sandbox, &path, user)
-            .await?,
-    ))
+    let op = ops::ListFiles(file_target(sandbox, q)?);
+    Ok(ApiJson(st.run(&caller, op).await?))
 }
 
 #[utoipa::path(get, path = routes::FILES_STAT, tag = "files",
@@ -893,13 +892,8 @@ pub(crate) async fn stat_file(
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<FileQuery>,
 ) -> Result<ApiJson<FileEntry>, ApiError> {
-    let user = parse_user(q.user.as_deref())?;
-    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
-    Ok(ApiJson(
-        st.manager()?
-            .stat_file(&caller, &sandbox, &path, user)
-            .await?,
-    ))
+    let op = ops::StatFile(file_target(sandbox, q)?);
+    Ok(ApiJson(st.run(&caller, op).await?))
 }
 
 #[utoipa::path(post, path = routes::FILES_MKDIR, tag = "files",
@@ -913,11 +907,11 @@ pub(crate) async fn mkdir(
     ApiPath(sandbox): ApiPath<String>,
     ApiQuery(q): ApiQuery<MkdirQuery>,
 ) -> Result<StatusCode, ApiError> {
-    let user = parse_user(q.user.as_deref())?;
-    let path = check_path(q.path.as_deref(), q.path_b64.as_deref())?;
-    st.manager()?
-        .mkdir(&caller, &sandbox, &path, user, q.parents.unwrap_or(false))
-        .await?;
+    let op = ops::Mkdir {
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
+        parents: q.parents.unwrap_or(false),
+    };
+    st.run(&caller, op).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -931,7 +925,7 @@ pub(crate) async fn selftest(
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
 ) -> Result<ApiJson<SelftestReport>, ApiError> {
-    Ok(ApiJson(st.manager()?.selftest(&caller, &sandbox).await?))
+    Ok(ApiJson(st.run(&caller, ops::Selftest { sandbox }).await?))
 }
 
 #[utoipa::path(get, path = routes::IMAGES, tag = "images",
@@ -942,7 +936,7 @@ pub(crate) async fn list_images(
     State(st): St,
     Auth(caller): Auth,
 ) -> Result<ApiJson<ImageList>, ApiError> {
-    Ok(ApiJson(st.manager()?.list_images(&caller).await?))
+    Ok(ApiJson(st.run(&caller, ops::ListImages).await?))
 }
 
 #[utoipa::path(post, path = routes::IMAGES, tag = "images",
@@ -955,15 +949,7 @@ pub(crate) async fn add_image(
     Auth(caller): Auth,
     ApiJson(req): ApiJson<AddImageRequest>,
 ) -> Result<(StatusCode, ApiJson<Image>), ApiError> {
-    if req.name.is_empty() {
-        return Err(ApiError::invalid("`name` must not be empty"));
-    }
-    if !req.path.starts_with('/') {
-        return Err(ApiError::invalid(
-            "`path` must be an absolute path on the daemon's host",
-        ));
-    }
-    let image = st.manager()?.add_image(&caller, req).await?;
+    let image = st.run(&caller, ops::AddImage(req)).await?;
     Ok((StatusCode::CREATED, ApiJson(image)))
 }
 

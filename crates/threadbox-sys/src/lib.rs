@@ -13,6 +13,7 @@ pub mod child;
 pub mod fs;
 pub mod jail;
 pub mod landlock;
+pub mod net;
 pub mod process;
 #[allow(unsafe_code)]
 mod raw;

@@ -179,6 +179,9 @@ pub struct CreateArgs {
     /// Pause after this many seconds without API activity.
     #[arg(long, value_name = "SECS")]
     pub idle_pause: Option<u64>,
+    /// Stop after this many seconds without API activity (files are kept).
+    #[arg(long, value_name = "SECS")]
+    pub idle_stop: Option<u64>,
     /// Stop (or delete, see --ttl-action) this many seconds after creation.
     #[arg(long, value_name = "SECS")]
     pub ttl: Option<u64>,

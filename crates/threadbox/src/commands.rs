@@ -249,7 +249,7 @@ fn print_sandbox(sb: &Sandbox) -> anyhow::Result<()> {
     let text = format!(
         "id:             {}\nname:           {}\nstate:          {}\nimage:          {}\n\
          labels:         {}\ncreated_at:     {}\nlast_active_at: {}\nmemory:         {} bytes\n\
-         cpus:           {}\npids:           {}\nidle_pause:     {}\nttl:            {}{}\n\
+         cpus:           {}\npids:           {}\nidle_pause:     {}\nidle_stop:      {}\nttl:            {}{}\n\
          agent_pid:      {}\n",
         esc(&sb.id),
         esc(sb.name.as_deref().unwrap_or("-")),
@@ -266,6 +266,7 @@ fn print_sandbox(sb: &Sandbox) -> anyhow::Result<()> {
         sb.limits.cpus,
         sb.limits.pids,
         opt(sb.idle_pause_secs),
+        opt(sb.idle_stop_secs),
         opt(sb.ttl_secs),
         match (sb.ttl_secs, sb.ttl_action) {
             (None, _) => "",
@@ -334,6 +335,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
             disk_bytes: args.disk.as_deref().map(parse_size).transpose()?,
         },
         idle_pause_secs: args.idle_pause,
+        idle_stop_secs: args.idle_stop,
         ttl_secs: args.ttl,
         ttl_action: match args.ttl_action {
             Some(TtlActionArg::Delete) => TtlAction::Delete,

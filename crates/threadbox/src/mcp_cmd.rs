@@ -71,10 +71,6 @@ impl Backend for ClientBackend {
         self.client.pause(sandbox).await.map_err(backend_error)
     }
 
-    async fn resume(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        self.client.resume(sandbox).await.map_err(backend_error)
-    }
-
     async fn start(&self, sandbox: &str) -> BackendResult<Sandbox> {
         self.client.start(sandbox).await.map_err(backend_error)
     }

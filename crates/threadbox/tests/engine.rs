@@ -683,6 +683,40 @@ fn idle_pause_and_ttl_act_through_the_lifecycle() {
 }
 
 #[test]
+fn idle_stop_counts_from_the_last_call_and_never_cuts_one() {
+    require_root!();
+    let d = Daemon::start();
+    // Bad input is refused and creates nothing.
+    assert!(!d.tb(&["create", "--idle-stop", "0"]).status.success());
+    assert_eq!(
+        d.json(&["ls", "--json"])["sandboxes"],
+        serde_json::json!([])
+    );
+
+    // A call longer than the idle stop runs to its end: nothing in flight is stopped.
+    let busy = d.create(&["--idle-stop", "1"]);
+    let r = d.sh(&busy, "echo kept > /home/user/f; sleep 3; echo done");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "done\n");
+    // Then, idle, it stops; its files are kept through a start.
+    wait_for("idle stop", Duration::from_secs(20), || {
+        d.json(&["info", &busy, "--json"])["state"] == "stopped"
+    });
+    assert!(d.tb(&["start", &busy]).status.success());
+    assert_eq!(d.sh(&busy, "cat /home/user/f")["stdout"], "kept\n");
+
+    // A paused sandbox is stopped too (it would otherwise hold its memory forever).
+    let parked = d.create(&["--idle-pause", "1", "--idle-stop", "4"]);
+    wait_for("idle pause first", Duration::from_secs(20), || {
+        d.json(&["info", &parked, "--json"])["state"] == "paused"
+    });
+    wait_for("then idle stop", Duration::from_secs(20), || {
+        d.json(&["info", &parked, "--json"])["state"] == "stopped"
+    });
+    assert_eq!(d.json(&["info", &parked, "--json"])["idle_stop_secs"], 4);
+}
+
+#[test]
 fn get_or_create_by_name_is_idempotent_under_concurrency() {
     require_root!();
     let d = Daemon::start();

@@ -4,21 +4,12 @@
 
 mod common;
 
-use common::{require_root, serial, Daemon, Run};
+use common::{require_root, serial, wait_for, Daemon, Run};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-/// Polls `cond` until it holds; panics with `what` after `limit`.
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use std::time::Duration;
 
 /// One HTTP/1.1 request over TCP; returns the status and the body.
 fn http(

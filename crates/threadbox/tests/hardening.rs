@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{require_root, serial, Daemon, Run};
+use common::{require_root, serial, wait_for, Daemon, Run};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -16,16 +16,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-/// Polls `cond` until it holds; panics with `what` after `limit`.
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use std::time::Duration;
 
 /// Sends one raw HTTP/1.1 request (`head` without the final blank line) and returns the
 /// status and body.

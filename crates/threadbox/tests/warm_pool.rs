@@ -7,19 +7,12 @@ mod common;
 
 use common::{require_root, serial, Daemon};
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const POOL_DEADLINE: Duration = Duration::from_secs(60);
 
-fn wait_for(what: &str, d: &Daemon, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + POOL_DEADLINE;
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out waiting for {what}; daemon log:\n{}", d.log());
+fn wait_for(what: &str, d: &Daemon, f: impl FnMut() -> bool) {
+    d.wait_for(what, POOL_DEADLINE, f)
 }
 
 /// A sandbox id (`sb-` and 32 hex digits) in a log line.

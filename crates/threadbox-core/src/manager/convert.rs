@@ -41,6 +41,7 @@ pub(super) fn to_api_full(config: &Config, row: &SandboxRow) -> Sandbox {
             disk_bytes: row.disk_bytes,
         },
         idle_pause_secs: row.idle_pause_secs,
+        idle_stop_secs: row.idle_stop_secs,
         ttl_secs: row.ttl_secs,
         ttl_action: row.ttl_action,
         agent_pid: match row.state {

@@ -86,7 +86,8 @@ impl Manager {
             Ok((sb, _)) => sb.id.clone(),
             Err(_) => name,
         };
-        self.audit(caller, "sandbox.create", &target, &r).await;
+        self.audit(caller, ops::CreateSandbox::NAME, &target, &r)
+            .await;
         r
     }
 
@@ -95,7 +96,7 @@ impl Manager {
         caller: &Caller,
         req: CreateSandboxRequest,
     ) -> Result<Option<(Sandbox, bool)>> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::CreateSandbox::SCOPE)?;
         if let Some(name) = &req.name {
             validate_name(name)?;
         }
@@ -149,6 +150,7 @@ impl Manager {
         let disk_bytes = requested_disk.unwrap_or(default_disk);
         for (what, v) in [
             ("idle_pause_secs", req.idle_pause_secs),
+            ("idle_stop_secs", req.idle_stop_secs),
             ("ttl_secs", req.ttl_secs),
         ] {
             if let Some(v) = v {
@@ -180,6 +182,7 @@ impl Manager {
             pids,
             disk_bytes,
             idle_pause_secs: req.idle_pause_secs,
+            idle_stop_secs: req.idle_stop_secs,
             ttl_secs: req.ttl_secs,
             ttl_action: req.ttl_action,
             slot: 0,
@@ -277,7 +280,7 @@ impl Manager {
     }
 
     pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
-        caller.require(Scope::SandboxesRead)?;
+        caller.require(ops::GetSandbox::SCOPE)?;
         Ok(to_api(
             &self.config,
             caller,
@@ -292,7 +295,7 @@ impl Manager {
         labels: &BTreeMap<String, String>,
         state: Option<SandboxState>,
     ) -> Result<Vec<Sandbox>> {
-        caller.require(Scope::SandboxesRead)?;
+        caller.require(ops::ListSandboxes::SCOPE)?;
         let rows = self.store.all_sandboxes().await?;
         Ok(rows
             .iter()

@@ -35,7 +35,7 @@ impl Manager {
         req: ExecRequest,
     ) -> Result<ExecResponse> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::Exec::SCOPE)?;
 
             let spec = exec_spec(req, false)?;
             let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
@@ -77,7 +77,7 @@ impl Manager {
             }
         }
         .await;
-        self.audit(caller, "sandbox.exec", id_or_name, &r).await;
+        self.audit(caller, ops::Exec::NAME, id_or_name, &r).await;
         r
     }
 
@@ -89,7 +89,7 @@ impl Manager {
         req: ExecRequest,
     ) -> Result<mpsc::Receiver<ExecEvent>> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::Exec::SCOPE)?;
 
             let spec = exec_spec(req, true)?;
             let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
@@ -173,12 +173,12 @@ impl Manager {
             Ok(out)
         }
         .await;
-        self.audit(caller, "sandbox.exec", id_or_name, &r).await;
+        self.audit(caller, ops::Exec::NAME, id_or_name, &r).await;
         r
     }
 
     pub async fn selftest(&self, caller: &Caller, id_or_name: &str) -> Result<SelftestReport> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::Selftest::SCOPE)?;
 
         match self
             .call(caller, id_or_name, false, proto::Request::Selftest)

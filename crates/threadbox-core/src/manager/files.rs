@@ -15,7 +15,7 @@ impl Manager {
         user: User,
         range: FileRange,
     ) -> Result<ByteStream> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(crate::ops::ReadFile::SCOPE)?;
 
         validate_path(path)?;
         let (conn, inflight) = self.running_conn(caller, id_or_name, false).await?;
@@ -94,7 +94,7 @@ impl Manager {
         mut body: ByteSink,
     ) -> Result<u64> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(crate::ops::WriteFile::SCOPE)?;
 
             validate_path(path)?;
             if path.ends_with(b"/") {
@@ -176,7 +176,8 @@ impl Manager {
             Ok(written)
         }
         .await;
-        self.audit(caller, "file.write", id_or_name, &r).await;
+        self.audit(caller, crate::ops::WriteFile::NAME, id_or_name, &r)
+            .await;
         r
     }
 
@@ -187,7 +188,7 @@ impl Manager {
         path: &[u8],
         user: User,
     ) -> Result<FileList> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::ListFiles::SCOPE)?;
 
         validate_path(path)?;
         match self
@@ -216,7 +217,7 @@ impl Manager {
         path: &[u8],
         user: User,
     ) -> Result<FileEntry> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::StatFile::SCOPE)?;
 
         validate_path(path)?;
         match self
@@ -245,7 +246,7 @@ impl Manager {
         parents: bool,
     ) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::Mkdir::SCOPE)?;
 
             validate_path(path)?;
             self.call_done(
@@ -261,7 +262,7 @@ impl Manager {
             .await
         }
         .await;
-        self.audit(caller, "file.mkdir", id_or_name, &r).await;
+        self.audit(caller, ops::Mkdir::NAME, id_or_name, &r).await;
         r
     }
 
@@ -274,7 +275,7 @@ impl Manager {
         recursive: bool,
     ) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::RemoveFile::SCOPE)?;
 
             validate_path(path)?;
             self.call_done(
@@ -290,7 +291,8 @@ impl Manager {
             .await
         }
         .await;
-        self.audit(caller, "file.remove", id_or_name, &r).await;
+        self.audit(caller, ops::RemoveFile::NAME, id_or_name, &r)
+            .await;
         r
     }
 }

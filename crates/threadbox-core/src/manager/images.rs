@@ -6,7 +6,7 @@ impl Manager {
     pub async fn add_image(&self, caller: &Caller, req: AddImageRequest) -> Result<Image> {
         let target = req.name.clone();
         let r = async {
-            caller.require(Scope::Admin)?;
+            caller.require(ops::AddImage::SCOPE)?;
 
             crate::images::validate_image_name(&req.name)?;
             let path = crate::images::validate_rootfs(&req.path)?;
@@ -25,12 +25,12 @@ impl Manager {
             })
         }
         .await;
-        self.audit(caller, "image.add", &target, &r).await;
+        self.audit(caller, ops::AddImage::NAME, &target, &r).await;
         r
     }
 
     pub async fn list_images(&self, caller: &Caller) -> Result<ImageList> {
-        caller.require(Scope::SandboxesRead)?;
+        caller.require(ops::ListImages::SCOPE)?;
 
         Ok(ImageList {
             images: self

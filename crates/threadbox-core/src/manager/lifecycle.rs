@@ -107,6 +107,13 @@ impl Manager {
                 self.forget(&row.id);
                 tracing::info!(sandbox = %row.id, "deleted");
             }
+            Step::Adopt { .. } => {
+                if let Some(to) = to {
+                    self.store
+                        .transition(&row.id, from, to, row.agent_pid)
+                        .await?;
+                }
+            }
         }
         debug_assert!(step == Step::Keep || to.is_some());
         Ok(step)
@@ -140,47 +147,51 @@ impl Manager {
         op: Op,
     ) -> Result<Sandbox> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::PauseSandbox::SCOPE)?;
             let (row, _) = self.lifecycle(caller, id_or_name, op).await?;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
-        self.audit(caller, "sandbox.pause", id_or_name, &r).await;
+        self.audit(caller, ops::PauseSandbox::NAME, id_or_name, &r)
+            .await;
         r
     }
 
     pub async fn resume(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::ResumeSandbox::SCOPE)?;
             let (row, live) = self.lifecycle(caller, id_or_name, Op::Resume).await?;
             self.touch(&live, &row.id).await;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
-        self.audit(caller, "sandbox.resume", id_or_name, &r).await;
+        self.audit(caller, ops::ResumeSandbox::NAME, id_or_name, &r)
+            .await;
         r
     }
 
     pub async fn stop(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::StopSandbox::SCOPE)?;
             let (row, _) = self.lifecycle(caller, id_or_name, Op::Stop).await?;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
-        self.audit(caller, "sandbox.stop", id_or_name, &r).await;
+        self.audit(caller, ops::StopSandbox::NAME, id_or_name, &r)
+            .await;
         r
     }
 
     pub async fn start(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::StartSandbox::SCOPE)?;
             let (row, live) = self.lifecycle(caller, id_or_name, Op::Start).await?;
             self.touch(&live, &row.id).await;
             Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
         }
         .await;
-        self.audit(caller, "sandbox.start", id_or_name, &r).await;
+        self.audit(caller, ops::StartSandbox::NAME, id_or_name, &r)
+            .await;
         r
     }
 
@@ -188,13 +199,14 @@ impl Manager {
     /// or paused sandbox is refused with `conflict`.
     pub async fn delete(&self, caller: &Caller, id_or_name: &str, force: bool) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesDelete)?;
+            caller.require(ops::DeleteSandbox::SCOPE)?;
             self.lifecycle(caller, id_or_name, Op::Delete { force })
                 .await
                 .map(|_| ())
         }
         .await;
-        self.audit(caller, "sandbox.delete", id_or_name, &r).await;
+        self.audit(caller, ops::DeleteSandbox::NAME, id_or_name, &r)
+            .await;
         r
     }
 

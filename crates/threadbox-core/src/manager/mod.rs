@@ -27,7 +27,7 @@ mod processes;
 mod reaper;
 mod reconcile;
 pub mod state;
-mod validate;
+pub(crate) mod validate;
 
 pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
@@ -48,6 +48,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use threadbox_api::ops::{self, Operation};
 use threadbox_api::*;
 use threadbox_proto as proto;
 use tokio::sync::mpsc;
@@ -66,8 +67,6 @@ pub mod bytes_stream {
 const FILE_CHUNK: u64 = 1024 * 1024;
 /// How long to wait for a freshly started agent to answer.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The states of a sandbox whose agent may be alive.
-const LIVE: &[State] = &[State::Running, State::Paused];
 /// Longest per-call timeout a client may ask for.
 const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
 

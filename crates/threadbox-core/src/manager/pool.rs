@@ -86,6 +86,7 @@ impl Manager {
             pids: self.config.default_pids,
             disk_bytes: self.config.default_disk_bytes,
             idle_pause_secs: None,
+            idle_stop_secs: None,
             ttl_secs: None,
             ttl_action: TtlAction::Stop,
             slot: 0,

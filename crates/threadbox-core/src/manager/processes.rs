@@ -10,7 +10,7 @@ impl Manager {
         req: StartProcessRequest,
     ) -> Result<ProcessInfo> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::StartProcess::SCOPE)?;
 
             let command = command_of(req.command, req.shell)?;
             validate_env(&req.env)?;
@@ -47,12 +47,13 @@ impl Manager {
             }
         }
         .await;
-        self.audit(caller, "process.start", id_or_name, &r).await;
+        self.audit(caller, ops::StartProcess::NAME, id_or_name, &r)
+            .await;
         r
     }
 
     pub async fn list_processes(&self, caller: &Caller, id_or_name: &str) -> Result<ProcessList> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::ListProcesses::SCOPE)?;
 
         match self
             .call(caller, id_or_name, false, proto::Request::BackgroundList)
@@ -82,7 +83,7 @@ impl Manager {
         id_or_name: &str,
         process_id: u64,
     ) -> Result<ProcessLogs> {
-        caller.require(Scope::SandboxesWrite)?;
+        caller.require(ops::GetProcessLogs::SCOPE)?;
 
         match self
             .call(
@@ -127,15 +128,9 @@ impl Manager {
         signal: Option<i32>,
     ) -> Result<()> {
         let r = async {
-            caller.require(Scope::SandboxesWrite)?;
+            caller.require(ops::KillProcess::SCOPE)?;
 
-            if let Some(s) = signal {
-                if !(1..=64).contains(&s) {
-                    return Err(CoreError::InvalidArgument(
-                        "signal must be between 1 and 64".into(),
-                    ));
-                }
-            }
+            validate_signal(signal)?;
             self.call_done(
                 caller,
                 id_or_name,
@@ -148,7 +143,8 @@ impl Manager {
             .await
         }
         .await;
-        self.audit(caller, "process.kill", id_or_name, &r).await;
+        self.audit(caller, ops::KillProcess::NAME, id_or_name, &r)
+            .await;
         r
     }
 }

@@ -1,4 +1,4 @@
-//! Background sweeps: idle pause and TTL.
+//! Background sweeps: idle stop, idle pause and TTL.
 
 use super::*;
 
@@ -26,6 +26,23 @@ impl Manager {
                     continue;
                 }
             }
+            if let (State::Running | State::Paused, Some(idle)) = (row.state, row.idle_stop_secs) {
+                let live = self.live(&row.id);
+                let last = live
+                    .last_active
+                    .load(Ordering::SeqCst)
+                    .max(row.last_active_at);
+                if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
+                    match self.idle_step(&row, (idle as i64) * 1000, true).await {
+                        Ok(true) => {
+                            tracing::info!(sandbox = %row.id, "stopped after {idle}s idle");
+                            continue;
+                        }
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(sandbox = %row.id, "idle stop failed: {e}"),
+                    }
+                }
+            }
             if let (State::Running, Some(idle)) = (row.state, row.idle_pause_secs) {
                 let live = self.live(&row.id);
                 let last = live
@@ -34,7 +51,7 @@ impl Manager {
                     .max(row.last_active_at);
                 // A cheap look first; `idle_pause` decides again under the lock.
                 if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
-                    match self.idle_pause(&row, (idle as i64) * 1000).await {
+                    match self.idle_step(&row, (idle as i64) * 1000, false).await {
                         Ok(true) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
                         Ok(false) => {}
                         Err(e) => tracing::warn!(sandbox = %row.id, "idle pause failed: {e}"),
@@ -45,9 +62,15 @@ impl Manager {
         Ok(())
     }
 
-    /// The idle sweeper's pause: decided under the lifecycle lock, where calls register
-    /// as in flight, so it never freezes a sandbox in the middle of a call (F1).
-    pub(super) async fn idle_pause(&self, row: &SandboxRow, idle_ms: i64) -> Result<bool> {
+    /// The idle sweeper's pause (or, with `stop`, its stop): decided under the lifecycle
+    /// lock, where calls register as in flight, so it never freezes or stops a sandbox in
+    /// the middle of a call (F1). True when it acted.
+    pub(super) async fn idle_step(
+        &self,
+        row: &SandboxRow,
+        idle_ms: i64,
+        stop: bool,
+    ) -> Result<bool> {
         let live = self.live(&row.id);
         let _g = live.lifecycle.lock().await;
         let row = self.reload(&row.id).await?;
@@ -58,6 +81,10 @@ impl Manager {
         let inflight = live.inflight.load(Ordering::SeqCst);
         if now_ms() - last < idle_ms {
             return Ok(false);
+        }
+        if stop {
+            let step = self.apply(&row, &live, Op::IdleStop { inflight }).await?;
+            return Ok(step == Step::Halt);
         }
         Ok(self.apply(&row, &live, Op::IdlePause { inflight }).await? == Step::Freeze)
     }

@@ -31,6 +31,9 @@ pub enum Op {
     /// read under the lifecycle lock, where calls register, so no call can start between
     /// the check and the freeze (F1).
     IdlePause { inflight: usize },
+    /// The idle sweeper: stop a running or paused sandbox that has had no call for its
+    /// `idle_stop_secs`, with none in flight (same rule as `IdlePause`).
+    IdleStop { inflight: usize },
     /// The daily CPU cap of the tenant was reached.
     CapPause,
     /// `resume` through the API.
@@ -41,9 +44,29 @@ pub enum Op {
     Stop,
     /// `delete` through the API, or the TTL with `delete`; `force` stops a live one.
     Delete { force: bool },
+    /// Reconcile after a daemon (re)start: the store's record against what is on the host.
+    Recover(Found),
     /// A call that needs the sandbox's processes (exec, files, processes, selftest): runs
     /// on a running sandbox, resumes a paused one transparently (ADR 0002).
     Call,
+}
+
+/// What reconcile found on the host for a sandbox, probed according to its recorded state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// Nothing probed (a stopped, creating or deleting row).
+    Unprobed,
+    /// A create was interrupted before its disk existed.
+    NoDisk,
+    /// Its cgroup is frozen: a paused sandbox whose agent cannot answer until thawed.
+    Frozen,
+    /// Its agent answered the handshake.
+    Answers,
+    /// Its agent process is alive but did not answer in time (a loaded host): never a
+    /// reason to kill the user's processes (F6).
+    Silent,
+    /// Its agent is gone.
+    Gone,
 }
 
 /// What the manager does to carry an operation out.
@@ -63,6 +86,9 @@ pub enum Step {
     Halt,
     /// Record `Deleting`, destroy everything on the host, remove the row.
     Destroy,
+    /// Take a live sandbox found after a restart back as it is: `Running | Paused →`
+    /// `Paused` when frozen, else `Running`.
+    Adopt { paused: bool },
 }
 
 impl Step {
@@ -88,6 +114,14 @@ impl Step {
                 ],
                 Some(State::Deleting),
             ),
+            Step::Adopt { paused } => (
+                &[State::Running, State::Paused],
+                Some(if paused {
+                    State::Paused
+                } else {
+                    State::Running
+                }),
+            ),
         }
     }
 }
@@ -110,6 +144,9 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
 
         (IdlePause { inflight: 0 }, Running) => Step::Freeze,
         (IdlePause { .. }, _) => Step::Keep,
+
+        (IdleStop { inflight: 0 }, Running | Paused) => Step::Halt,
+        (IdleStop { .. }, _) => Step::Keep,
 
         (Resume, Paused) | (Call, Paused) => Step::Thaw,
         (Resume, Running) | (Call, Running) => Step::Keep,
@@ -141,6 +178,17 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
         }
         // A delete that failed half-way (`deleting`) can be retried (F3).
         (Delete { .. }, _) => Step::Destroy,
+
+        // After a restart: finish what a crash interrupted, adopt what is alive.
+        (Recover(_), Deleting) => Step::Destroy,
+        (Recover(Found::NoDisk), Creating) => Step::Destroy,
+        (Recover(_), Creating) => Step::Halt,
+        (Recover(Found::Frozen), Running | Paused) => Step::Adopt { paused: true },
+        (Recover(Found::Answers | Found::Silent), Running | Paused) => {
+            Step::Adopt { paused: false }
+        }
+        (Recover(Found::Gone | Found::NoDisk | Found::Unprobed), Running | Paused) => Step::Halt,
+        (Recover(_), Stopped) => Step::Keep,
     })
 }
 
@@ -155,10 +203,12 @@ mod tests {
         State::Stopped,
         State::Deleting,
     ];
-    const OPS: [Op; 10] = [
+    const OPS: [Op; 18] = [
         Op::Pause,
         Op::IdlePause { inflight: 0 },
         Op::IdlePause { inflight: 1 },
+        Op::IdleStop { inflight: 0 },
+        Op::IdleStop { inflight: 1 },
         Op::CapPause,
         Op::Resume,
         Op::Start,
@@ -166,6 +216,12 @@ mod tests {
         Op::Delete { force: false },
         Op::Delete { force: true },
         Op::Call,
+        Op::Recover(Found::Unprobed),
+        Op::Recover(Found::NoDisk),
+        Op::Recover(Found::Frozen),
+        Op::Recover(Found::Answers),
+        Op::Recover(Found::Silent),
+        Op::Recover(Found::Gone),
     ];
 
     #[test]
@@ -201,6 +257,19 @@ mod tests {
             p(State::Running, Op::IdlePause { inflight: 0 }).unwrap(),
             Step::Freeze
         );
+        // Idle stop halts a live sandbox with nothing in flight, and nothing else.
+        assert_eq!(
+            p(State::Paused, Op::IdleStop { inflight: 0 }).unwrap(),
+            Step::Halt
+        );
+        assert_eq!(
+            p(State::Running, Op::IdleStop { inflight: 1 }).unwrap(),
+            Step::Keep
+        );
+        assert_eq!(
+            p(State::Creating, Op::IdleStop { inflight: 0 }).unwrap(),
+            Step::Keep
+        );
         assert_eq!(p(State::Paused, Op::Call).unwrap(), Step::Thaw);
         assert!(matches!(
             p(State::Stopped, Op::Call),
@@ -222,6 +291,31 @@ mod tests {
             Step::Destroy
         );
         assert_eq!(p(State::Stopped, Op::Stop).unwrap(), Step::Keep);
+        // Reconcile: a slow agent is adopted, never stopped (F6); a frozen one stays paused.
+        assert_eq!(
+            p(State::Running, Op::Recover(Found::Silent)).unwrap(),
+            Step::Adopt { paused: false }
+        );
+        assert_eq!(
+            p(State::Running, Op::Recover(Found::Frozen)).unwrap(),
+            Step::Adopt { paused: true }
+        );
+        assert_eq!(
+            p(State::Paused, Op::Recover(Found::Gone)).unwrap(),
+            Step::Halt
+        );
+        assert_eq!(
+            p(State::Creating, Op::Recover(Found::NoDisk)).unwrap(),
+            Step::Destroy
+        );
+        assert_eq!(
+            p(State::Creating, Op::Recover(Found::Unprobed)).unwrap(),
+            Step::Halt
+        );
+        assert_eq!(
+            p(State::Deleting, Op::Recover(Found::Unprobed)).unwrap(),
+            Step::Destroy
+        );
         assert_eq!(p(State::Stopped, Op::CapPause).unwrap(), Step::Keep);
     }
 }

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) fn validate_name(name: &str) -> Result<()> {
+pub(crate) fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name
@@ -20,7 +20,7 @@ pub(super) fn validate_name(name: &str) -> Result<()> {
     }
 }
 
-pub(super) fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
+pub(crate) fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
     if labels.len() > 64 {
         return Err(CoreError::InvalidArgument("at most 64 labels".into()));
     }
@@ -43,7 +43,7 @@ pub(super) fn validate_labels(labels: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn no_nul(what: &str, s: &str) -> Result<()> {
+pub(crate) fn no_nul(what: &str, s: &str) -> Result<()> {
     if s.contains('\0') {
         return Err(CoreError::InvalidArgument(format!(
             "{what} must not contain NUL bytes"
@@ -53,7 +53,7 @@ pub(super) fn no_nul(what: &str, s: &str) -> Result<()> {
 }
 
 /// A path is bytes (names need not be UTF-8).
-pub(super) fn validate_path<P: AsRef<[u8]> + ?Sized>(path: &P) -> Result<()> {
+pub(crate) fn validate_path<P: AsRef<[u8]> + ?Sized>(path: &P) -> Result<()> {
     let path = path.as_ref();
     if path.is_empty() {
         return Err(CoreError::InvalidArgument("path must not be empty".into()));
@@ -71,7 +71,7 @@ pub(super) fn validate_path<P: AsRef<[u8]> + ?Sized>(path: &P) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn command_of(
+pub(crate) fn command_of(
     command: Option<Vec<String>>,
     shell: Option<String>,
 ) -> Result<proto::Command> {
@@ -100,7 +100,7 @@ pub(super) fn command_of(
     }
 }
 
-pub(super) fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
+pub(crate) fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
     for (k, v) in env {
         if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
             return Err(CoreError::InvalidArgument(format!(
@@ -111,7 +111,7 @@ pub(super) fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn exec_spec(req: ExecRequest, stream: bool) -> Result<proto::ExecSpec> {
+pub(crate) fn exec_spec(req: ExecRequest, stream: bool) -> Result<proto::ExecSpec> {
     let command = command_of(req.command, req.shell)?;
     validate_env(&req.env)?;
     if let Some(cwd) = &req.cwd {
@@ -150,4 +150,14 @@ pub(super) fn exec_spec(req: ExecRequest, stream: bool) -> Result<proto::ExecSpe
         max_output,
         stream,
     })
+}
+
+/// A signal for a background process: 1 to 64 (none: the agent's default, 9).
+pub(crate) fn validate_signal(signal: Option<i32>) -> Result<()> {
+    match signal {
+        Some(s) if !(1..=64).contains(&s) => Err(CoreError::InvalidArgument(
+            "signal must be between 1 and 64".into(),
+        )),
+        _ => Ok(()),
+    }
 }

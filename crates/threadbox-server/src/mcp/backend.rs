@@ -3,6 +3,7 @@
 //! REST client's in the `threadbox` binary (`threadbox mcp` over stdio). The tools are
 //! written once, over `dyn Backend` (see ADR 0007).
 
+use crate::metrics::Metrics;
 use async_trait::async_trait;
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -11,7 +12,8 @@ use threadbox_api::{
     CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
     User,
 };
-use threadbox_core::{Caller, CoreError, FileRange, Manager};
+use threadbox_core::ops::{self, Run};
+use threadbox_core::{Caller, CoreError, Manager};
 
 /// A failed call, as the API reports it: a stable code and a message safe for a client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,8 +54,9 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BackendResult<Vec<Sandbox>>;
     async fn get(&self, sandbox: &str) -> BackendResult<Sandbox>;
     async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox>;
-    async fn resume(&self, sandbox: &str) -> BackendResult<Sandbox>;
-    /// Boots a stopped sandbox again on its disk.
+    /// Makes a sandbox run again whatever its state (the `start` operation: boots a
+    /// stopped one on its disk, thaws a paused one). `sandbox_resume` is this operation,
+    /// the same as REST's `POST /start` (ADR 0058).
     async fn start(&self, sandbox: &str) -> BackendResult<Sandbox>;
     async fn delete(&self, sandbox: &str, force: bool) -> BackendResult<()>;
     async fn exec(&self, sandbox: &str, req: ExecRequest) -> BackendResult<ExecResponse>;
@@ -94,11 +97,13 @@ where
     Ok((out, false))
 }
 
-/// The daemon's own backend: one manager call per tool call, acting for one caller.
+/// The daemon's own backend: one operation per tool call, acting for one caller.
 #[derive(Clone)]
 pub struct ManagerBackend {
     manager: Option<Arc<Manager>>,
     caller: Caller,
+    /// The daemon's `/metrics`: an exec through MCP is counted as one through REST.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl ManagerBackend {
@@ -106,7 +111,14 @@ impl ManagerBackend {
         ManagerBackend {
             manager: Some(manager),
             caller,
+            metrics: None,
         }
+    }
+
+    /// Counts this backend's execs in `metrics` (the daemon's `/metrics`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// A backend whose every call answers `unavailable` (router tests without a jail).
@@ -114,12 +126,14 @@ impl ManagerBackend {
         ManagerBackend {
             manager: None,
             caller: Caller::operator(),
+            metrics: None,
         }
     }
 
-    fn m(&self) -> BackendResult<(&Manager, &Caller)> {
+    /// Runs one operation for this backend's caller.
+    async fn run<O: Run>(&self, op: O) -> BackendResult<O::Output> {
         match self.manager.as_deref() {
-            Some(m) => Ok((m, &self.caller)),
+            Some(m) => Ok(m.run(&self.caller, op).await?),
             None => Err(BackendError::new(
                 ErrorCode::Unavailable,
                 "the sandbox manager is not running",
@@ -131,8 +145,8 @@ impl ManagerBackend {
 #[async_trait]
 impl Backend for ManagerBackend {
     async fn create(&self, req: CreateSandboxRequest) -> BackendResult<(Sandbox, bool)> {
-        let (m, c) = self.m()?;
-        Ok(m.create(c, req).await?)
+        let out = self.run(ops::CreateSandbox(req)).await?;
+        Ok((out.sandbox, out.created))
     }
 
     async fn list(
@@ -140,38 +154,47 @@ impl Backend for ManagerBackend {
         labels: BTreeMap<String, String>,
         state: Option<SandboxState>,
     ) -> BackendResult<Vec<Sandbox>> {
-        let (m, c) = self.m()?;
-        Ok(m.list(c, &labels, state).await?)
+        let op = ops::ListSandboxes { labels, state };
+        Ok(self.run(op).await?.sandboxes)
     }
 
     async fn get(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        let (m, c) = self.m()?;
-        Ok(m.get(c, sandbox).await?)
+        self.run(ops::GetSandbox {
+            sandbox: sandbox.into(),
+        })
+        .await
     }
 
     async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        let (m, c) = self.m()?;
-        Ok(m.pause(c, sandbox).await?)
-    }
-
-    async fn resume(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        let (m, c) = self.m()?;
-        Ok(m.resume(c, sandbox).await?)
+        self.run(ops::PauseSandbox {
+            sandbox: sandbox.into(),
+        })
+        .await
     }
 
     async fn start(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        let (m, c) = self.m()?;
-        Ok(m.start(c, sandbox).await?)
+        self.run(ops::StartSandbox {
+            sandbox: sandbox.into(),
+        })
+        .await
     }
 
     async fn delete(&self, sandbox: &str, force: bool) -> BackendResult<()> {
-        let (m, c) = self.m()?;
-        Ok(m.delete(c, sandbox, force).await?)
+        let sandbox = sandbox.into();
+        self.run(ops::DeleteSandbox { sandbox, force }).await
     }
 
     async fn exec(&self, sandbox: &str, req: ExecRequest) -> BackendResult<ExecResponse> {
-        let (m, c) = self.m()?;
-        Ok(m.exec(c, sandbox, req).await?)
+        let started = std::time::Instant::now();
+        let op = ops::Exec {
+            sandbox: sandbox.into(),
+            request: req,
+        };
+        let resp = self.run(op).await?;
+        if let Some(metrics) = &self.metrics {
+            metrics.record_exec(started.elapsed());
+        }
+        Ok(resp)
     }
 
     async fn read_file(
@@ -181,12 +204,13 @@ impl Backend for ManagerBackend {
         user: User,
         limit: u64,
     ) -> BackendResult<(Vec<u8>, bool)> {
-        let (m, c) = self.m()?;
         // One byte past the bound tells whether the file goes on.
-        let range = FileRange::new(0, Some(limit.saturating_add(1)))?;
-        let stream = m
-            .read_file(c, sandbox, path.as_bytes(), user, range)
-            .await?;
+        let op = ops::ReadFile {
+            target: target(sandbox, path, user),
+            offset: 0,
+            length: Some(limit.saturating_add(1)),
+        };
+        let stream = self.run(op).await?;
         Ok(read_bounded(stream, limit).await?)
     }
 
@@ -198,14 +222,20 @@ impl Backend for ManagerBackend {
         data: Vec<u8>,
     ) -> BackendResult<()> {
         let body = futures::stream::iter([Ok::<_, String>(data)]).boxed();
-        let (m, c) = self.m()?;
-        m.write_file(c, sandbox, path.as_bytes(), user, body)
-            .await?;
+        let target = target(sandbox, path, user);
+        self.run(ops::WriteFile { target, body }).await?;
         Ok(())
     }
 
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
-        let (m, c) = self.m()?;
-        Ok(m.list_files(c, sandbox, path.as_bytes(), user).await?)
+        self.run(ops::ListFiles(target(sandbox, path, user))).await
+    }
+}
+
+fn target(sandbox: &str, path: &str, user: User) -> ops::FileTarget {
+    ops::FileTarget {
+        sandbox: sandbox.into(),
+        path: path.into(),
+        user,
     }
 }

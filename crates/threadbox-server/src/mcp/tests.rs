@@ -40,6 +40,7 @@ fn sandbox(name: &str) -> Sandbox {
             disk_bytes: 10 << 30,
         },
         idle_pause_secs: None,
+        idle_stop_secs: None,
         ttl_secs: None,
         ttl_action: TtlAction::Stop,
         agent_pid: Some(42),
@@ -113,16 +114,6 @@ impl Backend for Fake {
 
     async fn pause(&self, s: &str) -> BackendResult<Sandbox> {
         self.set_state(s, SandboxState::Paused)
-    }
-
-    async fn resume(&self, s: &str) -> BackendResult<Sandbox> {
-        if self.find(s)?.state == SandboxState::Stopped {
-            return Err(BackendError::new(
-                ErrorCode::SandboxNotRunning,
-                "resume of a stopped sandbox",
-            ));
-        }
-        self.set_state(s, SandboxState::Running)
     }
 
     async fn start(&self, s: &str) -> BackendResult<Sandbox> {
@@ -322,6 +313,7 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "image",
         "limits",
         "idle_pause_secs",
+        "idle_stop_secs",
         "ttl_secs",
     ] {
         assert!(props.get(field).is_some(), "sandbox_create lacks {field}");

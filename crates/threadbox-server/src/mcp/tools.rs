@@ -433,7 +433,11 @@ impl Calls {
                 let a: SandboxArgs = parse(name, args)?;
                 self.backend.pause(&a.sandbox).await.map(sandbox_result)
             }
-            "sandbox_resume" => self.resume(parse(name, args)?).await,
+            // The `start` operation, as REST's `POST /start` (ADR 0058).
+            "sandbox_resume" => {
+                let a: SandboxArgs = parse(name, args)?;
+                self.backend.start(&a.sandbox).await.map(sandbox_result)
+            }
             "sandbox_delete" => self.delete(parse(name, args)?).await,
             _ => Err(BackendError::new(
                 ErrorCode::InvalidArgument,
@@ -570,15 +574,6 @@ impl Calls {
             }
         }
         Ok(structured(text, &list))
-    }
-
-    async fn resume(&self, a: SandboxArgs) -> Result<CallToolResult, BackendError> {
-        let current = self.backend.get(&a.sandbox).await?;
-        let sandbox = match current.state {
-            SandboxState::Stopped => self.backend.start(&a.sandbox).await?,
-            _ => self.backend.resume(&a.sandbox).await?,
-        };
-        Ok(sandbox_result(sandbox))
     }
 
     async fn delete(&self, a: DeleteArgs) -> Result<CallToolResult, BackendError> {

@@ -262,15 +262,38 @@ pub fn read_dir(fd: BorrowedFd<'_>, max: usize) -> io::Result<Vec<CString>> {
 
 /// Removes everything inside the directory open on `dir` (an `O_RDONLY | O_DIRECTORY`
 /// descriptor), depth first, never following a symlink: each subdirectory is opened with
-/// `O_NOFOLLOW` from its parent's descriptor.
+/// `O_NOFOLLOW` from its parent's descriptor. All at once; [`RemoveContents`] does the
+/// same walk in bounded steps.
 pub fn remove_contents(dir: BorrowedFd<'_>) -> io::Result<()> {
-    // Descriptors of the directories being emptied, outermost first; bounded by depth.
-    let mut stack: Vec<OwnedFd> = Vec::new();
-    let mut names: Vec<CString> = Vec::new();
-    loop {
-        let cur = stack.last().map(|d| d.as_fd()).unwrap_or(dir);
-        let entries = read_dir(cur, 1024)?;
-        let mut descended = false;
+    let mut walk = RemoveContents::new();
+    while !walk.step(dir, 1024)? {}
+    Ok(())
+}
+
+/// The walk of [`remove_contents`] cut into steps, so a single-threaded caller can do
+/// other work (and change its filesystem identity) between them. Each step reads at most
+/// `batch` names of the directory being emptied and removes them, or descends into the
+/// first non-empty subdirectory, or removes an emptied one and goes up. Every call is
+/// checked with the caller's identity at that moment; the walk keeps only descriptors.
+#[derive(Debug, Default)]
+pub struct RemoveContents {
+    /// Descriptors of the directories being emptied, outermost first; bounded by depth.
+    stack: Vec<OwnedFd>,
+    /// The name of each of them in its parent.
+    names: Vec<CString>,
+}
+
+impl RemoveContents {
+    pub fn new() -> RemoveContents {
+        RemoveContents::default()
+    }
+
+    /// One bounded step of emptying `dir` (the same descriptor on every call). Returns
+    /// `true` once `dir` is empty.
+    pub fn step(&mut self, dir: BorrowedFd<'_>, batch: usize) -> io::Result<bool> {
+        let cur = self.stack.last().map(|d| d.as_fd()).unwrap_or(dir);
+        // Each step reads the level again from its start: what is left, if anything.
+        let entries = read_dir(cur, batch.max(1))?;
         for name in &entries {
             let st = match stat_at(cur, name) {
                 Ok(st) => st,
@@ -282,10 +305,9 @@ pub fn remove_contents(dir: BorrowedFd<'_>) -> io::Result<()> {
                     Ok(()) => {}
                     Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {
                         let sub = open_subdir(cur, name)?;
-                        stack.push(sub);
-                        names.push(name.clone());
-                        descended = true;
-                        break;
+                        self.stack.push(sub);
+                        self.names.push(name.clone());
+                        return Ok(false);
                     }
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                     Err(e) => return Err(e),
@@ -298,20 +320,51 @@ pub fn remove_contents(dir: BorrowedFd<'_>) -> io::Result<()> {
                 }
             }
         }
-        if descended || !entries.is_empty() {
-            // Read this level again from its start: what is left, if anything.
-            continue;
+        if !entries.is_empty() {
+            return Ok(false);
         }
-        {
-            // This level is empty: remove it from its parent and go up.
-            match (stack.pop(), names.pop()) {
-                (Some(done), Some(name)) => {
-                    drop(done);
-                    let parent = stack.last().map(|d| d.as_fd()).unwrap_or(dir);
-                    unlink_at(parent, &name, true)?;
-                }
-                _ => return Ok(()),
+        // This level is empty: remove it from its parent and go up.
+        match (self.stack.pop(), self.names.pop()) {
+            (Some(done), Some(name)) => {
+                drop(done);
+                let parent = self.stack.last().map(|d| d.as_fd()).unwrap_or(dir);
+                unlink_at(parent, &name, true)?;
+                Ok(false)
             }
+            _ => Ok(true),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stepped walk empties a nested tree, never follows a symlink out of it, and
+    /// takes more than one step when the tree is bigger than a batch.
+    #[test]
+    fn remove_contents_in_steps() {
+        let base = std::env::temp_dir().join(format!("threadbox-sys-rm-{}", std::process::id()));
+        let tree = base.join("tree");
+        let outside = base.join("outside");
+        std::fs::create_dir_all(tree.join("a/b/c")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"x").unwrap();
+        for i in 0..40 {
+            std::fs::write(tree.join(format!("f{i}")), b"x").unwrap();
+            std::fs::write(tree.join(format!("a/b/c/g{i}")), b"x").unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, tree.join("a/link")).unwrap();
+        let dir = std::fs::File::open(&tree).unwrap();
+        let mut walk = RemoveContents::new();
+        let mut steps = 0;
+        while !walk.step(dir.as_fd(), 8).unwrap() {
+            steps += 1;
+            assert!(steps < 1000, "the walk does not end");
+        }
+        assert!(steps > 10, "bounded steps, got {steps}");
+        assert_eq!(std::fs::read_dir(&tree).unwrap().count(), 0);
+        assert!(outside.join("keep").exists(), "a symlink is not followed");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

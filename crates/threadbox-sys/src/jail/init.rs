@@ -18,6 +18,7 @@ pub(super) enum Never {}
 /// then exec of the agent. Returns only on error.
 pub(super) fn sandbox_init(
     spec: &JailSpec,
+    egress: Option<&crate::net::EgressConfig>,
     agent: &OwnedFd,
     listener: &OwnedFd,
     cgroup_fd: Option<OwnedFd>,
@@ -50,6 +51,12 @@ pub(super) fn sandbox_init(
     set_hostname(&spec.hostname)?;
     if !weakened(spec, "shared-netns") {
         loopback_up()?;
+        // Still host root in the fresh netns, before the user namespace: the table and
+        // the route belong to the host's user namespace, so nothing inside can change
+        // them. Off by default (`launch_with` refuses it with a shared netns).
+        if let Some(cfg) = egress {
+            crate::net::install_egress(cfg)?;
+        }
     }
     pivot(&spec.rootfs)?;
 

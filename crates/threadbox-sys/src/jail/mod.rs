@@ -97,6 +97,20 @@ pub struct JailSpec {
     pub test_weaken: Vec<String>,
 }
 
+/// What the helper reads on stdin: a [`JailSpec`] and the launch options that are off
+/// unless set. They sit beside the spec rather than in it, so that a spec without them
+/// is the same JSON byte for byte (today's sandboxes are launched exactly as before) and
+/// the daemon's `JailSpec` literals need no change until it uses them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LaunchSpec {
+    #[serde(flatten)]
+    pub jail: JailSpec,
+    /// The egress kernel side (issue 13, [`crate::net::install_egress`]) in the
+    /// sandbox's netns. Off (absent) by default: loopback only, no table, no route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::net::EgressConfig>,
+}
+
 #[cfg(feature = "insecure-test-hooks")]
 pub(crate) fn weakened(spec: &JailSpec, w: &str) -> bool {
     spec.test_weaken.iter().any(|x| x == w)
@@ -149,9 +163,9 @@ fn run_helper() -> Result<i32> {
     std::io::stdin()
         .read_to_string(&mut input)
         .map_err(|e| SysError::os("read the jail spec", e))?;
-    let spec: JailSpec =
+    let spec: LaunchSpec =
         serde_json::from_str(&input).map_err(|e| SysError::Other(format!("bad jail spec: {e}")))?;
-    launch(&spec)
+    launch_with(&spec.jail, spec.egress.as_ref())
 }
 
 pub(crate) fn cstr(p: impl AsRef<OsStr>) -> Result<CString> {
@@ -209,6 +223,22 @@ fn read_all(fd: OwnedFd) -> Vec<u8> {
 
 /// Builds the sandbox and returns the host pid of its agent.
 pub fn launch(spec: &JailSpec) -> Result<i32> {
+    launch_with(spec, None)
+}
+
+/// [`launch`], with the egress kernel side installed in the sandbox's netns when `egress`
+/// is set.
+pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -> Result<i32> {
+    if let Some(cfg) = egress {
+        // Refused before anything is made: bad input changes nothing.
+        cfg.validate()?;
+        if weakened(spec, "shared-netns") {
+            // The table and the route would land in the host's netns.
+            return Err(SysError::Other(
+                "egress needs the sandbox's own network namespace (shared-netns is set)".into(),
+            ));
+        }
+    }
     for procs in &spec.cgroup_procs {
         fs::write(procs, "0")
             .map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
@@ -253,8 +283,15 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
         drop(ready_r);
         drop(go_w);
         drop(err_r);
-        let err = match init::sandbox_init(spec, &agent, &listener, cgroup_fd.take(), ready_w, go_r)
-        {
+        let err = match init::sandbox_init(
+            spec,
+            egress,
+            &agent,
+            &listener,
+            cgroup_fd.take(),
+            ready_w,
+            go_r,
+        ) {
             Ok(never) => match never {},
             Err(e) => e,
         };
@@ -338,31 +375,56 @@ mod tests {
 
     #[test]
     fn spec_round_trips_as_json() {
-        let spec = JailSpec {
-            hostname: "t".into(),
-            id_base: 1_000_000,
-            lower: vec!["/a".into()],
-            upper: "/u".into(),
-            work: "/w".into(),
-            disk_image: None,
-            home_owner: 0,
-            rootfs: "/r".into(),
-            binds: vec![Bind {
-                source: "/usr".into(),
-                target: "/usr".into(),
-            }],
-            agent_path: "/x".into(),
-            agent_memfd: None,
-            socket_path: "/s".into(),
-            cgroup_procs: vec![],
-            cgroup_dir: None,
-            tmpfs_bytes: 1,
-            nofile: 1024,
-            allow_no_landlock: false,
-            #[cfg(feature = "insecure-test-hooks")]
-            test_weaken: vec![],
+        for disk in [false, true] {
+            let spec = super::rootfs::tests::spec(disk);
+            let back: JailSpec =
+                serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+            assert_eq!(back, spec);
+        }
+    }
+
+    #[test]
+    fn launch_spec_net_egress_is_off_unless_set_and_changes_no_byte_when_off() {
+        let jail: JailSpec = serde_json::from_str(
+            r#"{"hostname":"t","id_base":1000000,"lower":[],"upper":"/u","work":"/w",
+                "rootfs":"/r","binds":[],"agent_path":"/x","socket_path":"/s",
+                "cgroup_procs":[],"cgroup_dir":null,"tmpfs_bytes":1,"nofile":1024}"#,
+        )
+        .unwrap();
+        let sent = serde_json::to_string(&jail).unwrap();
+        // What the daemon sends today is a launch spec without egress...
+        let read: LaunchSpec = serde_json::from_str(&sent).unwrap();
+        assert_eq!(read.egress, None);
+        assert_eq!(read.jail, jail);
+        // ...and a launch spec without egress is that same JSON, byte for byte.
+        assert_eq!(serde_json::to_string(&read).unwrap(), sent);
+        let on = LaunchSpec {
+            jail: jail.clone(),
+            egress: Some(crate::net::EgressConfig::default()),
         };
-        let back: JailSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
-        assert_eq!(back, spec);
+        let text = serde_json::to_string(&on).unwrap();
+        assert!(
+            text.contains(r#""egress":{"redirect_port":1,"dns_addr":"127.0.0.53:53"}"#),
+            "{text}"
+        );
+        let back: LaunchSpec = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, on);
+    }
+
+    #[test]
+    fn launch_with_bad_egress_is_refused_before_anything_is_made() {
+        let jail: JailSpec = serde_json::from_str(
+            r#"{"hostname":"t","id_base":1000000,"lower":[],"upper":"/u","work":"/w",
+                "rootfs":"/r","binds":[],"agent_path":"/x","socket_path":"/nonexistent/s",
+                "cgroup_procs":["/nonexistent/cgroup.procs"],"cgroup_dir":null,
+                "tmpfs_bytes":1,"nofile":1024}"#,
+        )
+        .unwrap();
+        let bad = crate::net::EgressConfig {
+            redirect_port: 8080,
+            ..Default::default()
+        };
+        let err = launch_with(&jail, Some(&bad)).unwrap_err().to_string();
+        assert!(err.contains("redirect port 8080"), "{err}");
     }
 }

@@ -454,4 +454,4 @@ pub(crate) fn build_root(sys: &impl Syscall, spec: &JailSpec) -> Result<()> {
 
 #[cfg(test)]
 #[path = "rootfs_tests.rs"]
-mod tests;
+pub(crate) mod tests;

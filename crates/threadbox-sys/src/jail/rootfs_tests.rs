@@ -47,7 +47,7 @@ impl Recorder {
         self.calls.borrow().clone()
     }
     /// The mounts on `target`, in order: (fstype, flags, data).
-    fn mounts_on(&self, target: &str) -> Vec<(Option<String>, libc::c_ulong, Option<String>)> {
+    fn mounts_on(&self, target: &str) -> Vec<Mounted> {
         self.calls()
             .into_iter()
             .filter_map(|c| match c {
@@ -61,6 +61,10 @@ impl Recorder {
                 _ => None,
             })
             .collect()
+    }
+    /// Where the first mount on `target` is in the plan.
+    fn first_mount_on(&self, target: &str) -> usize {
+        self.index_of(|c| matches!(c, Call::Mount { target: t, .. } if *t == Path::new(target)))
     }
     fn index_of(&self, pred: impl Fn(&Call) -> bool) -> usize {
         self.calls()
@@ -135,7 +139,9 @@ impl Syscall for Recorder {
 
 const ROOT: &str = "/var/lib/tb/sandboxes/x/rootfs";
 
-fn spec(disk: bool) -> JailSpec {
+/// The spec the plan tests build from (with a disk image when `disk`); also the jail's
+/// serialisation test's.
+pub(crate) fn spec(disk: bool) -> JailSpec {
     let dir = if disk {
         "/var/lib/tb/sandboxes/x/disk"
     } else {
@@ -188,14 +194,36 @@ fn host() -> Recorder {
     ])
 }
 
+/// The plan for `spec(disk)` on [`host`], recorded.
+fn planned(disk: bool) -> Recorder {
+    let sys = host();
+    build_root(&sys, &spec(disk)).unwrap();
+    sys
+}
+
+/// One mount as [`Recorder::mounts_on`] shows it: (fstype, flags, data).
+type Mounted = (Option<String>, libc::c_ulong, Option<String>);
+
+/// A mount of a file system `fstype` with `data`.
+fn fs(fstype: &str, flags: libc::c_ulong, data: &str) -> Mounted {
+    (Some(fstype.into()), flags, Some(data.into()))
+}
+
+/// A bind mount, then its remount with `flags` (a bind cannot take them at once).
+fn bind_then_remount(bind: libc::c_ulong, remount: libc::c_ulong) -> Vec<Mounted> {
+    vec![
+        (None, libc::MS_BIND | bind, None),
+        (None, libc::MS_BIND | libc::MS_REMOUNT | remount, None),
+    ]
+}
+
 const NOSUID: libc::c_ulong = libc::MS_NOSUID;
 const NODEV: libc::c_ulong = libc::MS_NODEV;
 const NOEXEC: libc::c_ulong = libc::MS_NOEXEC;
 
 #[test]
 fn the_plan_starts_private_and_mounts_the_overlay_nosuid_with_relative_options() {
-    let sys = host();
-    build_root(&sys, &spec(false)).unwrap();
+    let sys = planned(false);
     let calls = sys.calls();
     // First: nothing propagates back to the host.
     assert_eq!(
@@ -224,8 +252,7 @@ fn the_plan_starts_private_and_mounts_the_overlay_nosuid_with_relative_options()
 
 #[test]
 fn binds_are_read_only_nosuid_nodev_and_stay_under_the_root() {
-    let sys = host();
-    build_root(&sys, &spec(false)).unwrap();
+    let sys = planned(false);
     for (target, is_dir) in [("/opt/tools", true), ("/etc/resolv.conf", false)] {
         let t = format!("{ROOT}{target}");
         let want = if is_dir {
@@ -237,18 +264,10 @@ fn binds_are_read_only_nosuid_nodev_and_stay_under_the_root() {
         let mounts = sys.mounts_on(&t);
         assert_eq!(
             mounts,
-            vec![
-                (None, libc::MS_BIND | libc::MS_REC, None),
-                (
-                    None,
-                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | NOSUID | NODEV,
-                    None
-                ),
-            ],
+            bind_then_remount(libc::MS_REC, libc::MS_RDONLY | NOSUID | NODEV),
             "{target}"
         );
-        let bound =
-            sys.index_of(|c| matches!(c, Call::Mount { target: x, .. } if *x == Path::new(&t)));
+        let bound = sys.first_mount_on(&t);
         assert!(made < bound, "{target} is created before it is mounted on");
     }
     // Every path the plan creates or mounts on is under the root (but `/` itself).
@@ -265,8 +284,7 @@ fn binds_are_read_only_nosuid_nodev_and_stay_under_the_root() {
 
 #[test]
 fn proc_is_fresh_with_its_dangerous_parts_masked_or_read_only() {
-    let sys = host();
-    build_root(&sys, &spec(false)).unwrap();
+    let sys = planned(false);
     let proc_ = format!("{ROOT}/proc");
     assert_eq!(
         sys.mounts_on(&proc_),
@@ -286,10 +304,10 @@ fn proc_is_fresh_with_its_dangerous_parts_masked_or_read_only() {
     // Masked: a directory behind an empty read-only tmpfs, a file behind /dev/null.
     assert_eq!(
         sys.mounts_on(&format!("{proc_}/acpi")),
-        vec![(
-            Some("tmpfs".into()),
+        vec![fs(
+            "tmpfs",
             libc::MS_RDONLY | NOSUID | NODEV | NOEXEC,
-            Some("size=0,mode=555".into())
+            "size=0,mode=555"
         )]
     );
     let kcore = format!("{proc_}/kcore");
@@ -301,10 +319,8 @@ fn proc_is_fresh_with_its_dangerous_parts_masked_or_read_only() {
         data: None
     }));
     // Masking comes after the proc mount it covers.
-    let proc_at =
-        sys.index_of(|c| matches!(c, Call::Mount { target, .. } if *target == Path::new(&proc_)));
-    let mask_at =
-        sys.index_of(|c| matches!(c, Call::Mount { target, .. } if target.ends_with("proc/acpi")));
+    let proc_at = sys.first_mount_on(&proc_);
+    let mask_at = sys.first_mount_on(&format!("{proc_}/acpi"));
     assert!(proc_at < mask_at);
     for name in MASKED_PROC.iter().chain(READONLY_PROC) {
         assert!(!name.contains('/'), "{name}: one component under /proc");
@@ -313,22 +329,18 @@ fn proc_is_fresh_with_its_dangerous_parts_masked_or_read_only() {
 
 #[test]
 fn dev_is_a_small_tmpfs_with_the_devices_bound_nosuid_noexec_then_read_only() {
-    let sys = host();
-    build_root(&sys, &spec(false)).unwrap();
+    let sys = planned(false);
     let dev = format!("{ROOT}/dev");
     let mounts = sys.mounts_on(&dev);
+    let dev_opts = "size=64k,mode=755";
     assert_eq!(
         mounts,
         vec![
-            (
-                Some("tmpfs".into()),
-                NOSUID | NOEXEC,
-                Some("size=64k,mode=755".into())
-            ),
+            fs("tmpfs", NOSUID | NOEXEC, dev_opts),
             (
                 None,
                 libc::MS_REMOUNT | libc::MS_RDONLY | NOSUID | NOEXEC,
-                Some("size=64k,mode=755".into())
+                Some(dev_opts.into())
             ),
         ]
     );
@@ -336,33 +348,24 @@ fn dev_is_a_small_tmpfs_with_the_devices_bound_nosuid_noexec_then_read_only() {
         let t = format!("{dev}/{d}");
         assert_eq!(
             sys.mounts_on(&t),
-            vec![
-                (None, libc::MS_BIND, None),
-                (
-                    None,
-                    libc::MS_BIND | libc::MS_REMOUNT | NOSUID | NOEXEC,
-                    None
-                ),
-            ],
+            bind_then_remount(0, NOSUID | NOEXEC),
             "{d}"
         );
     }
-    let pts = sys.mounts_on(&format!("{dev}/pts"));
     assert_eq!(
-        pts,
-        vec![(
-            Some("devpts".into()),
+        sys.mounts_on(&format!("{dev}/pts")),
+        vec![fs(
+            "devpts",
             NOSUID | NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620,gid=1000005".into())
+            "newinstance,ptmxmode=0666,mode=0620,gid=1000005"
         )]
     );
-    let shm = sys.mounts_on(&format!("{dev}/shm"));
     assert_eq!(
-        shm,
-        vec![(
-            Some("tmpfs".into()),
+        sys.mounts_on(&format!("{dev}/shm")),
+        vec![fs(
+            "tmpfs",
             NOSUID | NODEV | NOEXEC,
-            Some("size=1048576,mode=1777".into())
+            "size=1048576,mode=1777"
         )]
     );
     // The symlinks are made before /dev turns read-only.
@@ -383,8 +386,7 @@ fn dev_is_a_small_tmpfs_with_the_devices_bound_nosuid_noexec_then_read_only() {
 
 #[test]
 fn tmp_comes_last_writable_but_nosuid_nodev_and_sized() {
-    let sys = host();
-    build_root(&sys, &spec(false)).unwrap();
+    let sys = planned(false);
     let last = sys.calls().last().cloned();
     assert_eq!(
         last,

@@ -360,3 +360,26 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Polls `cond` every 50 ms until it holds; panics with `what` after `limit`. A deadline,
+/// not a sleep: the wait ends as soon as the condition does.
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Daemon {
+    /// [`wait_for`], with the daemon's log in the panic message.
+    pub fn wait_for(&self, what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + limit;
+        while !cond() {
+            if Instant::now() >= deadline {
+                panic!("timed out waiting for {what}; daemon log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

@@ -30,6 +30,9 @@ DEFAULT_THREAD_PREFIX = "thread-"
 # A thread's sandbox pauses (no CPU, memory and processes kept) after this long
 # without calls; the next call resumes it in milliseconds. See ADR 0022.
 DEFAULT_THREAD_IDLE_PAUSE_SECS = 60
+# Stopped after an hour without a call: frees the memory a paused sandbox holds; files stay,
+# and the next call starts it again (ADR 0022).
+DEFAULT_THREAD_IDLE_STOP_SECS = 3600
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -202,8 +205,10 @@ class ThreadSandboxes(SandboxBinding):
         prefix: Name prefix (``thread-``).
         create_options: Keyword arguments for :meth:`Threadbox.get_or_create`
             (``memory``, ``cpus``, ``idle_pause_secs``, ``ttl_secs``, ``image``...).
-            ``idle_pause_secs`` defaults to 60 (pass ``None`` to never pause);
-            there is no TTL unless you set one (``ttl_secs``, ``ttl_action``).
+            ``idle_pause_secs`` defaults to 60 (pass ``None`` to never pause) and
+            ``idle_stop_secs`` to 3600 (stop after an hour without a call: files
+            are kept, processes end; ``None`` never stops); there is no TTL from
+            creation unless you set one (``ttl_secs``, ``ttl_action``).
         labels: Extra labels; ``langchain-thread`` (the thread id, when label-safe)
             and ``managed-by`` are always set.
     """
@@ -218,7 +223,11 @@ class ThreadSandboxes(SandboxBinding):
     ) -> None:
         self.factory = factory or ClientFactory()
         self.prefix = prefix
-        self._options = {"idle_pause_secs": DEFAULT_THREAD_IDLE_PAUSE_SECS, **dict(create_options or {})}
+        self._options = {
+            "idle_pause_secs": DEFAULT_THREAD_IDLE_PAUSE_SECS,
+            "idle_stop_secs": DEFAULT_THREAD_IDLE_STOP_SECS,
+            **dict(create_options or {}),
+        }
         self._labels = dict(labels or {})
 
     def name_for(self, thread_id: str) -> str:

@@ -105,6 +105,7 @@ def create_body(
     cpus: float | None,
     pids: int | None,
     idle_pause_secs: int | None,
+    idle_stop_secs: int | None,
     ttl_secs: int | None,
     ttl_action: Literal["stop", "delete"] | None,
 ) -> dict[str, Any]:
@@ -124,6 +125,8 @@ def create_body(
         body["limits"] = limits
     if idle_pause_secs is not None:
         body["idle_pause_secs"] = int(idle_pause_secs)
+    if idle_stop_secs is not None:
+        body["idle_stop_secs"] = int(idle_stop_secs)
     if ttl_secs is not None:
         body["ttl_secs"] = int(ttl_secs)
     if ttl_action is not None:

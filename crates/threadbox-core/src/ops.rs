@@ -1,0 +1,307 @@
+//! The operations of [`threadbox_api::ops`], run by the manager: the arrow every door
+//! follows is door → [`Manager::run`] → the manager's method for that operation
+//! (`manager/*.rs`, which checks [`Operation::SCOPE`], validates with
+//! `manager/validate.rs`, asks the transition table and audits as [`Operation::NAME`]).
+//!
+//! A door builds the operation's type from its own input (HTTP, MCP arguments) and
+//! answers its output; it validates nothing itself (ADR 0057).
+
+use crate::error::Result;
+use crate::manager::bytes_stream::{ByteSink, ByteStream};
+use crate::manager::validate::*;
+use crate::{Caller, FileRange, Manager};
+use std::future::Future;
+pub use threadbox_api::ops::*;
+use threadbox_api::{
+    routes, CreatedSandbox, ExecEvent, ExecResponse, FileEntry, FileList, Image, ImageList,
+    ProcessInfo, ProcessList, ProcessLogs, Sandbox, SandboxList, Scope, SelftestReport,
+};
+
+/// An operation the manager can run.
+pub trait Run: Operation + Sized {
+    /// The checks of this operation that need no sandbox, the same functions the
+    /// manager applies when it runs it (`manager/validate.rs`). [`Manager::run`] does not
+    /// call this (the manager checks as it goes); it is for a door that has no manager to
+    /// run against, so that it answers bad input the same way.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Runs the operation for `caller`.
+    fn run(self, m: &Manager, caller: &Caller)
+        -> impl Future<Output = Result<Self::Output>> + Send;
+}
+
+impl Manager {
+    /// Runs one operation for `caller`: what every door calls.
+    pub async fn run<O: Run>(&self, caller: &Caller, op: O) -> Result<O::Output> {
+        use tracing::Instrument;
+        let span = tracing::debug_span!("op", name = O::NAME, tenant = %caller.tenant);
+        op.run(self, caller).instrument(span).await
+    }
+}
+
+impl Run for CreateSandbox {
+    fn validate(&self) -> Result<()> {
+        if let Some(name) = &self.0.name {
+            validate_name(name)?;
+        }
+        validate_labels(&self.0.labels)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<CreatedSandbox> {
+        let (sandbox, created) = m.create(caller, self.0).await?;
+        Ok(CreatedSandbox { sandbox, created })
+    }
+}
+
+impl Run for ListSandboxes {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<SandboxList> {
+        let sandboxes = m.list(caller, &self.labels, self.state).await?;
+        Ok(SandboxList { sandboxes })
+    }
+}
+
+impl Run for GetSandbox {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Sandbox> {
+        m.get(caller, &self.sandbox).await
+    }
+}
+
+impl Run for PauseSandbox {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Sandbox> {
+        m.pause(caller, &self.sandbox).await
+    }
+}
+
+impl Run for ResumeSandbox {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Sandbox> {
+        m.resume(caller, &self.sandbox).await
+    }
+}
+
+impl Run for StopSandbox {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Sandbox> {
+        m.stop(caller, &self.sandbox).await
+    }
+}
+
+impl Run for StartSandbox {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Sandbox> {
+        m.start(caller, &self.sandbox).await
+    }
+}
+
+impl Run for DeleteSandbox {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
+        m.delete(caller, &self.sandbox, self.force).await
+    }
+}
+
+impl Run for Selftest {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<SelftestReport> {
+        m.selftest(caller, &self.sandbox).await
+    }
+}
+
+impl Run for Exec {
+    fn validate(&self) -> Result<()> {
+        exec_spec(self.request.clone(), false).map(drop)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<ExecResponse> {
+        m.exec(caller, &self.sandbox, self.request).await
+    }
+}
+
+impl Run for StartProcess {
+    fn validate(&self) -> Result<()> {
+        let r = &self.request;
+        command_of(r.command.clone(), r.shell.clone())?;
+        validate_env(&r.env)?;
+        r.cwd.as_deref().map_or(Ok(()), validate_path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<ProcessInfo> {
+        m.start_process(caller, &self.sandbox, self.request).await
+    }
+}
+
+impl Run for ListProcesses {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<ProcessList> {
+        m.list_processes(caller, &self.sandbox).await
+    }
+}
+
+impl Run for GetProcessLogs {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<ProcessLogs> {
+        m.process_logs(caller, &self.sandbox, self.process_id).await
+    }
+}
+
+impl Run for KillProcess {
+    fn validate(&self) -> Result<()> {
+        validate_signal(self.signal)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
+        m.kill_process(caller, &self.sandbox, self.process_id, self.signal)
+            .await
+    }
+}
+
+impl Run for ListFiles {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.0.path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<FileList> {
+        let t = self.0;
+        m.list_files(caller, &t.sandbox, &t.path, t.user).await
+    }
+}
+
+impl Run for StatFile {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.0.path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<FileEntry> {
+        let t = self.0;
+        m.stat_file(caller, &t.sandbox, &t.path, t.user).await
+    }
+}
+
+impl Run for Mkdir {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.target.path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
+        let t = self.target;
+        m.mkdir(caller, &t.sandbox, &t.path, t.user, self.parents)
+            .await
+    }
+}
+
+impl Run for RemoveFile {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.target.path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
+        let t = self.target;
+        m.remove_file(caller, &t.sandbox, &t.path, t.user, self.recursive)
+            .await
+    }
+}
+
+impl Run for ListImages {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<ImageList> {
+        m.list_images(caller).await
+    }
+}
+
+impl Run for AddImage {
+    fn validate(&self) -> Result<()> {
+        crate::images::validate_image_name(&self.0.name)?;
+        crate::images::validate_rootfs_path(&self.0.path).map(drop)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Image> {
+        m.add_image(caller, self.0).await
+    }
+}
+
+// ---- operations whose input or output is a stream: their types are core's, since the
+// client and the wire speak bytes there, not one JSON value.
+
+/// A file's bytes, or those of a range, as a stream of chunks.
+pub struct ReadFile {
+    pub target: FileTarget,
+    /// First byte (0: the start).
+    pub offset: u64,
+    /// Most bytes (`None`: to the end of the file).
+    pub length: Option<u64>,
+}
+
+impl ReadFile {
+    /// The whole file.
+    pub fn all(target: FileTarget) -> ReadFile {
+        ReadFile {
+            target,
+            offset: 0,
+            length: None,
+        }
+    }
+}
+
+impl Operation for ReadFile {
+    type Output = ByteStream;
+    const NAME: &'static str = "file.read";
+    const SCOPE: Scope = Scope::SandboxesWrite;
+    const METHOD: HttpMethod = HttpMethod::Get;
+    const PATH: &'static str = routes::FILES;
+}
+
+impl Run for ReadFile {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.target.path)?;
+        FileRange::new(self.offset, self.length).map(drop)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<ByteStream> {
+        let range = FileRange::new(self.offset, self.length)?;
+        let t = self.target;
+        m.read_file(caller, &t.sandbox, &t.path, t.user, range)
+            .await
+    }
+}
+
+/// Write (replace) a file with what `body` yields; answers the bytes written.
+pub struct WriteFile {
+    pub target: FileTarget,
+    pub body: ByteSink,
+}
+
+impl Operation for WriteFile {
+    type Output = u64;
+    const NAME: &'static str = "file.write";
+    const SCOPE: Scope = Scope::SandboxesWrite;
+    const METHOD: HttpMethod = HttpMethod::Put;
+    const PATH: &'static str = routes::FILES;
+}
+
+impl Run for WriteFile {
+    fn validate(&self) -> Result<()> {
+        validate_path(&self.target.path)
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<u64> {
+        let t = self.target;
+        m.write_file(caller, &t.sandbox, &t.path, t.user, self.body)
+            .await
+    }
+}
+
+/// Run a command and stream its events; the last one is `End` or `Error`.
+pub struct ExecStream(pub Exec);
+
+impl Operation for ExecStream {
+    type Output = tokio::sync::mpsc::Receiver<ExecEvent>;
+    const NAME: &'static str = Exec::NAME;
+    const SCOPE: Scope = Exec::SCOPE;
+    const METHOD: HttpMethod = HttpMethod::Post;
+    const PATH: &'static str = routes::EXEC_STREAM;
+}
+
+impl Run for ExecStream {
+    fn validate(&self) -> Result<()> {
+        self.0.validate()
+    }
+
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Self::Output> {
+        let e = self.0;
+        m.exec_stream(caller, &e.sandbox, e.request).await
+    }
+}
