@@ -143,38 +143,80 @@ def _raw_target(path: str) -> bytes | None:
     return raw if raw.startswith(b"/") else HOME.encode() + b"/" + raw
 
 
-def _with_mapped_path(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+class _HelperCall:
+    """One call of an inherited helper (``ls``, ``read``, ...): its path argument mapped,
+    and for a name that is not UTF-8 a plain-named alias to reach it by (ADR 0026).
+
+    The inherited helpers put their path into a program as UTF-8 text, which cannot
+    name other bytes; a symlink in ``/tmp`` with a plain name can. While the call runs,
+    ``execute`` knows it serves a helper (its output is parsed, not shown) and
+    ``upload_files``/``download_files`` resolve the alias to the bytes.
+    """
+
+    def __init__(self, backend: ThreadboxSandbox, sig: inspect.Signature, arg: str, args: Any, kwargs: Any) -> None:
+        self.bound = sig.bind_partial(backend, *args, **kwargs)
+        path = self.bound.arguments.get(arg)
+        self.path = map_path(path) if backend._map_paths else path
+        self.raw = _raw_target(self.path) if isinstance(self.path, str) else None
+        self.alias = _alias_name() if self.raw is not None else None
+        if isinstance(self.path, str):
+            self.bound.arguments[arg] = self.alias or self.path
+
+    def make_alias(self) -> list[str]:
+        assert self.raw is not None and self.alias is not None
+        return ["python3", "-c", _MAKE_ALIAS, self.raw.hex(), self.alias]
+
+    def drop_alias(self) -> list[str]:
+        return ["rm", "-f", str(self.alias)]
+
+    def result(self, r: Any) -> Any:
+        return _shown(r, self.alias, self.path if self.alias else None)
+
+    def __enter__(self) -> _HelperCall:
+        aliases = _ALIASES.get() or {}
+        if self.alias is not None and self.raw is not None:
+            aliases = {**aliases, self.alias: self.raw}
+        self._tokens = (_IN_HELPER.set(True), _ALIASES.set(aliases))
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        helper, aliases = self._tokens
+        _ALIASES.reset(aliases)
+        _IN_HELPER.reset(helper)
+
+
+def _wrap_helper(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (inherited, sync or async) run as a :class:`_HelperCall`."""
     sig = inspect.signature(method)
     arg = _PATH_ARGS[name]
 
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def awrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
+            with _HelperCall(self, sig, arg, args, kwargs) as call:
+                if call.alias is None:
+                    return call.result(await method(*call.bound.args, **call.bound.kwargs))
+                sb = await self._asandbox()
+                await sb.exec(call.make_alias(), timeout=30)
+                try:
+                    return call.result(await method(*call.bound.args, **call.bound.kwargs))
+                finally:
+                    await sb.exec(call.drop_alias(), timeout=30)
+
+        return awrapper
+
     @functools.wraps(method)
     def wrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
-        token = _IN_HELPER.set(True)
-        try:
-            bound = sig.bind_partial(self, *args, **kwargs)
-            if not isinstance(bound.arguments.get(arg), str):
-                return _shown(method(*bound.args, **bound.kwargs))
-            path = bound.arguments[arg]
-            if self._map_paths:
-                path = map_path(path)
-            raw = _raw_target(path)
-            if raw is None:
-                bound.arguments[arg] = path
-                return _shown(method(*bound.args, **bound.kwargs))
-            # The inherited helpers put paths into their programs as UTF-8 text; a name
-            # that is not UTF-8 is reached through a symlink with a plain name.
-            alias = _alias_name()
+        with _HelperCall(self, sig, arg, args, kwargs) as call:
+            if call.alias is None:
+                return call.result(method(*call.bound.args, **call.bound.kwargs))
             sb = self.sandbox()
-            sb.exec(["python3", "-c", _MAKE_ALIAS, raw.hex(), alias], timeout=30)
-            atoken = _ALIASES.set({**(_ALIASES.get() or {}), alias: raw})
+            sb.exec(call.make_alias(), timeout=30)
             try:
-                bound.arguments[arg] = alias
-                return _shown(method(*bound.args, **bound.kwargs), alias, path)
+                return call.result(method(*call.bound.args, **call.bound.kwargs))
             finally:
-                _ALIASES.reset(atoken)
-                sb.exec(["rm", "-f", alias], timeout=30)
-        finally:
-            _IN_HELPER.reset(token)
+                sb.exec(call.drop_alias(), timeout=30)
 
     return wrapper
 
@@ -488,41 +530,4 @@ for _name in _PATH_ARGS:
             continue
         if _PATH_ARGS[_name] not in inspect.signature(_base).parameters:
             continue
-        if inspect.iscoroutinefunction(_base):
-
-            def _make(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-                sig = inspect.signature(method)
-                arg = _PATH_ARGS[name]
-
-                @functools.wraps(method)
-                async def awrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
-                    token = _IN_HELPER.set(True)
-                    try:
-                        bound = sig.bind_partial(self, *args, **kwargs)
-                        if not isinstance(bound.arguments.get(arg), str):
-                            return _shown(await method(*bound.args, **bound.kwargs))
-                        path = bound.arguments[arg]
-                        if self._map_paths:
-                            path = map_path(path)
-                        raw = _raw_target(path)
-                        if raw is None:
-                            bound.arguments[arg] = path
-                            return _shown(await method(*bound.args, **bound.kwargs))
-                        alias = _alias_name()
-                        sb = await self._asandbox()
-                        await sb.exec(["python3", "-c", _MAKE_ALIAS, raw.hex(), alias], timeout=30)
-                        atoken = _ALIASES.set({**(_ALIASES.get() or {}), alias: raw})
-                        try:
-                            bound.arguments[arg] = alias
-                            return _shown(await method(*bound.args, **bound.kwargs), alias, path)
-                        finally:
-                            _ALIASES.reset(atoken)
-                            await sb.exec(["rm", "-f", alias], timeout=30)
-                    finally:
-                        _IN_HELPER.reset(token)
-
-                return awrapper
-
-            setattr(ThreadboxSandbox, _n, _make(_base, _name))
-        else:
-            setattr(ThreadboxSandbox, _n, _with_mapped_path(_name, _base))
+        setattr(ThreadboxSandbox, _n, _wrap_helper(_name, _base))
