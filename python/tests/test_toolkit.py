@@ -263,3 +263,16 @@ def test_without_custom_streaming_the_plain_exec_is_used(
     updates = list(graph.stream({"messages": [HumanMessage("hi")]}, cfg(names.thread("upd")), stream_mode="updates"))
     (msg,) = [m for u in updates for m in (u.get("tools") or {}).get("messages", [])]
     assert str(msg.content).startswith("hi\n")
+
+
+async def test_async_file_tools_match_the_sync_ones(tb: Threadbox, names: Names) -> None:
+    """The async twins run the same steps (read ranges, escaped names, errors)."""
+    tk = ThreadboxToolkit(client=tb)
+    c = cfg(names.thread("afiles"))
+    await tk.write_file.ainvoke({"path": "caf\\xe9.txt", "content": "a\nb\nc\n"}, c)
+    assert "caf\\xe9.txt  (6 bytes)" in await tk.list_files.ainvoke({}, c)
+    part = await tk.read_file.ainvoke({"path": "caf\\xe9.txt", "offset": 1, "limit": 1}, c)
+    assert part.startswith("b\n[lines 1-1"), part
+    assert (await tk.read_file.ainvoke({"path": "caf\\xe9.txt"}, c)) == tk.read_file.invoke({"path": "caf\\xe9.txt"}, c)
+    missing = await tk.read_file.ainvoke({"path": "missing.txt"}, c)
+    assert missing.endswith("no such file or directory"), missing

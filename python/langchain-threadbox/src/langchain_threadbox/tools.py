@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import mimetypes
 import posixpath
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 from langchain_core.messages import ToolMessage
@@ -181,6 +182,52 @@ def _had_sandbox_before(runtime: ToolRuntime | None) -> bool | None:
     if not isinstance(msgs, (list, tuple)):
         return None
     return any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict) and "sandbox_id" in m.artifact for m in msgs)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call of ``sandbox.files`` a tool's steps ask for: the method and its arguments."""
+
+    method: Literal["stat", "read", "write", "list"]
+    path: str
+    data: bytes | None = None
+    offset: int = 0
+    length: int | None = None
+    parents: bool = False
+
+
+_Steps = Generator[_Call, Any, ToolResult]
+
+
+def _call(files: Any, c: _Call) -> Any:
+    """The SDK call for ``c`` on ``files`` (sync or async: its result or its awaitable)."""
+    if c.method == "stat":
+        return files.stat(c.path)
+    if c.method == "read":
+        return files.read(c.path, offset=c.offset, length=c.length)
+    if c.method == "write":
+        return files.write(c.path, c.data, parents=c.parents)
+    return files.list(c.path)
+
+
+def _drive(steps: _Steps, sb: Sandbox) -> ToolResult:
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(_call(sb.files, call))
+    except StopIteration as done:
+        result: ToolResult = done.value
+        return result
+
+
+async def _adrive(steps: _Steps, sb: AsyncSandbox) -> ToolResult:
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(await _call(sb.files, call))
+    except StopIteration as done:
+        result: ToolResult = done.value
+        return result
 
 
 _FIRST_WINDOW = 64 << 10
@@ -467,18 +514,6 @@ class ThreadboxToolkit(BaseToolkit):
             }
         )
 
-    @staticmethod
-    def _from_events(
-        events: Iterator[Any], end: Callable[[], Any], on_out: Callable[[OutputEvent], None]
-    ) -> ExecResult:
-        out: list[bytes] = []
-        err: list[bytes] = []
-        for ev in events:
-            if isinstance(ev, OutputEvent):
-                (out if ev.stream == "stdout" else err).append(ev.data)
-                on_out(ev)
-        return _result(end(), out, err)
-
     def _exec(
         self,
         config: RunnableConfig | None,
@@ -498,7 +533,7 @@ class ThreadboxToolkit(BaseToolkit):
             if writer is None:
                 return sb.exec(cmd, **kw)
             with sb.exec_stream(cmd, **kw) as events:
-                return self._from_events(events, lambda: events.end, lambda ev: self._emit(writer, what, runtime, ev))
+                return events.collect(on_output=lambda ev: self._emit(writer, what, runtime, ev))
 
         try:
             try:
@@ -528,14 +563,8 @@ class ThreadboxToolkit(BaseToolkit):
             kw: dict[str, Any] = {"timeout": t, "stdin": stdin, "env": env, "max_output_bytes": self.max_output_bytes}
             if writer is None:
                 return await sb.exec(cmd, **kw)
-            out: list[bytes] = []
-            err: list[bytes] = []
             async with sb.exec_stream(cmd, **kw) as events:
-                async for ev in events:
-                    if isinstance(ev, OutputEvent):
-                        (out if ev.stream == "stdout" else err).append(ev.data)
-                        self._emit(writer, what, runtime, ev)
-                return _result(events.end, out, err)
+                return await events.collect(on_output=lambda ev: self._emit(writer, what, runtime, ev))
 
         try:
             try:
@@ -593,11 +622,11 @@ class ThreadboxToolkit(BaseToolkit):
         runtime: ToolRuntime | None,
         what: str,
         path: str,
-        op: Callable[[Sandbox], ToolResult],
+        steps: Callable[[Sandbox], _Steps],
     ) -> ToolResult:
         sb = self._resolve(config, what)
         try:
-            return self._new_sandbox(sb, runtime, op(sb))
+            return self._new_sandbox(sb, runtime, _drive(steps(sb), sb))
         except ThreadboxError as e:
             if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
                 raise _file_error(e, path) from e
@@ -609,11 +638,11 @@ class ThreadboxToolkit(BaseToolkit):
         runtime: ToolRuntime | None,
         what: str,
         path: str,
-        op: Callable[[AsyncSandbox], Awaitable[ToolResult]],
+        steps: Callable[[AsyncSandbox], _Steps],
     ) -> ToolResult:
         sb = await self._aresolve(config, what)
         try:
-            return self._new_sandbox(sb, runtime, await op(sb))
+            return self._new_sandbox(sb, runtime, await _adrive(steps(sb), sb))
         except ThreadboxError as e:
             if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
                 raise _file_error(e, path) from e
@@ -664,97 +693,33 @@ class ThreadboxToolkit(BaseToolkit):
             body = f"[{path} has {rd.line} lines; offset {rd.offset} is past the end]"
         return body, artifact
 
-    def _read_file(
-        self,
-        path: str,
-        config: RunnableConfig,
-        offset: int = 0,
-        limit: int | None = None,
-        runtime: ToolRuntime = None,  # type: ignore[assignment]
-    ) -> ToolResult:
+    # The file tools' logic is written once, as generators that yield the SDK calls they
+    # need (`_Call`) and get the answers sent back; `_drive` and `_adrive` make those
+    # calls on a sync or an async sandbox. So the sync and async tools differ only there.
+
+    def _read_steps(self, path: str, offset: int, limit: int | None, sb_id: str) -> _Steps:
         real = sdk_path(path)
+        entry = yield _Call("stat", real)
+        if self._read_plan(path, entry) == "image":
+            data = (yield _Call("read", real)) if entry.size <= self.max_image_bytes else None
+            return self._image_result(path, entry, data, sb_id)
+        rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
+        pos = 0
+        while (want := rd.window()) is not None:
+            data = yield _Call("read", real, offset=pos, length=want)
+            pos += len(data)
+            if rd.take_window(data, want):
+                break
+        return self._lines_result(path, entry, rd, sb_id)
 
-        def op(sb: Sandbox) -> ToolResult:
-            entry = sb.files.stat(real)
-            if self._read_plan(path, entry) == "image":
-                data = sb.files.read(real) if entry.size <= self.max_image_bytes else None
-                return self._image_result(path, entry, data, sb.id)
-            rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-            pos = 0
-            while (want := rd.window()) is not None:
-                data = sb.files.read(real, offset=pos, length=want)
-                pos += len(data)
-                if rd.take_window(data, want):
-                    break
-            return self._lines_result(path, entry, rd, sb.id)
-
-        return self._file_op(config, runtime, "read_file", path, op)
-
-    async def _aread_file(
-        self,
-        path: str,
-        config: RunnableConfig,
-        offset: int = 0,
-        limit: int | None = None,
-        runtime: ToolRuntime = None,  # type: ignore[assignment]
-    ) -> ToolResult:
-        real = sdk_path(path)
-
-        async def op(sb: AsyncSandbox) -> ToolResult:
-            entry = await sb.files.stat(real)
-            if self._read_plan(path, entry) == "image":
-                data = await sb.files.read(real) if entry.size <= self.max_image_bytes else None
-                return self._image_result(path, entry, data, sb.id)
-            rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-            pos = 0
-            while (want := rd.window()) is not None:
-                data = await sb.files.read(real, offset=pos, length=want)
-                pos += len(data)
-                if rd.take_window(data, want):
-                    break
-            return self._lines_result(path, entry, rd, sb.id)
-
-        return await self._afile_op(config, runtime, "read_file", path, op)
-
-    def _write_file(
-        self,
-        path: str,
-        content: str,
-        config: RunnableConfig,
-        runtime: ToolRuntime = None,  # type: ignore[assignment]
-    ) -> ToolResult:
+    def _write_steps(self, path: str, content: str, sb_id: str) -> _Steps:
         data = content.encode("utf-8")
-        real = sdk_path(path)
+        yield _Call("write", sdk_path(path), data, parents=True)
+        return f"Wrote {len(data)} bytes to {_abs(path)}", {"path": _abs(path), "size": len(data), "sandbox_id": sb_id}
 
-        def op(sb: Sandbox) -> ToolResult:
-            sb.files.write(real, data, parents=True)
-            return f"Wrote {len(data)} bytes to {_abs(path)}", {
-                "path": _abs(path),
-                "size": len(data),
-                "sandbox_id": sb.id,
-            }
-
-        return self._file_op(config, runtime, "write_file", path, op)
-
-    async def _awrite_file(
-        self,
-        path: str,
-        content: str,
-        config: RunnableConfig,
-        runtime: ToolRuntime = None,  # type: ignore[assignment]
-    ) -> ToolResult:
-        data = content.encode("utf-8")
-        real = sdk_path(path)
-
-        async def op(sb: AsyncSandbox) -> ToolResult:
-            await sb.files.write(real, data, parents=True)
-            return f"Wrote {len(data)} bytes to {_abs(path)}", {
-                "path": _abs(path),
-                "size": len(data),
-                "sandbox_id": sb.id,
-            }
-
-        return await self._afile_op(config, runtime, "write_file", path, op)
+    def _list_steps(self, path: str, sb_id: str) -> _Steps:
+        entries = yield _Call("list", sdk_path(path))
+        return self._list_result(path, entries, sb_id)
 
     def _list_result(self, path: str, entries: Sequence[FileEntry], sb_id: str) -> ToolResult:
         entries = _with_escaped_names(entries)
@@ -764,18 +729,57 @@ class ThreadboxToolkit(BaseToolkit):
             "sandbox_id": sb_id,
         }
 
+    def _read_file(
+        self,
+        path: str,
+        config: RunnableConfig,
+        offset: int = 0,
+        limit: int | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return self._file_op(
+            config, runtime, "read_file", path, lambda sb: self._read_steps(path, offset, limit, sb.id)
+        )
+
+    async def _aread_file(
+        self,
+        path: str,
+        config: RunnableConfig,
+        offset: int = 0,
+        limit: int | None = None,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return await self._afile_op(
+            config, runtime, "read_file", path, lambda sb: self._read_steps(path, offset, limit, sb.id)
+        )
+
+    def _write_file(
+        self,
+        path: str,
+        content: str,
+        config: RunnableConfig,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return self._file_op(config, runtime, "write_file", path, lambda sb: self._write_steps(path, content, sb.id))
+
+    async def _awrite_file(
+        self,
+        path: str,
+        content: str,
+        config: RunnableConfig,
+        runtime: ToolRuntime = None,  # type: ignore[assignment]
+    ) -> ToolResult:
+        return await self._afile_op(
+            config, runtime, "write_file", path, lambda sb: self._write_steps(path, content, sb.id)
+        )
+
     def _list_files(
         self,
         config: RunnableConfig,
         path: str = ".",
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real = sdk_path(path)
-
-        def op(sb: Sandbox) -> ToolResult:
-            return self._list_result(path, sb.files.list(real), sb.id)
-
-        return self._file_op(config, runtime, "list_files", path, op)
+        return self._file_op(config, runtime, "list_files", path, lambda sb: self._list_steps(path, sb.id))
 
     async def _alist_files(
         self,
@@ -783,12 +787,7 @@ class ThreadboxToolkit(BaseToolkit):
         path: str = ".",
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real = sdk_path(path)
-
-        async def op(sb: AsyncSandbox) -> ToolResult:
-            return self._list_result(path, await sb.files.list(real), sb.id)
-
-        return await self._afile_op(config, runtime, "list_files", path, op)
+        return await self._afile_op(config, runtime, "list_files", path, lambda sb: self._list_steps(path, sb.id))
 
     # -- tools ----------------------------------------------------------------
 
@@ -889,24 +888,6 @@ class ThreadboxToolkit(BaseToolkit):
         if unknown:
             raise ValueError(f"unknown threadbox tools: {sorted(unknown)}")
         return [getattr(self, n) for n in wanted]
-
-
-def _result(end: Any, out: list[bytes], err: list[bytes]) -> ExecResult:
-    if end is None:
-        raise ThreadboxError("exec stream ended without an end event", code="protocol")
-    return ExecResult(
-        exit_code=end.exit_code,
-        signal=end.signal,
-        stdout_bytes=b"".join(out),
-        stderr_bytes=b"".join(err),
-        timed_out=end.timed_out,
-        truncated=end.truncated,
-        stdout_truncated=end.truncated,
-        stderr_truncated=end.truncated,
-        duration_ms=end.duration_ms,
-        oom_killed=end.oom_killed,
-        memory_limit_bytes=end.memory_limit_bytes,
-    )
 
 
 def _with_escaped_names(entries: Sequence[FileEntry]) -> list[FileEntry]:

@@ -10,7 +10,7 @@ import builtins
 import json
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
@@ -39,6 +39,7 @@ from ._models import (
     ProcessLogs,
     SandboxInfo,
     SelftestReport,
+    exec_result,
     parse_event,
 )
 
@@ -466,29 +467,17 @@ class AsyncExecStream(AsyncIterator[ExecEvent]):
         if self._resp is not None:
             await self._resp.aclose()
 
-    async def collect(self) -> ExecResult:
-        """Consumes the stream and returns the accumulated result."""
+    async def collect(self, on_output: Callable[[OutputEvent], object] | None = None) -> ExecResult:
+        """Consumes the stream and returns the accumulated result; ``on_output`` sees
+        each output event as it comes (to show progress)."""
         out: builtins.list[bytes] = []
         err: builtins.list[bytes] = []
         async for ev in self:
             if isinstance(ev, OutputEvent):
                 (out if ev.stream == "stdout" else err).append(ev.data)
-        end = self.end
-        if end is None:  # pragma: no cover
-            raise ProtocolError("exec stream ended without an end event")
-        return ExecResult(
-            exit_code=end.exit_code,
-            signal=end.signal,
-            stdout_bytes=b"".join(out),
-            stderr_bytes=b"".join(err),
-            timed_out=end.timed_out,
-            truncated=end.truncated,
-            stdout_truncated=end.truncated,
-            stderr_truncated=end.truncated,
-            duration_ms=end.duration_ms,
-            oom_killed=end.oom_killed,
-            memory_limit_bytes=end.memory_limit_bytes,
-        )
+                if on_output is not None:
+                    on_output(ev)
+        return exec_result(self.end, out, err)
 
 
 class AsyncProcess:

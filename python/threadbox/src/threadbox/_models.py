@@ -387,3 +387,22 @@ class SelftestReport:
                 for c in d.get("checks") or []
             ],
         )
+
+
+def exec_result(end: EndEvent | None, out: list[bytes], err: list[bytes]) -> ExecResult:
+    """The result of a streamed exec: its output chunks and its end event."""
+    if end is None:
+        raise ProtocolError("exec stream ended without an end event")
+    return ExecResult(
+        exit_code=end.exit_code,
+        signal=end.signal,
+        stdout_bytes=b"".join(out),
+        stderr_bytes=b"".join(err),
+        timed_out=end.timed_out,
+        truncated=end.truncated,
+        stdout_truncated=end.truncated,
+        stderr_truncated=end.truncated,
+        duration_ms=end.duration_ms,
+        oom_killed=end.oom_killed,
+        memory_limit_bytes=end.memory_limit_bytes,
+    )

@@ -7,7 +7,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
@@ -35,6 +35,7 @@ from ._models import (
     ProcessLogs,
     SandboxInfo,
     SelftestReport,
+    exec_result,
     parse_event,
 )
 
@@ -568,29 +569,17 @@ class ExecStream(Iterator[ExecEvent]):
         if self._resp is not None:
             self._resp.close()
 
-    def collect(self) -> ExecResult:
-        """Consumes the stream and returns the accumulated result."""
+    def collect(self, on_output: Callable[[OutputEvent], object] | None = None) -> ExecResult:
+        """Consumes the stream and returns the accumulated result; ``on_output`` sees
+        each output event as it comes (to show progress)."""
         out: builtins.list[bytes] = []
         err: builtins.list[bytes] = []
         for ev in self:
             if isinstance(ev, OutputEvent):
                 (out if ev.stream == "stdout" else err).append(ev.data)
-        end = self.end
-        if end is None:  # pragma: no cover - __next__ raises first
-            raise ProtocolError("exec stream ended without an end event")
-        return ExecResult(
-            exit_code=end.exit_code,
-            signal=end.signal,
-            stdout_bytes=b"".join(out),
-            stderr_bytes=b"".join(err),
-            timed_out=end.timed_out,
-            truncated=end.truncated,
-            stdout_truncated=end.truncated,
-            stderr_truncated=end.truncated,
-            duration_ms=end.duration_ms,
-            oom_killed=end.oom_killed,
-            memory_limit_bytes=end.memory_limit_bytes,
-        )
+                if on_output is not None:
+                    on_output(ev)
+        return exec_result(self.end, out, err)
 
 
 class Process:
