@@ -16,6 +16,10 @@ test:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	# Features are additive (F14): the agent's test hooks turn on threadbox-sys's, and
+	# core, built without its own, must still compile beside it.
+	cargo check -p threadbox-agent --features threadbox-agent/insecure-test-hooks
+	cargo check -p threadbox-core -p threadbox-agent --features threadbox-agent/insecure-test-hooks
 	./scripts/check-no-aws-lc.sh
 
 openapi:

@@ -2,13 +2,11 @@
 
 use crate::error::{CoreError, Result};
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use threadbox_proto::{encode_frame, Frame, FrameDecoder, Hello, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 type Pending = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Response>>>>;
@@ -28,18 +26,25 @@ fn lost(e: impl std::fmt::Display) -> CoreError {
 }
 
 impl AgentConn {
-    /// Connects and performs the version handshake, all within `timeout`.
-    pub async fn connect(socket: &Path, timeout: Duration) -> Result<Arc<AgentConn>> {
-        tokio::time::timeout(timeout, Self::connect_inner(socket))
-            .await
-            .map_err(|_| {
-                CoreError::Unavailable("the sandbox agent did not answer in time".into())
-            })?
+    /// Connects through `driver` and performs the version handshake, all within
+    /// `timeout` (the driver's connect waits for an agent still starting).
+    pub async fn connect(
+        driver: &dyn crate::driver::Driver,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Arc<AgentConn>> {
+        tokio::time::timeout(timeout, async {
+            let stream = driver.connect(id).await?;
+            Self::handshake(stream).await
+        })
+        .await
+        .map_err(|_| CoreError::Unavailable("the sandbox agent did not answer in time".into()))?
     }
 
-    async fn connect_inner(socket: &Path) -> Result<Arc<AgentConn>> {
-        let stream = UnixStream::connect(socket).await.map_err(lost)?;
-        let (mut rd, mut wr) = stream.into_split();
+    /// Speaks the agent protocol over `stream`: the handshake, then the reader and
+    /// writer tasks.
+    pub async fn handshake(stream: crate::driver::AgentStream) -> Result<Arc<AgentConn>> {
+        let (mut rd, mut wr) = tokio::io::split(stream);
         let hello = encode_frame(&Frame::Hello(Hello::ours(
             concat!("threadbox ", env!("CARGO_PKG_VERSION")),
             CAPABILITIES,

@@ -1,549 +1,137 @@
-//! Isolation drivers. The `jail` driver (namespaces + seccomp + Landlock + cgroups, our
-//! own code in `threadbox-sys`) is the default; stronger tiers (gVisor, microVM) will
-//! implement the same [`Driver`] trait.
+//! The driver seam: what the manager needs from an isolation tier, whatever isolates it.
+//! The `jail` tier (namespaces + seccomp + Landlock + cgroups, see [`crate::jail`]) is the
+//! default; the fake tier ([`crate::fake`]) runs the same agent without isolation for
+//! tests; stronger tiers (gVisor, microVM) implement the same [`Driver`].
+//!
+//! Nothing here names a uid, a cgroup or a socket path: a driver keeps those to itself.
+//! The manager hands it a [`SandboxSpec`] (what to run) and gets back an agent stream
+//! ([`Driver::connect`]) it speaks the agent protocol over.
 
 use crate::error::{CoreError, Result};
-use crate::images::ImageSpec;
-use crate::Config;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
-use threadbox_sys::cgroup::{Layout, Limits, SandboxCgroup};
-use threadbox_sys::jail::{JailSpec, LaunchReport, SANDBOX_USER_ID};
-
-/// RLIMIT_NOFILE (soft = hard) of every sandbox process, or the daemon's hard limit when
-/// that is lower. Below the hard limits hosts commonly give a root daemon (20000 on our CI
-/// machine kind, 524288 under systemd), so the limit in force is ours, not the host's.
-pub const SANDBOX_NOFILE: u64 = 16384;
-
-/// Most cgroups below a sandbox's own: one per running call or background process (at
-/// most 256 of those), leftovers still emptying, interpreter contexts.
-pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
-/// Levels below a sandbox's cgroup: a call's cgroup, and one more for what a call may
-/// group (contexts).
-pub const CGROUP_MAX_DEPTH: u32 = 2;
-
-/// Most directory entries one disk-usage walk reads (a sandbox without a disk image).
-const MAX_DU_ENTRIES: usize = 2_000_000;
+use crate::store::ImageRow;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 /// The tier every sandbox has unless its create names another.
 pub const DEFAULT_TIER: &str = "jail";
 
-/// What one sandbox needs from a driver, whatever isolates it. The manager holds drivers
-/// as trait objects, one per isolation tier ([`Drivers`]), and asks a sandbox's own.
+/// Resource limits of one sandbox, as the API states them; each driver enforces them in
+/// its own terms (the jail with a cgroup, a microVM with its machine size).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpus: f64,
+    pub pids: u32,
+}
+
+/// What to run: everything a driver needs to prepare and boot one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub id: String,
+    pub hostname: String,
+    /// A small number unique among this daemon's sandboxes (the store hands out the
+    /// lowest free one, below [`crate::store::MAX_SANDBOXES`]). A driver may map it to
+    /// what must be unique per sandbox on the host: the jail takes its uid range from it,
+    /// a microVM would take its vsock CID.
+    pub index: u32,
+    /// The sandbox's image as the store records it; the driver turns it into its own
+    /// terms (overlay layers, a block device) at launch.
+    pub image: ImageRow,
+    pub limits: Limits,
+    /// The persistent disk's size (0 = no quota: a plain directory where the tier allows
+    /// it).
+    pub disk_bytes: u64,
+}
+
+/// What a sandbox uses now. `None`: the driver could not read it (nothing runs, or the
+/// tier cannot tell).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub memory_bytes: Option<u64>,
+    /// CPU time used by the sandbox's current boot, microseconds.
+    pub cpu_usec: Option<u64>,
+    /// How many of its processes the OOM killer has ended so far (this boot).
+    pub oom_kills: Option<u64>,
+    /// Bytes its disk occupies on the host; only read when asked for (a walk can cost).
+    pub disk_bytes: Option<u64>,
+}
+
+/// A byte stream to a sandbox's agent, before the protocol handshake.
+pub trait AgentIo: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> AgentIo for T {}
+pub type AgentStream = Box<dyn AgentIo>;
+
+/// What one sandbox needs from a driver. The manager holds drivers as trait objects, one
+/// per isolation tier ([`Drivers`]), and asks a sandbox's own. Blocking work (helpers,
+/// mounts, walks) is the driver's to move off the async threads.
+#[async_trait::async_trait]
 pub trait Driver: Send + Sync {
     /// The tier's name, as stored with each sandbox and shown in the API.
     fn tier(&self) -> &'static str;
+    /// The isolation layers this tier runs without, for sandbox info (empty when the
+    /// tier is whole).
+    fn isolation_warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Checks that this tier can boot `image` (before anything of a sandbox exists).
+    async fn resolve_image(&self, image: &ImageRow) -> Result<()>;
     /// Whether the sandbox's persistent disk exists on the host.
-    fn has_disk(&self, id: &str) -> bool;
-    /// Memory in use by the sandbox's processes, in bytes.
-    fn memory_current(&self, id: &str) -> Result<u64>;
-    /// Bytes the sandbox's disk occupies on the host.
-    fn disk_usage(&self, id: &str) -> u64;
-    /// Applies new resource limits to a running sandbox.
-    fn set_limits(&self, id: &str, limits: &Limits) -> Result<()>;
-    /// Creates the sandbox's persistent disk: an image of `disk_bytes` (0 = a plain
-    /// directory without quota).
-    fn prepare(&self, id: &str, slot: u32, disk_bytes: u64) -> Result<()>;
-    /// Starts the sandbox's agent; returns its host pid.
-    fn launch(&self, req: &LaunchRequest) -> Result<i32>;
-    fn freeze(&self, id: &str) -> Result<()>;
-    fn thaw(&self, id: &str) -> Result<()>;
-    fn is_frozen(&self, id: &str) -> Result<bool>;
+    async fn has_disk(&self, id: &str) -> bool;
+    /// Creates the sandbox's persistent disk.
+    async fn prepare(&self, spec: &SandboxSpec) -> Result<()>;
+    /// Starts the sandbox's agent; returns its host pid. The agent may not answer yet:
+    /// the caller connects with its own deadline.
+    async fn launch(&self, spec: &SandboxSpec) -> Result<i32>;
+    /// A stream to the sandbox's agent (whatever handshake the transport needs is done;
+    /// the agent protocol's own is the caller's). Waits, within the caller's deadline,
+    /// for an agent that is still starting.
+    async fn connect(&self, id: &str) -> Result<AgentStream>;
+    async fn freeze(&self, id: &str) -> Result<()>;
+    async fn thaw(&self, id: &str) -> Result<()>;
+    async fn is_frozen(&self, id: &str) -> Result<bool>;
     /// Ends every process; the disk stays.
-    fn stop(&self, id: &str) -> Result<()>;
+    async fn stop(&self, id: &str) -> Result<()>;
     /// Removes everything the sandbox left on the host.
-    fn destroy(&self, id: &str) -> Result<()>;
-    fn socket_path(&self, id: &str) -> PathBuf;
-    fn cpu_usage_usec(&self, id: &str) -> Result<u64>;
+    async fn destroy(&self, id: &str) -> Result<()>;
+    /// Applies new resource limits to a running sandbox.
+    async fn set_limits(&self, id: &str, limits: &Limits) -> Result<()>;
+    /// Memory, CPU and OOM kills of the running sandbox; its disk too when `disk`.
+    async fn usage(&self, id: &str, disk: bool) -> Usage;
     /// Whether the sandbox's agent, host pid `pid`, is still alive in the sandbox (it may
     /// be alive and not answering yet).
-    fn agent_alive(&self, id: &str, pid: i32) -> bool;
-    /// How many processes of the sandbox the kernel's OOM killer has ended so far
-    /// (the cgroup's `oom_kill` counter; `memory.oom_control` on v1).
-    fn oom_kills(&self, id: &str) -> Result<u64>;
+    async fn agent_alive(&self, id: &str, pid: i32) -> bool;
 }
 
-pub struct LaunchRequest<'a> {
-    pub id: &'a str,
-    pub hostname: &'a str,
-    pub slot: u32,
-    pub image: &'a ImageSpec,
-    pub limits: Limits,
+/// Runs blocking driver work on tokio's blocking pool.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CoreError::Internal(format!("blocking task failed: {e}")))?
 }
 
-pub struct JailDriver {
-    config: Config,
-    layout: Layout,
-    /// One sealed memfd of the agent shared by every boot, remade when the file changes.
-    agent_memfd: std::sync::Mutex<Option<std::sync::Arc<AgentMemfd>>>,
-}
-
-struct AgentMemfd {
-    fd: std::os::fd::OwnedFd,
-    stamp: (std::time::SystemTime, u64),
-}
-
-/// Where a sandbox keeps its things on the host.
-pub struct SandboxPaths {
-    pub dir: PathBuf,
-    pub upper: PathBuf,
-    pub work: PathBuf,
-    pub rootfs: PathBuf,
-    pub run: PathBuf,
-    /// The sandbox's disk image (ADR 0011) and where the helper mounts it (in the
-    /// sandbox's mount namespace only); upper and work then live inside it.
-    pub disk_image: PathBuf,
-    pub disk_mount: PathBuf,
-}
-
-impl JailDriver {
-    pub fn new(config: Config) -> Result<JailDriver> {
-        let layout = Layout::detect()?;
-        tracing::info!(layout = layout.name(), "cgroup layout");
-        Ok(JailDriver {
-            config,
-            layout,
-            agent_memfd: std::sync::Mutex::new(None),
-        })
-    }
-
-    pub fn paths(&self, id: &str) -> SandboxPaths {
-        let dir = self.config.root.join("sandboxes").join(id);
-        SandboxPaths {
-            upper: dir.join("upper"),
-            work: dir.join("work"),
-            rootfs: dir.join("rootfs"),
-            run: dir.join("run"),
-            disk_image: dir.join("disk.img"),
-            disk_mount: dir.join("disk"),
-            dir,
-        }
-    }
-
-    pub fn cgroup(&self, id: &str) -> SandboxCgroup {
-        SandboxCgroup::new(self.layout.clone(), &self.config.cgroup_parent, id)
-    }
-
-    /// The shared sealed memfd of the agent (None: the helper copies the file itself).
-    fn agent_memfd(&self) -> Option<std::sync::Arc<AgentMemfd>> {
-        let meta = std::fs::metadata(&self.config.agent_path).ok()?;
-        let stamp = (meta.modified().ok()?, meta.len());
-        let mut slot = self.agent_memfd.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(m) = slot.as_ref().filter(|m| m.stamp == stamp) {
-            return Some(m.clone());
-        }
-        let fd = threadbox_sys::jail::sealed_agent(&self.config.agent_path).ok()?;
-        let m = std::sync::Arc::new(AgentMemfd { fd, stamp });
-        *slot = Some(m.clone());
-        Some(m)
-    }
-
-    pub fn disk_exists(&self, id: &str) -> bool {
-        let p = self.paths(id);
-        p.disk_image.is_file() || p.upper.is_dir()
-    }
-}
-
-/// Longest a launch helper may take: it mounts, forks and execs, normally in tens of
-/// milliseconds; one stuck in the kernel must not hold its caller forever (F7).
-const HELPER_DEADLINE: Duration = Duration::from_secs(60);
-
-/// Feeds the helper its spec and waits for it to exit, at most `deadline`; past it the
-/// helper is killed. The helper is reaped on every path (F18).
-fn run_helper(
-    mut child: std::process::Child,
-    input: &[u8],
-    deadline: Duration,
-) -> Result<std::process::Output> {
-    if let Some(mut stdin) = child.stdin.take() {
-        if let Err(e) = stdin.write_all(input) {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(e.into());
-        }
-    }
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(deadline) {
-        Ok(out) => Ok(out?),
-        Err(_) => {
-            let _ = threadbox_sys::child::kill(pid, libc::SIGKILL);
-            // The waiting thread reaps it.
-            let _ = rx.recv();
-            Err(CoreError::Unavailable(format!(
-                "the jail helper did not finish within {}s",
-                deadline.as_secs()
-            )))
-        }
-    }
-}
-
-/// Gives a sandbox its disk image: a sparse copy of a template made once per size under
-/// `templates` (mkfs costs ~10 ms per create; the copy moves the few MiB the empty file
-/// system occupies). Templates are only ever read after their atomic rename.
-fn make_disk_image(templates: &Path, path: &Path, bytes: u64) -> Result<()> {
-    let template = templates.join(format!("ext4-{bytes}.img"));
-    if !template.is_file() {
-        mkdir(templates)?;
-        let tmp = templates.join(format!(
-            ".ext4-{bytes}.{}.tmp",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let made = make_fresh_disk_image(&tmp, bytes)
-            .and_then(|()| std::fs::rename(&tmp, &template).map_err(CoreError::from));
-        if let Err(e) = made {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    }
-    if let Err(e) = threadbox_sys::sparse::copy_sparse(&template, path) {
-        let _ = std::fs::remove_file(path);
-        return Err(CoreError::Internal(format!(
-            "disk image for the sandbox (host disk full?): {e}"
-        )));
-    }
-    Ok(())
-}
-
-/// Creates a sparse file of `bytes` and an ext4 file system on it (ADR 0011). 1% of the
-/// blocks stay reserved for host root: a sandbox that filled its disk can still be booted
-/// (overlayfs needs room in its workdir at mount time).
-fn make_fresh_disk_image(path: &Path, bytes: u64) -> Result<()> {
-    let f = std::fs::File::create(path)
-        .map_err(|e| CoreError::Internal(format!("create {}: {e}", path.display())))?;
-    f.set_len(bytes)
-        .map_err(|e| CoreError::Internal(format!("size {}: {e}", path.display())))?;
-    drop(f);
-    let mkfs = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"]
-        .into_iter()
-        .map(Path::new)
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            CoreError::Internal("disk quotas need mkfs.ext4 (e2fsprogs) on the host".into())
-        })?;
-    let out = std::process::Command::new(mkfs)
-        .args(["-q", "-F", "-m", "1", "-E"])
-        .arg("lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0")
-        .arg(path)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| CoreError::Internal(format!("run {}: {e}", mkfs.display())))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(path);
-        return Err(CoreError::Internal(format!(
-            "mkfs.ext4 failed (host disk full?): {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
-}
-
-fn mkdir(p: &Path) -> Result<()> {
-    std::fs::create_dir_all(p)
-        .map_err(|e| CoreError::Internal(format!("mkdir {}: {e}", p.display())))
-}
-
-impl Driver for JailDriver {
-    fn prepare(&self, id: &str, slot: u32, disk_bytes: u64) -> Result<()> {
-        #[cfg(feature = "insecure-test-hooks")]
-        let disk_bytes = match threadbox_sys::testhooks::Weaken::from_env() {
-            Ok(w) if w.has("no-disk-quota") => 0,
-            _ => disk_bytes,
-        };
-        let p = self.paths(id);
-        use std::os::unix::fs::{chown, PermissionsExt};
-        if disk_bytes > 0 {
-            for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
-                mkdir(d)?;
-            }
-            std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
-            // The launch helper creates upper/, work/ and home/user inside on first boot.
-            let templates = self.config.root.join("images").join(".disk-templates");
-            return make_disk_image(&templates, &p.disk_image, disk_bytes);
-        }
-        for d in [&p.dir, &p.upper, &p.work, &p.rootfs, &p.run] {
-            mkdir(d)?;
-        }
-        std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
-        let home = p.upper.join("home/user");
-        mkdir(&home)?;
-        let uid = self.config.uid_range.slot_base(slot)? + SANDBOX_USER_ID;
-        chown(&home, Some(uid), Some(uid))?;
-        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755))?;
-        Ok(())
-    }
-
-    fn launch(&self, req: &LaunchRequest) -> Result<i32> {
-        let p = self.paths(req.id);
-        let image = p.disk_image.is_file();
-        if !image && !p.upper.is_dir() {
-            return Err(CoreError::Conflict(format!(
-                "the disk of sandbox {} is missing on the host; it cannot be started",
-                req.id
-            )));
-        }
-        mkdir(&p.run)?;
-        let (upper, work) = if image {
-            // Inside the image; the helper clears the workdir after mounting it.
-            mkdir(&p.disk_mount)?;
-            (p.disk_mount.join("upper"), p.disk_mount.join("work"))
-        } else {
-            // A previous agent's overlay workdir may hold leftovers overlayfs refuses to
-            // reuse.
-            let _ = std::fs::remove_dir_all(&p.work);
-            mkdir(&p.work)?;
-            (p.upper.clone(), p.work.clone())
-        };
-        mkdir(&p.rootfs)?;
-        let base = self.config.uid_range.slot_base(req.slot)?;
-        let cg = self.cgroup(req.id);
-        #[cfg(feature = "insecure-test-hooks")]
-        let weaken = threadbox_sys::testhooks::Weaken::from_env().map_err(CoreError::Internal)?;
-        #[allow(unused_mut)]
-        let mut limits = req.limits;
-        #[cfg(feature = "insecure-test-hooks")]
-        {
-            if weaken.has("no-pids-limit") {
-                limits.pids = 1 << 22;
-            }
-            if weaken.has("no-memory-limit") {
-                limits.memory_bytes = 1 << 40;
-            }
-            if weaken.has("no-cpu-limit") {
-                limits.cpus = 64.0;
-            }
-        }
-        cg.create(&limits, Some((base, base)))?;
-        #[cfg(feature = "insecure-test-hooks")]
-        let tree_limit = !weaken.has("no-cgroup-tree-limit");
-        #[cfg(not(feature = "insecure-test-hooks"))]
-        let tree_limit = true;
-        if tree_limit {
-            cg.limit_tree(CGROUP_MAX_DESCENDANTS, CGROUP_MAX_DEPTH)?;
-        }
-        // Held until the helper has exited, so the fd it opens stays valid.
-        let memfd = self.agent_memfd();
-        let spec = JailSpec {
-            hostname: req.hostname.to_string(),
-            id_base: base,
-            lower: req.image.lower.clone(),
-            upper,
-            work,
-            disk_image: image.then(|| p.disk_image.clone()),
-            home_owner: base + SANDBOX_USER_ID,
-            rootfs: p.rootfs.clone(),
-            binds: req.image.binds.clone(),
-            agent_path: self.config.agent_path.clone(),
-            agent_memfd: memfd.as_ref().map(|m| {
-                use std::os::fd::AsRawFd;
-                PathBuf::from(format!(
-                    "/proc/{}/fd/{}",
-                    std::process::id(),
-                    m.fd.as_raw_fd()
-                ))
-            }),
-            socket_path: p.run.join("agent.sock"),
-            cgroup_procs: cg.procs_files(),
-            cgroup_dir: Some(cg.v2_dir()),
-            tmpfs_bytes: limits.memory_bytes,
-            nofile: SANDBOX_NOFILE,
-            allow_no_landlock: self.config.allow_no_landlock,
-            #[cfg(feature = "insecure-test-hooks")]
-            test_weaken: weaken.list().to_vec(),
-        };
-        let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
-        let child = std::process::Command::new(&self.config.helper_path)
-            .arg("__jail-launch")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .env_clear()
-            .spawn()
-            .map_err(|e| {
-                CoreError::Internal(format!(
-                    "start the jail helper {}: {e}",
-                    self.config.helper_path.display()
-                ))
-            })?;
-        let out = match run_helper(child, &input, HELPER_DEADLINE) {
-            Ok(out) => out,
-            Err(e) => {
-                // Nothing the helper started for this sandbox is left running.
-                let _ = self.stop(req.id);
-                return Err(e);
-            }
-        };
-        let line = String::from_utf8_lossy(&out.stdout);
-        let report: LaunchReport = serde_json::from_str(line.lines().next().unwrap_or(""))
-            .map_err(|_| {
-                CoreError::Internal(format!(
-                    "jail helper failed ({}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            })?;
-        match (report.ok, report.agent_pid) {
-            (true, Some(pid)) => Ok(pid),
-            _ if report.refused => {
-                let _ = self.stop(req.id);
-                Err(CoreError::Unavailable(
-                    report.error.unwrap_or_else(|| "refused".into()),
-                ))
-            }
-            _ => {
-                let _ = self.stop(req.id);
-                Err(CoreError::Internal(format!(
-                    "sandbox setup failed: {}",
-                    report.error.unwrap_or_else(|| "unknown error".into())
-                )))
-            }
-        }
-    }
-
-    fn freeze(&self, id: &str) -> Result<()> {
-        Ok(self.cgroup(id).freeze(Duration::from_secs(10))?)
-    }
-
-    fn thaw(&self, id: &str) -> Result<()> {
-        Ok(self.cgroup(id).thaw()?)
-    }
-
-    fn is_frozen(&self, id: &str) -> Result<bool> {
-        let cg = self.cgroup(id);
-        if !cg.exists() {
-            return Ok(false);
-        }
-        Ok(cg.is_frozen()?)
-    }
-
-    fn stop(&self, id: &str) -> Result<()> {
-        let cg = self.cgroup(id);
-        if cg.exists() {
-            cg.kill_all(Duration::from_secs(10))?;
-            // Killed processes of a frozen cgroup die, but leave it frozen for new ones.
-            let _ = cg.thaw();
-            cg.remove()?;
-        } else {
-            // v1 dirs may exist alone after a crash between creating them.
-            let _ = cg.remove();
-        }
-        let p = self.paths(id);
-        let _ = std::fs::remove_file(p.run.join("agent.sock"));
-        Ok(())
-    }
-
-    fn destroy(&self, id: &str) -> Result<()> {
-        self.stop(id)?;
-        let p = self.paths(id);
-        match std::fs::remove_dir_all(&p.dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(CoreError::Internal(format!(
-                "remove {}: {e}",
-                p.dir.display()
-            ))),
-        }
-    }
-
-    fn socket_path(&self, id: &str) -> PathBuf {
-        self.paths(id).run.join("agent.sock")
-    }
-
-    fn cpu_usage_usec(&self, id: &str) -> Result<u64> {
-        Ok(self.cgroup(id).cpu_usage_usec()?)
-    }
-
-    fn agent_alive(&self, id: &str, pid: i32) -> bool {
-        let cg = self.cgroup(id);
-        cg.exists() && cg.pids().is_ok_and(|p| p.contains(&pid))
-    }
-
-    fn oom_kills(&self, id: &str) -> Result<u64> {
-        Ok(self.cgroup(id).oom_kills()?)
-    }
-
-    fn tier(&self) -> &'static str {
-        DEFAULT_TIER
-    }
-
-    fn has_disk(&self, id: &str) -> bool {
-        self.disk_exists(id)
-    }
-
-    fn memory_current(&self, id: &str) -> Result<u64> {
-        Ok(self.cgroup(id).memory_current()?)
-    }
-
-    fn disk_usage(&self, id: &str) -> u64 {
-        // A quota'd sandbox's writable layer lives in its disk image (ADR 0011): what it
-        // occupies on the host is the image's allocated size.
-        use std::os::unix::fs::MetadataExt;
-        let p = self.paths(id);
-        match std::fs::metadata(&p.disk_image) {
-            Ok(m) if m.is_file() => m.blocks().saturating_mul(512),
-            _ => tree_usage(&p.upper),
-        }
-    }
-
-    fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
-        Ok(self.cgroup(id).set_limits(limits)?)
-    }
-}
-
-/// Bytes allocated under `dir`, not following symlinks (what `du` reports).
-fn tree_usage(dir: &std::path::Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    let mut seen = 0usize;
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            seen += 1;
-            if seen > MAX_DU_ENTRIES {
-                return total;
-            }
-            let Ok(md) = e.path().symlink_metadata() else {
-                continue;
-            };
-            total = total.saturating_add(md.blocks().saturating_mul(512));
-            if md.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    total
-}
-
-/// The drivers of a daemon, one per tier.
+/// The drivers of a daemon, one per tier; the first one given is the default tier.
 #[derive(Clone)]
 pub struct Drivers {
-    by_tier: std::collections::BTreeMap<&'static str, std::sync::Arc<dyn Driver>>,
+    default: &'static str,
+    by_tier: std::collections::BTreeMap<&'static str, Arc<dyn Driver>>,
 }
 
 impl Drivers {
-    /// A registry holding `default` (which must be the [`DEFAULT_TIER`]).
-    pub fn new(default: std::sync::Arc<dyn Driver>) -> Result<Drivers> {
-        if default.tier() != DEFAULT_TIER {
-            return Err(CoreError::Internal(format!(
-                "the default driver must be the {DEFAULT_TIER} tier, not {}",
-                default.tier()
-            )));
-        }
+    /// A registry holding `default`, the tier of sandboxes whose create names none.
+    pub fn new(default: Arc<dyn Driver>) -> Drivers {
         let mut by_tier = std::collections::BTreeMap::new();
-        by_tier.insert(default.tier(), default);
-        Ok(Drivers { by_tier })
+        let tier = default.tier();
+        by_tier.insert(tier, default);
+        Drivers {
+            default: tier,
+            by_tier,
+        }
     }
 
     /// Adds another tier (refused if that tier exists).
-    pub fn register(&mut self, driver: std::sync::Arc<dyn Driver>) -> Result<()> {
+    pub fn register(&mut self, driver: Arc<dyn Driver>) -> Result<()> {
         let tier = driver.tier();
         if self.by_tier.contains_key(tier) {
             return Err(CoreError::Internal(format!("tier {tier} registered twice")));
@@ -552,8 +140,13 @@ impl Drivers {
         Ok(())
     }
 
+    /// The tier of sandboxes whose create names none.
+    pub fn default_tier(&self) -> &'static str {
+        self.default
+    }
+
     /// The driver of `tier`; `invalid_argument` naming the known tiers otherwise.
-    pub fn get(&self, tier: &str) -> Result<std::sync::Arc<dyn Driver>> {
+    pub fn get(&self, tier: &str) -> Result<Arc<dyn Driver>> {
         self.by_tier.get(tier).cloned().ok_or_else(|| {
             CoreError::InvalidArgument(format!(
                 "unknown tier {tier:?}; this daemon has: {}",
@@ -564,5 +157,32 @@ impl Drivers {
 
     pub fn tiers(&self) -> Vec<&'static str> {
         self.by_tier.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::FakeDriver;
+
+    fn fake(tier: &'static str) -> Arc<dyn Driver> {
+        Arc::new(FakeDriver::new("/nonexistent", "/nonexistent").with_tier(tier))
+    }
+
+    #[test]
+    fn the_first_tier_is_the_default_and_tiers_are_unique() {
+        let mut d = Drivers::new(fake("jail"));
+        assert_eq!(d.default_tier(), "jail");
+        d.register(fake("fake")).unwrap();
+        assert_eq!(d.default_tier(), "jail", "registering keeps the default");
+        assert_eq!(d.tiers(), vec!["fake", "jail"]);
+        assert_eq!(d.get("fake").unwrap().tier(), "fake");
+        assert!(d.register(fake("fake")).is_err(), "a tier registered twice");
+        let err = d.get("vm").err().expect("unknown tier");
+        assert!(
+            matches!(&err, CoreError::InvalidArgument(m) if m.contains("fake, jail")),
+            "{err}"
+        );
+        assert_eq!(Drivers::new(fake("fake")).default_tier(), "fake");
     }
 }

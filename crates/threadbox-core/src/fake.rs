@@ -14,13 +14,13 @@
 //! NOT a sandbox: processes run on the host with the daemon's rights. Never register it in
 //! a daemon that serves anyone.
 
-use crate::driver::{Driver, LaunchRequest};
+use crate::driver::{AgentStream, Driver, Limits, SandboxSpec, Usage};
 use crate::error::{CoreError, Result};
+use crate::store::ImageRow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use threadbox_sys::cgroup::Limits;
 
 /// The tier name a `FakeDriver` registers under unless told another.
 pub const FAKE_TIER: &str = "fake";
@@ -248,11 +248,8 @@ fn tree_usage(dir: &Path) -> u64 {
     total
 }
 
-impl Driver for FakeDriver {
-    fn tier(&self) -> &'static str {
-        self.tier
-    }
-
+/// The work itself, synchronous: every step is quick (no helper, no mount).
+impl FakeDriver {
     fn has_disk(&self, id: &str) -> bool {
         self.disk(id).is_dir()
     }
@@ -284,25 +281,25 @@ impl Driver for FakeDriver {
         Ok(())
     }
 
-    fn prepare(&self, id: &str, _slot: u32, _disk_bytes: u64) -> Result<()> {
+    fn prepare(&self, id: &str) -> Result<()> {
         self.fault(FakeFault::Prepare)?;
         std::fs::create_dir_all(self.disk(id)).map_err(|e| internal("make the disk", e))
     }
 
-    fn launch(&self, req: &LaunchRequest) -> Result<i32> {
+    fn launch(&self, req: &SandboxSpec) -> Result<i32> {
         self.fault(FakeFault::Launch)?;
-        if !self.has_disk(req.id) {
+        if !self.has_disk(&req.id) {
             return Err(CoreError::Conflict(format!(
                 "the disk of sandbox {} is missing on the host; it cannot be started",
-                req.id
+                &req.id
             )));
         }
         // What an earlier boot left running goes first, as the jail's stop would.
-        self.stop(req.id)?;
-        let dir = self.dir(req.id);
+        self.stop(&req.id)?;
+        let dir = self.dir(&req.id);
         let log = std::fs::File::create(dir.join("agent.log"))
             .map_err(|e| internal("create the agent log", e))?;
-        let sock = self.socket(req.id);
+        let sock = self.socket(&req.id);
         let mut listen = std::ffi::OsString::from("unix:");
         listen.push(&sock);
         use std::os::unix::process::CommandExt;
@@ -324,9 +321,9 @@ impl Driver for FakeDriver {
         let pid = child.id() as i32;
         std::fs::write(dir.join("agent.pid"), pid.to_string())
             .map_err(|e| internal("record the agent's pid", e))?;
-        let _ = std::fs::remove_file(self.frozen_flag(req.id));
-        lock(&self.children).insert(req.id.to_string(), child);
-        lock(&self.limits).insert(req.id.to_string(), req.limits);
+        let _ = std::fs::remove_file(self.frozen_flag(&req.id));
+        lock(&self.children).insert(req.id.clone(), child);
+        lock(&self.limits).insert(req.id.clone(), req.limits);
         // The caller connects with its own deadline; the socket appears when the agent
         // is ready to accept.
         Ok(pid)
@@ -399,10 +396,6 @@ impl Driver for FakeDriver {
         }
     }
 
-    fn socket_path(&self, id: &str) -> PathBuf {
-        self.socket(id)
-    }
-
     fn cpu_usage_usec(&self, id: &str) -> Result<u64> {
         let Some(pid) = self.agent_pid(id) else {
             return Ok(0);
@@ -426,6 +419,91 @@ impl Driver for FakeDriver {
 
     fn oom_kills(&self, id: &str) -> Result<u64> {
         Ok(lock(&self.oom_kills).get(id).copied().unwrap_or(0))
+    }
+}
+
+#[async_trait::async_trait]
+impl Driver for FakeDriver {
+    fn tier(&self) -> &'static str {
+        self.tier
+    }
+
+    fn isolation_warnings(&self) -> Vec<String> {
+        vec![format!(
+            "{}: a test tier without isolation (FakeDriver)",
+            self.tier
+        )]
+    }
+
+    async fn resolve_image(&self, _image: &ImageRow) -> Result<()> {
+        // The agent runs on the host's own file system whatever the image.
+        Ok(())
+    }
+
+    async fn has_disk(&self, id: &str) -> bool {
+        FakeDriver::has_disk(self, id)
+    }
+
+    async fn prepare(&self, spec: &SandboxSpec) -> Result<()> {
+        FakeDriver::prepare(self, &spec.id)
+    }
+
+    async fn launch(&self, spec: &SandboxSpec) -> Result<i32> {
+        FakeDriver::launch(self, spec)
+    }
+
+    async fn connect(&self, id: &str) -> Result<AgentStream> {
+        // The agent binds its socket once it is ready: until then, wait (the caller's
+        // deadline bounds this), unless the agent is gone.
+        let sock = self.socket(id);
+        loop {
+            match tokio::net::UnixStream::connect(&sock).await {
+                Ok(s) => return Ok(Box::new(s)),
+                Err(e) if self.agent_pid(id).is_none() => {
+                    return Err(CoreError::Unavailable(format!(
+                        "connection to the sandbox agent failed: {e}"
+                    )))
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            }
+        }
+    }
+
+    async fn freeze(&self, id: &str) -> Result<()> {
+        FakeDriver::freeze(self, id)
+    }
+
+    async fn thaw(&self, id: &str) -> Result<()> {
+        FakeDriver::thaw(self, id)
+    }
+
+    async fn is_frozen(&self, id: &str) -> Result<bool> {
+        FakeDriver::is_frozen(self, id)
+    }
+
+    async fn stop(&self, id: &str) -> Result<()> {
+        FakeDriver::stop(self, id)
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        FakeDriver::destroy(self, id)
+    }
+
+    async fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
+        FakeDriver::set_limits(self, id, limits)
+    }
+
+    async fn usage(&self, id: &str, disk: bool) -> Usage {
+        Usage {
+            memory_bytes: self.memory_current(id).ok(),
+            cpu_usec: self.cpu_usage_usec(id).ok(),
+            oom_kills: self.oom_kills(id).ok(),
+            disk_bytes: disk.then(|| self.disk_usage(id)),
+        }
+    }
+
+    async fn agent_alive(&self, id: &str, pid: i32) -> bool {
+        FakeDriver::agent_alive(self, id, pid)
     }
 }
 

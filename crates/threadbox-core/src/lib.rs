@@ -1,4 +1,5 @@
-//! threadbox core: the sandbox model, the manager, the store, the jail driver.
+//! threadbox core: the sandbox model, the manager, the store, the driver seam (the jail
+//! tier is `threadbox-jail`; the fake test tier is [`fake`]).
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -14,7 +15,6 @@ pub mod manager;
 pub mod ops;
 pub mod range;
 pub mod store;
-pub mod uid_range;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
 pub use error::{CoreError, Result};
@@ -31,18 +31,12 @@ pub const MAX_DISK_BYTES: u64 = 1 << 44;
 pub const DEFAULT_MAX_DISK_BYTES: u64 = 100 << 30;
 
 /// Daemon-wide configuration of the core. Everything a test needs to vary is here, so tests
-/// inject a temp root instead of touching globals.
+/// inject a temp root instead of touching globals. What a tier needs (the jail's helper,
+/// cgroups, uid ranges) is that tier's own configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Root of all state (`state.db`, `images/`, `sandboxes/`).
     pub root: PathBuf,
-    /// The `threadbox-agent` binary supplied to every sandbox.
-    pub agent_path: PathBuf,
-    /// The binary run as the single-threaded jail launch helper
-    /// (`<exe> __jail-launch`), normally the `threadbox` binary itself.
-    pub helper_path: PathBuf,
-    /// Name of the cgroup directory under which sandbox cgroups are made.
-    pub cgroup_parent: String,
     pub default_memory_bytes: u64,
     pub default_cpus: f64,
     pub default_pids: u32,
@@ -58,22 +52,12 @@ pub struct Config {
     /// Pre-booted sandboxes (default image, default limits) kept ready for `create`;
     /// 0 = no warm pool (ADR 0010).
     pub warm_pool: usize,
-    /// Sandboxes may run without Landlock where the kernel cannot enforce it
-    /// (`serve --insecure-allow-no-landlock`); by default they refuse to start.
-    pub allow_no_landlock: bool,
-    /// The host-wide registry of uid ranges (one per root, see `uid_range`).
-    pub uid_registry: PathBuf,
-    /// This root's host uid range; set by `Manager::open` from the registry.
-    pub uid_range: uid_range::UidRange,
 }
 
 impl Config {
-    pub fn new(root: PathBuf, agent_path: PathBuf, helper_path: PathBuf) -> Self {
+    pub fn new(root: PathBuf) -> Self {
         Config {
             root,
-            agent_path,
-            helper_path,
-            cgroup_parent: "threadbox".to_string(),
             default_memory_bytes: 1 << 30,
             default_cpus: 1.0,
             default_pids: 512,
@@ -82,28 +66,6 @@ impl Config {
             reaper_interval: std::time::Duration::from_secs(1),
             meter_interval: std::time::Duration::from_secs(2),
             warm_pool: 0,
-            allow_no_landlock: false,
-            uid_registry: PathBuf::from(uid_range::DEFAULT_REGISTRY),
-            uid_range: uid_range::UidRange { index: 0 },
         }
-    }
-
-    /// The isolation layers this configuration lets go missing, for sandbox info (empty
-    /// in the default posture).
-    pub fn isolation_warnings(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        #[cfg(feature = "insecure-test-hooks")]
-        let missing = threadbox_sys::testhooks::Weaken::from_env()
-            .is_ok_and(|w| w.has("no-landlock-kernel"))
-            || threadbox_sys::landlock::abi_version().is_err();
-        #[cfg(not(feature = "insecure-test-hooks"))]
-        let missing = threadbox_sys::landlock::abi_version().is_err();
-        if self.allow_no_landlock && missing {
-            out.push(
-                "landlock: not enforced on this kernel (allowed by serve --insecure-allow-no-landlock)"
-                    .to_string(),
-            );
-        }
-        out
     }
 }

@@ -73,6 +73,11 @@ pub struct SandboxRow {
     pub tier: String,
 }
 
+/// Sandboxes (alive or stopped, each holding its index until deleted) one daemon may
+/// have. Each gets the lowest free index below it (`slot`); a driver may map the index to
+/// what must be unique per sandbox on the host (the jail's uid ranges are this many).
+pub const MAX_SANDBOXES: u32 = 2048;
+
 #[derive(Debug, Clone)]
 pub struct ImageRow {
     pub name: String,
@@ -220,11 +225,11 @@ impl Store {
                 break;
             }
         }
-        if slot >= crate::uid_range::SLOTS_PER_RANGE as i64 {
+        if slot >= MAX_SANDBOXES as i64 {
             return Err(CoreError::Conflict(format!(
                 "this daemon holds {} sandboxes, the most its host uid range allows; delete \
                  some first",
-                crate::uid_range::SLOTS_PER_RANGE
+                MAX_SANDBOXES
             )));
         }
         let labels =

@@ -119,7 +119,7 @@ async fn past_the_last_slot_a_create_is_refused_and_nothing_is_written() {
          SELECT 'fill-' || i, 't', NULL, 'running', '{}', 'host', 1, 1.0, 1, 'stop', i, 1, 1 \
          FROM n",
     )
-    .bind(crate::uid_range::SLOTS_PER_RANGE as i64)
+    .bind(crate::store::MAX_SANDBOXES as i64)
     .execute(&store.pool)
     .await
     .unwrap();

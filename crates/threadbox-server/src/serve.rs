@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use threadbox_core::driver::Drivers;
 use threadbox_core::{Config, CoreError, Manager};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -25,9 +26,6 @@ pub const PID_FILE_NAME: &str = "threadbox.pid";
 pub struct ServeOptions {
     pub root: PathBuf,
     pub listen: SocketAddr,
-    pub agent_path: PathBuf,
-    /// The binary run as `<helper> __jail-launch` (normally the `threadbox` binary).
-    pub helper_path: PathBuf,
     pub max_upload_bytes: u64,
     /// How long in-flight requests may take to finish after a shutdown signal.
     pub shutdown_grace: Duration,
@@ -37,25 +35,20 @@ pub struct ServeOptions {
     pub insecure_no_auth: bool,
     /// Pre-booted sandboxes kept ready for `create` (0 = none; ADR 0010).
     pub warm_pool: usize,
-    /// Sandboxes may run without Landlock where the kernel lacks it (default: refused).
-    pub allow_no_landlock: bool,
     /// Largest `limits.disk_bytes` one sandbox may ask for (`--max-disk-bytes`).
     pub max_disk_bytes: u64,
 }
 
 impl ServeOptions {
-    pub fn new(root: PathBuf, agent_path: PathBuf, helper_path: PathBuf) -> Self {
+    pub fn new(root: PathBuf) -> Self {
         ServeOptions {
             root,
             listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
-            agent_path,
-            helper_path,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             shutdown_grace: Duration::from_secs(10),
             mcp: McpOptions::default(),
             insecure_no_auth: false,
             warm_pool: 0,
-            allow_no_landlock: false,
             max_disk_bytes: threadbox_core::DEFAULT_MAX_DISK_BYTES,
         }
     }
@@ -95,7 +88,12 @@ pub enum ServeError {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Sandboxes keep running after it returns.
-pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
+/// `tiers` builds the isolation tiers (the first is the default) once the options are
+/// checked and the root and sockets exist, right before the manager opens.
+pub async fn serve(
+    opts: ServeOptions,
+    tiers: impl FnOnce() -> Result<Drivers, CoreError>,
+) -> Result<(), ServeError> {
     if opts.insecure_no_auth && !opts.listen.ip().is_loopback() {
         return Err(ServeError::NotLoopback(opts.listen));
     }
@@ -121,21 +119,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let tcp_addr = tcp.local_addr().unwrap_or(opts.listen);
     let unix = bind_unix_socket(&socket_path).await?;
 
-    let mut config = Config::new(
-        opts.root.clone(),
-        opts.agent_path.clone(),
-        opts.helper_path.clone(),
-    );
+    let mut config = Config::new(opts.root.clone());
     config.warm_pool = opts.warm_pool;
-    config.allow_no_landlock = opts.allow_no_landlock;
-    if opts.allow_no_landlock {
-        tracing::warn!(
-            "--insecure-allow-no-landlock: sandboxes start without Landlock where the kernel \
-             cannot enforce it"
-        );
-    }
     config.max_disk_bytes = opts.max_disk_bytes;
-    let manager = Manager::open(config).await.map_err(|err| {
+    let opened = match tiers() {
+        Ok(drivers) => Manager::open(config, drivers).await,
+        Err(e) => Err(e),
+    };
+    let manager = opened.map_err(|err| {
         let _ = std::fs::remove_file(&socket_path);
         ServeError::Manager(err)
     })?;

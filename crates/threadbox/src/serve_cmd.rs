@@ -6,6 +6,8 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use threadbox_core::driver::Drivers;
 use threadbox_server::{ServeOptions, DEFAULT_LISTEN};
 
 const DEFAULT_ROOT: &str = "/var/lib/threadbox";
@@ -82,7 +84,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     })?;
     let exe = std::env::current_exe().context("cannot locate the threadbox binary")?;
     let agent = resolve_agent(args.agent.or(config.agent), &exe)?;
-    let mut opts = ServeOptions::new(root, agent, exe);
+    let mut jail = threadbox_jail::JailConfig::new(root.clone(), agent, exe);
+    let mut opts = ServeOptions::new(root);
     opts.listen = listen;
     if let Some(size) = args.max_upload.or(config.max_upload) {
         opts.max_upload_bytes = parse_size(&size)?;
@@ -104,13 +107,26 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         opts.max_disk_bytes = max;
     }
     opts.insecure_no_auth = args.insecure_no_auth;
-    opts.allow_no_landlock = args.insecure_allow_no_landlock;
+    jail.allow_no_landlock = args.insecure_allow_no_landlock;
+    if jail.allow_no_landlock {
+        tracing::warn!(
+            "--insecure-allow-no-landlock: sandboxes start without Landlock where the kernel \
+             cannot enforce it"
+        );
+    }
     opts.warm_pool = args.warm_pool.or(config.warm_pool).unwrap_or(0);
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");
     }
-    threadbox_server::serve(opts).await?;
+    threadbox_server::serve(opts, move || tiers(jail)).await?;
     Ok(())
+}
+
+/// The daemon's isolation tiers: the jail, the default and only real one.
+fn tiers(jail: threadbox_jail::JailConfig) -> threadbox_core::Result<Drivers> {
+    Ok(Drivers::new(Arc::new(threadbox_jail::JailDriver::new(
+        jail,
+    )?)))
 }
 
 fn init_logging() {

@@ -1,6 +1,8 @@
 //! Lifecycle defects of the review (issue 12, `research/code-review.md` F3, F4), each
 //! through the real daemon and CLI, judged from the host.
 
+mod common;
+
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -348,4 +350,56 @@ fn sandboxes_have_a_tier_and_unknown_tiers_are_refused() {
         "the error names the known tiers: {err}"
     );
     assert!(!d.tb(&["info", "nowhere"]).status.success());
+}
+
+/// The same lifecycle through one manager on two tiers: the jail (the default) and the
+/// fake tier registered beside it by the test's own small daemon. Nothing of the manager
+/// knows the fake: proof a tier plugs in through the registry alone (issue 12).
+#[test]
+fn the_lifecycle_runs_the_same_on_a_second_tier() {
+    require_root!();
+    let mut d = common::inproc::InProcDaemon::start();
+    let tiers = ["jail", "fake"];
+    for tier in tiers {
+        let name = format!("cycle-{tier}");
+        let v = d.json(&["create", "--name", &name, "--tier", tier, "--json"]);
+        assert_eq!(v["tier"], tier, "{v}");
+        assert_eq!(v["state"], "running", "{v}");
+        let v = d.json(&["exec", &name, "--json", "--", "echo", "ok"]);
+        assert_eq!(v["stdout"], "ok\n", "{tier}: {v}");
+        assert_eq!(d.json(&["pause", &name, "--json"])["state"], "paused");
+        // Work on a paused sandbox resumes it first.
+        let v = d.json(&["exec", &name, "--json", "--", "echo", "again"]);
+        assert_eq!(v["stdout"], "again\n", "{tier}: {v}");
+        assert_eq!(d.json(&["info", &name, "--json"])["state"], "running");
+        assert_eq!(d.json(&["stop", &name, "--json"])["state"], "stopped");
+        assert_eq!(d.json(&["start", &name, "--json"])["state"], "running");
+    }
+    let fake_pid = d.json(&["info", "cycle-fake", "--json"])["agent_pid"].clone();
+    assert!(fake_pid.is_i64(), "{fake_pid}");
+    // A new manager on the same root re-adopts both tiers' running sandboxes.
+    d.restart();
+    for tier in tiers {
+        let name = format!("cycle-{tier}");
+        let v = d.json(&["info", &name, "--json"]);
+        assert_eq!(v["state"], "running", "{tier} after the restart: {v}");
+        let v = d.json(&["exec", &name, "--json", "--", "echo", "back"]);
+        assert_eq!(v["stdout"], "back\n", "{tier}: {v}");
+    }
+    assert_eq!(
+        d.json(&["info", "cycle-fake", "--json"])["agent_pid"],
+        fake_pid,
+        "the same agent, not a new boot"
+    );
+    for tier in tiers {
+        let name = format!("cycle-{tier}");
+        assert!(d.tb(&["rm", "--force", &name]).status.success());
+        assert!(!d.tb(&["info", &name]).status.success());
+    }
+    assert!(
+        std::fs::read_dir(d.root().join("fake"))
+            .map(|r| r.count() == 0)
+            .unwrap_or(true),
+        "the fake tier left nothing behind"
+    );
 }

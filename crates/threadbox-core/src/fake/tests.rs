@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::agent::AgentConn;
-use crate::images::ImageSpec;
-use std::time::{Duration, Instant};
+use crate::driver::Driver;
+use std::time::Duration;
 use threadbox_proto::{Request, Response};
 
 fn limits() -> Limits {
@@ -19,32 +19,33 @@ fn driver(root: &Path) -> FakeDriver {
     FakeDriver::new(root, agent_binary().expect("agent binary"))
 }
 
-fn launch(d: &FakeDriver, id: &str) -> i32 {
-    d.prepare(id, 0, 0).expect("prepare");
-    let image = ImageSpec {
-        lower: vec![],
-        binds: vec![],
-    };
-    d.launch(&LaunchRequest {
-        id,
-        hostname: id,
-        slot: 0,
-        image: &image,
+fn spec(id: &str) -> SandboxSpec {
+    SandboxSpec {
+        id: id.into(),
+        hostname: id.into(),
+        index: 0,
+        image: ImageRow {
+            name: "host".into(),
+            kind: "host".into(),
+            path: None,
+            created_at: 0,
+        },
         limits: limits(),
-    })
-    .expect("launch")
+        disk_bytes: 0,
+    }
+}
+
+async fn launch(d: &FakeDriver, id: &str) -> i32 {
+    let d: &dyn Driver = d;
+    d.prepare(&spec(id)).await.expect("prepare");
+    d.launch(&spec(id)).await.expect("launch")
 }
 
 async fn connect(d: &FakeDriver, id: &str) -> std::sync::Arc<AgentConn> {
-    // The socket exists once the agent listens; the connect itself has a deadline.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match AgentConn::connect(&d.socket_path(id), Duration::from_secs(10)).await {
-            Ok(c) => return c,
-            Err(e) if Instant::now() > deadline => panic!("agent never answered: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
+    // The driver's connect waits for the agent to listen, within this deadline.
+    AgentConn::connect(d, id, Duration::from_secs(20))
+        .await
+        .expect("the agent answers")
 }
 
 /// The process's state letter in `/proc/<pid>/stat`.
@@ -59,7 +60,7 @@ async fn boots_a_real_agent_and_speaks_the_protocol() {
     let root = tempfile::tempdir().unwrap();
     let d = driver(root.path());
     assert!(!d.has_disk("a"));
-    let pid = launch(&d, "a");
+    let pid = launch(&d, "a").await;
     assert!(d.has_disk("a"));
     assert!(
         d.agent_alive("a", pid),
@@ -70,7 +71,7 @@ async fn boots_a_real_agent_and_speaks_the_protocol() {
     assert!(!d.agent_alive("a", pid + 1));
     let conn = connect(&d, "a").await;
     assert_eq!(conn.call(Request::Ping).await.unwrap(), Response::Pong);
-    assert!(d.memory_current("a").unwrap() > 0);
+    assert!(Driver::usage(&d, "a", false).await.memory_bytes > Some(0));
     assert_eq!(d.limits("a"), Some(limits()));
     d.destroy("a").unwrap();
     assert!(!d.agent_alive("a", pid));
@@ -82,7 +83,7 @@ async fn boots_a_real_agent_and_speaks_the_protocol() {
 async fn freeze_stops_the_agent_and_thaw_continues_it() {
     let root = tempfile::tempdir().unwrap();
     let d = driver(root.path());
-    let pid = launch(&d, "f");
+    let pid = launch(&d, "f").await;
     let conn = connect(&d, "f").await;
     d.freeze("f").unwrap();
     assert!(d.is_frozen("f").unwrap());
@@ -103,19 +104,8 @@ async fn freeze_stops_the_agent_and_thaw_continues_it() {
 async fn launch_without_a_disk_is_a_conflict() {
     let root = tempfile::tempdir().unwrap();
     let d = driver(root.path());
-    let image = ImageSpec {
-        lower: vec![],
-        binds: vec![],
-    };
-    let err = d
-        .launch(&LaunchRequest {
-            id: "nodisk",
-            hostname: "nodisk",
-            slot: 0,
-            image: &image,
-            limits: limits(),
-        })
-        .unwrap_err();
+    let d: &dyn Driver = &d;
+    let err = d.launch(&spec("nodisk")).await.unwrap_err();
     assert!(matches!(err, CoreError::Conflict(_)), "{err}");
 }
 
@@ -123,7 +113,7 @@ async fn launch_without_a_disk_is_a_conflict() {
 async fn a_second_instance_finds_the_first_ones_agents() {
     let root = tempfile::tempdir().unwrap();
     let first = driver(root.path());
-    let pid = launch(&first, "r");
+    let pid = launch(&first, "r").await;
     // Once it answers it is past its exec (its command line names the socket).
     drop(connect(&first, "r").await);
     let second = driver(root.path());
@@ -146,9 +136,9 @@ async fn injected_faults_fire_once() {
     let root = tempfile::tempdir().unwrap();
     let d = driver(root.path());
     d.fail_next(FakeFault::Prepare, 1);
-    assert!(d.prepare("x", 0, 0).is_err());
+    assert!(d.prepare("x").is_err());
     assert!(!d.has_disk("x"), "a failed prepare leaves nothing");
-    d.prepare("x", 0, 0).unwrap();
+    d.prepare("x").unwrap();
     d.fail_next(FakeFault::SetLimits, 1);
     assert!(d.set_limits("x", &limits()).is_err());
     d.set_limits("x", &limits()).unwrap();

@@ -12,15 +12,15 @@ pub(super) fn rfc3339(ms: i64) -> String {
 /// The API view of a sandbox as `caller` may see it: the agent's host PID only for the
 /// operator and admin keys (a tenant has no use for it, and a host PID sequence tells of
 /// other tenants' activity).
-pub(super) fn to_api(config: &Config, caller: &Caller, row: &SandboxRow) -> Sandbox {
-    let mut sb = to_api_full(config, row);
+pub(super) fn to_api(drivers: &Drivers, caller: &Caller, row: &SandboxRow) -> Sandbox {
+    let mut sb = to_api_full(drivers, row);
     if !caller.has(Scope::Admin) {
         sb.agent_pid = None;
     }
     sb
 }
 
-pub(super) fn to_api_full(config: &Config, row: &SandboxRow) -> Sandbox {
+pub(super) fn to_api_full(drivers: &Drivers, row: &SandboxRow) -> Sandbox {
     Sandbox {
         id: row.id.clone(),
         name: row.name.clone(),
@@ -48,7 +48,10 @@ pub(super) fn to_api_full(config: &Config, row: &SandboxRow) -> Sandbox {
             State::Running | State::Paused => row.agent_pid,
             _ => None,
         },
-        isolation_warnings: config.isolation_warnings(),
+        isolation_warnings: drivers
+            .get(&row.tier)
+            .map(|d| d.isolation_warnings())
+            .unwrap_or_default(),
         tier: row.tier.clone(),
     }
 }
@@ -64,7 +67,7 @@ pub(super) fn run_as(u: User) -> proto::RunAs {
 /// the sandbox's `oom_kill` counter went up during the call and the process died of
 /// SIGKILL (directly, or as a shell reports it, 137). The counter is per sandbox, so
 /// another call of the same sandbox killed at that moment is named as well.
-pub(super) fn oom_verdict(
+pub(super) async fn oom_verdict(
     driver: &dyn Driver,
     row: &SandboxRow,
     before: Option<u64>,
@@ -75,7 +78,7 @@ pub(super) fn oom_verdict(
     if !killed {
         return None;
     }
-    let after = driver.oom_kills(&row.id).ok()?;
+    let after = driver.usage(&row.id, false).await.oom_kills?;
     (after > before?).then_some(row.memory_bytes)
 }
 

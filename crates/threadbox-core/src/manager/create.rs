@@ -3,56 +3,42 @@
 use super::*;
 
 impl Manager {
-    pub(super) async fn image_spec(&self, name: &str) -> Result<ImageSpec> {
-        let img =
-            self.store.get_image(name).await?.ok_or_else(|| {
-                CoreError::InvalidArgument(format!("image {name:?} does not exist"))
-            })?;
-        Ok(match img.kind.as_str() {
-            "host" => crate::images::host_image_spec(&self.config.root),
-            _ => ImageSpec {
-                lower: vec![img.path.clone().unwrap_or_default().into()],
-                binds: vec![],
+    /// The image row `name`; `invalid_argument` when it does not exist.
+    pub(super) async fn image_row(&self, name: &str) -> Result<ImageRow> {
+        self.store
+            .get_image(name)
+            .await?
+            .ok_or_else(|| CoreError::InvalidArgument(format!("image {name:?} does not exist")))
+    }
+
+    /// What the driver is to run for `row`.
+    pub(super) async fn spec_of(&self, row: &SandboxRow) -> Result<SandboxSpec> {
+        Ok(SandboxSpec {
+            id: row.id.clone(),
+            hostname: row.name.clone().unwrap_or_else(|| row.id.clone()),
+            index: row.slot,
+            image: self.image_row(&row.image).await?,
+            limits: crate::driver::Limits {
+                memory_bytes: row.memory_bytes,
+                cpus: row.cpus,
+                pids: row.pids,
             },
+            disk_bytes: row.disk_bytes,
         })
     }
 
     /// Starts the agent of `row` and connects to it. Caller holds the lifecycle lock.
     pub(super) async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
-        let image = self.image_spec(&row.image).await?;
+        let spec = self.spec_of(row).await?;
         let driver = self.driver_for(row)?;
-        let id = row.id.clone();
-        let hostname = row.name.clone().unwrap_or_else(|| row.id.clone());
-        let slot = row.slot;
-        let limits = threadbox_sys::cgroup::Limits {
-            memory_bytes: row.memory_bytes,
-            cpus: row.cpus,
-            pids: row.pids,
-        };
-        let pid = blocking(move || {
-            driver.launch(&LaunchRequest {
-                id: &id,
-                hostname: &hostname,
-                slot,
-                image: &image,
-                limits,
-            })
-        })
-        .await?;
-        match AgentConn::connect(
-            &self.driver_for(row)?.socket_path(&row.id),
-            AGENT_CONNECT_TIMEOUT,
-        )
-        .await
-        {
+        let pid = driver.launch(&spec).await?;
+        match AgentConn::connect(driver.as_ref(), &row.id, AGENT_CONNECT_TIMEOUT).await {
             Ok(conn) => {
                 Self::set_conn(live, Some(conn));
                 Ok(pid)
             }
             Err(e) => {
-                let d = self.driver_for(row)?;
-                let i = row.id.clone();
-                let _ = blocking(move || d.stop(&i)).await;
+                let _ = driver.stop(&row.id).await;
                 Err(e)
             }
         }
@@ -119,8 +105,8 @@ impl Manager {
         let tier = req
             .tier
             .clone()
-            .unwrap_or_else(|| crate::driver::DEFAULT_TIER.to_string());
-        self.drivers.get(&tier)?;
+            .unwrap_or_else(|| self.drivers.default_tier().to_string());
+        let driver = self.drivers.get(&tier)?;
         let pids = req.limits.pids.unwrap_or(self.config.default_pids);
         if !(8..=1 << 22).contains(&pids) {
             return Err(CoreError::InvalidArgument(
@@ -162,11 +148,8 @@ impl Manager {
             }
         }
         let image = req.image.clone().unwrap_or_else(|| HOST_IMAGE.to_string());
-        if self.store.get_image(&image).await?.is_none() {
-            return Err(CoreError::InvalidArgument(format!(
-                "image {image:?} does not exist"
-            )));
-        }
+        // Refused before anything exists: an image this tier cannot boot.
+        driver.resolve_image(&self.image_row(&image).await?).await?;
 
         let created = now_ms();
         let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
@@ -204,7 +187,7 @@ impl Manager {
                     let l = self.live(&existing.id);
                     let _g = l.lifecycle.lock().await;
                     return match self.reload(&existing.id).await {
-                        Ok(row) => Ok(Some((to_api(&self.config, caller, &row), false))),
+                        Ok(row) => Ok(Some((to_api(&self.drivers, caller, &row), false))),
                         Err(CoreError::NotFound(_)) => Ok(None),
                         Err(e) => Err(e),
                     };
@@ -236,7 +219,7 @@ impl Manager {
                     self.forget(&id);
                     let row = self.reload(&adopted).await?;
                     tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
-                    return Ok(Some((to_api(&self.config, caller, &row), true)));
+                    return Ok(Some((to_api(&self.drivers, caller, &row), true)));
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -249,9 +232,8 @@ impl Manager {
             g
         };
         let result: Result<i32> = async {
-            let d = self.driver_for(&row)?;
-            let (i, slot, disk) = (id.clone(), row.slot, row.disk_bytes);
-            blocking(move || d.prepare(&i, slot, disk)).await?;
+            let spec = self.spec_of(&row).await?;
+            self.driver_for(&row)?.prepare(&spec).await?;
             self.boot(&row, &live).await
         }
         .await;
@@ -263,13 +245,11 @@ impl Manager {
                 drop(guard);
                 let row = self.reload(&id).await?;
                 tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
-                Ok(Some((to_api(&self.config, caller, &row), true)))
+                Ok(Some((to_api(&self.drivers, caller, &row), true)))
             }
             Err(e) => {
                 // Nothing half-created: remove what exists, then the row.
-                let d = self.driver_for(&row)?;
-                let i = id.clone();
-                let _ = blocking(move || d.destroy(&i)).await;
+                let _ = self.driver_for(&row)?.destroy(&id).await;
                 let _ = self.store.delete_sandbox(&id).await;
                 drop(guard);
                 self.forget(&id);
@@ -282,7 +262,7 @@ impl Manager {
     pub async fn get(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
         caller.require(ops::GetSandbox::SCOPE)?;
         Ok(to_api(
-            &self.config,
+            &self.drivers,
             caller,
             &self.resolve(caller, id_or_name).await?,
         ))
@@ -300,7 +280,7 @@ impl Manager {
         Ok(rows
             .iter()
             .filter(|r| r.state != State::Deleting && r.tenant == caller.tenant)
-            .map(|r| to_api(&self.config, caller, r))
+            .map(|r| to_api(&self.drivers, caller, r))
             .filter(|s| state.is_none_or(|st| s.state == st))
             .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect())

@@ -39,7 +39,7 @@ impl Manager {
 
             let spec = exec_spec(req, false)?;
             let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
-            let oom_before = self.driver_for(&row)?.oom_kills(&row.id).ok();
+            let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let mut guard = CancelGuard {
                 conn: conn.clone(),
@@ -57,7 +57,8 @@ impl Manager {
                             oom_before,
                             resp.exit_code,
                             resp.signal,
-                        );
+                        )
+                        .await;
                         resp.oom_killed = resp.memory_limit_bytes.is_some();
                         return Ok(resp);
                     }
@@ -93,7 +94,7 @@ impl Manager {
 
             let spec = exec_spec(req, true)?;
             let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
-            let oom_before = self.driver_for(&row)?.oom_kills(&row.id).ok();
+            let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let (tx, out) = mpsc::channel(64);
             let conn_sandbox = id_or_name.to_string();
@@ -123,7 +124,8 @@ impl Manager {
                                 oom_before,
                                 r.exit_code,
                                 r.signal,
-                            );
+                            )
+                            .await;
                             let _ = tx
                                 .send(ExecEvent::End {
                                     exit_code: r.exit_code,
@@ -204,7 +206,10 @@ impl Manager {
         caller.require(Scope::SandboxesRead)?;
 
         let row = self.resolve(caller, id_or_name).await?;
-        let d = self.driver_for(&row)?;
-        blocking(move || d.cpu_usage_usec(&row.id)).await
+        self.driver_for(&row)?
+            .usage(&row.id, false)
+            .await
+            .cpu_usec
+            .ok_or_else(|| CoreError::Unavailable(format!("sandbox {} is not running", row.id)))
     }
 }

@@ -15,14 +15,10 @@ impl Manager {
             Step::Keep => {}
             Step::Freeze => {
                 self.meter(row, false).await;
-                let d = self.driver_for(row)?;
-                let i = row.id.clone();
-                if let Err(e) = blocking(move || d.freeze(&i)).await {
+                if let Err(e) = self.driver_for(row)?.freeze(&row.id).await {
                     // A freeze that timed out leaves cgroup.freeze set: the sandbox would
                     // end up frozen while recorded as running (F2). Undo it.
-                    let d = self.driver_for(row)?;
-                    let i = row.id.clone();
-                    if let Err(t) = blocking(move || d.thaw(&i)).await {
+                    if let Err(t) = self.driver_for(row)?.thaw(&row.id).await {
                         tracing::error!(sandbox = %row.id, "could not undo a failed freeze: {t}");
                     }
                     return Err(e);
@@ -35,9 +31,7 @@ impl Manager {
                 let _adm = self.gov.admission.lock().await;
                 self.admit(&row.tenant, Admit::Run).await?;
                 self.meter(row, false).await;
-                let d = self.driver_for(row)?;
-                let i = row.id.clone();
-                blocking(move || d.thaw(&i)).await?;
+                self.driver_for(row)?.thaw(&row.id).await?;
                 self.store
                     .transition(&row.id, from, State::Running, row.agent_pid)
                     .await?;
@@ -71,9 +65,7 @@ impl Manager {
             Step::Halt => {
                 self.meter(row, false).await;
                 Self::take_conn(live);
-                let d = self.driver_for(row)?;
-                let i = row.id.clone();
-                blocking(move || d.stop(&i)).await?;
+                self.driver_for(row)?.stop(&row.id).await?;
                 self.store
                     .transition(&row.id, from, State::Stopped, None)
                     .await?;
@@ -88,9 +80,7 @@ impl Manager {
                     .transition(&row.id, from, State::Deleting, None)
                     .await?;
                 Self::take_conn(live);
-                let d = self.driver_for(row)?;
-                let i = row.id.clone();
-                if let Err(e) = blocking(move || d.destroy(&i)).await {
+                if let Err(e) = self.driver_for(row)?.destroy(&row.id).await {
                     // Its processes are gone (destroy stops first) but something of it is
                     // left: visible again as stopped, so the delete can be retried (F3).
                     if let Err(t) = self
@@ -149,7 +139,7 @@ impl Manager {
         let r = async {
             caller.require(ops::PauseSandbox::SCOPE)?;
             let (row, _) = self.lifecycle(caller, id_or_name, op).await?;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, ops::PauseSandbox::NAME, id_or_name, &r)
@@ -162,7 +152,7 @@ impl Manager {
             caller.require(ops::ResumeSandbox::SCOPE)?;
             let (row, live) = self.lifecycle(caller, id_or_name, Op::Resume).await?;
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, ops::ResumeSandbox::NAME, id_or_name, &r)
@@ -174,7 +164,7 @@ impl Manager {
         let r = async {
             caller.require(ops::StopSandbox::SCOPE)?;
             let (row, _) = self.lifecycle(caller, id_or_name, Op::Stop).await?;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, ops::StopSandbox::NAME, id_or_name, &r)
@@ -187,7 +177,7 @@ impl Manager {
             caller.require(ops::StartSandbox::SCOPE)?;
             let (row, live) = self.lifecycle(caller, id_or_name, Op::Start).await?;
             self.touch(&live, &row.id).await;
-            Ok(to_api(&self.config, caller, &self.reload(&row.id).await?))
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
         }
         .await;
         self.audit(caller, ops::StartSandbox::NAME, id_or_name, &r)
@@ -268,7 +258,8 @@ impl Manager {
             Some(c) if !c.is_closed() => c,
             _ => {
                 let c = AgentConn::connect(
-                    &self.driver_for(&row)?.socket_path(&row.id),
+                    self.driver_for(&row)?.as_ref(),
+                    &row.id,
                     Duration::from_secs(3),
                 )
                 .await?;

@@ -33,11 +33,11 @@ pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
 use crate::agent::{AgentConn, CancelGuard};
 use crate::caller::{Caller, Scope, POOL_TENANT};
-use crate::driver::{Driver, Drivers, JailDriver, LaunchRequest};
+use crate::driver::{blocking, Driver, Drivers, SandboxSpec};
 use crate::error::{CoreError, Result};
-use crate::images::{ImageSpec, HOST_IMAGE};
+use crate::images::HOST_IMAGE;
 use crate::store::{now_ms, ImageRow, SandboxRow, State, Store};
-use crate::{uid_range, Config};
+use crate::Config;
 use base64::Engine;
 use bytes_stream::{ByteSink, ByteStream};
 use convert::*;
@@ -102,33 +102,14 @@ pub struct Manager {
     pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| CoreError::Internal(format!("blocking task failed: {e}")))?
-}
-
 impl Manager {
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
-    /// starts the background tasks (idle pause, TTL).
-    pub async fn open(mut config: Config) -> Result<Arc<Manager>> {
+    /// starts the background tasks (idle pause, TTL). `drivers` holds the tiers (the
+    /// caller builds them: the binary the jail, tests the fake); the first is the default.
+    pub async fn open(mut config: Config, drivers: Drivers) -> Result<Arc<Manager>> {
         // The operator's maximum caps the default too (and so the warm pool's disks).
         config.default_disk_bytes = config.default_disk_bytes.min(config.max_disk_bytes);
-        if !config.agent_path.is_file() {
-            return Err(CoreError::InvalidArgument(format!(
-                "agent binary {} not found (build it with `cargo build --workspace`)",
-                config.agent_path.display()
-            )));
-        }
         std::fs::create_dir_all(&config.root)?;
-        // Before the store exists: a root without a range and without a database is new.
-        let (root, registry) = (config.root.clone(), config.uid_registry.clone());
-        config.uid_range = blocking(move || uid_range::claim(&root, &registry)).await?;
-        tracing::info!(
-            range = config.uid_range.index,
-            first_uid = config.uid_range.base(),
-            "host uid range"
-        );
         std::fs::create_dir_all(config.root.join("sandboxes"))?;
         std::fs::create_dir_all(config.root.join("images"))?;
         {
@@ -155,7 +136,6 @@ impl Manager {
                 })
                 .await?;
         }
-        let drivers = Drivers::new(Arc::new(JailDriver::new(config.clone())?))?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mgr = Arc::new(Manager {
             config,

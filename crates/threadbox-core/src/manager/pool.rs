@@ -4,7 +4,7 @@
 //! in the background after every adoption; its sandboxes never show in lists, usage or
 //! quotas, and are destroyed on shutdown and on the next start after a crash.
 
-use super::{blocking, Live, Manager};
+use super::{Live, Manager};
 use crate::caller::POOL_TENANT;
 use crate::error::Result;
 use crate::images::HOST_IMAGE;
@@ -93,7 +93,7 @@ impl Manager {
             agent_pid: None,
             created_at: created,
             last_active_at: created,
-            tier: crate::driver::DEFAULT_TIER.to_string(),
+            tier: self.drivers.default_tier().to_string(),
         };
         let live = self.live(&id);
         let _g = live.lifecycle.lock().await;
@@ -105,9 +105,8 @@ impl Manager {
             }
         };
         let result: Result<i32> = async {
-            let d = self.drivers.get(crate::driver::DEFAULT_TIER)?;
-            let (i, slot, disk) = (id.clone(), row.slot, row.disk_bytes);
-            blocking(move || d.prepare(&i, slot, disk)).await?;
+            let spec = self.spec_of(&row).await?;
+            self.drivers.get(&row.tier)?.prepare(&spec).await?;
             self.boot(&row, &live).await
         }
         .await;
@@ -143,15 +142,14 @@ impl Manager {
             )
             .await;
         Self::take_conn(live);
-        let d = match self.drivers.get(crate::driver::DEFAULT_TIER) {
+        let d = match self.drivers.get(self.drivers.default_tier()) {
             Ok(d) => d,
             Err(e) => {
                 tracing::error!(sandbox = %id, "warm pool: {e}");
                 return;
             }
         };
-        let i = id.to_string();
-        if let Err(e) = blocking(move || d.destroy(&i)).await {
+        if let Err(e) = d.destroy(id).await {
             tracing::warn!(sandbox = %id, "warm pool: cannot destroy a pooled sandbox: {e}");
             return;
         }
@@ -181,7 +179,7 @@ impl Manager {
     /// create and admission locks and has admitted the request.
     pub(super) async fn adopt_from_pool(&self, row: &SandboxRow) -> Result<Option<String>> {
         if self.config.warm_pool == 0
-            || row.tier != crate::driver::DEFAULT_TIER
+            || row.tier != self.drivers.default_tier()
             || row.image != HOST_IMAGE
             || row.disk_bytes != self.config.default_disk_bytes
         {
@@ -216,14 +214,13 @@ impl Manager {
         );
         let rewritten = (row.memory_bytes, row.cpus, row.pids) != defaults;
         if rewritten {
-            let limits = threadbox_sys::cgroup::Limits {
+            let limits = crate::driver::Limits {
                 memory_bytes: row.memory_bytes,
                 cpus: row.cpus,
                 pids: row.pids,
             };
-            let d = self.drivers.get(crate::driver::DEFAULT_TIER)?;
-            let i = id.clone();
-            let set = blocking(move || d.set_limits(&i, &limits)).await;
+            let d = self.drivers.get(self.drivers.default_tier())?;
+            let set = d.set_limits(&id, &limits).await;
             if let Err(e) = set {
                 tracing::warn!(sandbox = %id, "warm pool: cannot apply limits ({e}), discarding");
                 self.discard_pooled(&id, &live).await;

@@ -43,26 +43,20 @@ impl Manager {
         let driver = self.driver_for(row)?;
         let id = row.id.clone();
         Ok(match row.state {
-            State::Creating if !driver.has_disk(&id) => Found::NoDisk,
+            State::Creating if !driver.has_disk(&id).await => Found::NoDisk,
             State::Creating | State::Deleting | State::Stopped => Found::Unprobed,
             State::Running | State::Paused => {
-                let d = driver.clone();
-                let i = id.clone();
-                if blocking(move || d.is_frozen(&i)).await.unwrap_or(false) {
+                if driver.is_frozen(&id).await.unwrap_or(false) {
                     return Ok(Found::Frozen);
                 }
-                match AgentConn::connect(&driver.socket_path(&id), Duration::from_secs(3)).await {
+                match AgentConn::connect(driver.as_ref(), &id, Duration::from_secs(3)).await {
                     Ok(conn) => {
                         Self::set_conn(live, Some(conn));
                         Found::Answers
                     }
                     // Alive but slow to answer (a loaded host, a stopped agent): never
                     // kill the user's processes because the daemon is in a hurry (F6).
-                    Err(e)
-                        if row
-                            .agent_pid
-                            .is_some_and(|pid| driver.agent_alive(&id, pid)) =>
-                    {
+                    Err(e) if alive(driver.as_ref(), &id, row.agent_pid).await => {
                         tracing::debug!(sandbox = %id, "agent alive but silent: {e}");
                         Found::Silent
                     }
@@ -73,5 +67,13 @@ impl Manager {
                 }
             }
         })
+    }
+}
+
+/// Whether the agent recorded as `pid` still lives in sandbox `id`.
+async fn alive(driver: &dyn Driver, id: &str, pid: Option<i32>) -> bool {
+    match pid {
+        Some(pid) => driver.agent_alive(id, pid).await,
+        None => false,
     }
 }

@@ -91,8 +91,9 @@ pub struct JailSpec {
     /// (`serve --insecure-allow-no-landlock`); otherwise such a sandbox does not start.
     #[serde(default)]
     pub allow_no_landlock: bool,
-    /// Test-only weakenings (see `testhooks`); absent from release builds.
-    #[cfg(feature = "insecure-test-hooks")]
+    /// Test-only weakenings (see `testhooks`). Always a field, so the feature only adds
+    /// behaviour (F14: a crate built without it still constructs the spec); a build
+    /// without `insecure-test-hooks` ignores it.
     #[serde(default)]
     pub test_weaken: Vec<String>,
 }

@@ -174,7 +174,6 @@ pub(crate) fn spec(disk: bool) -> JailSpec {
         tmpfs_bytes: 1 << 20,
         nofile: 1024,
         allow_no_landlock: false,
-        #[cfg(feature = "insecure-test-hooks")]
         test_weaken: vec![],
     }
 }

@@ -3,6 +3,8 @@
 //! daemon uses the `threadbox-agent` binary next to `threadbox`).
 #![allow(dead_code)]
 
+pub mod inproc;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::MetadataExt;

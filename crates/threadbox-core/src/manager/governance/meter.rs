@@ -38,21 +38,14 @@ impl Manager {
         let live = matches!(row.state, State::Running | State::Paused);
         let driver = self.driver_for(row)?;
         let id = row.id.clone();
-        let (cpu, mem, disk) = blocking(move || {
-            let cpu = if live {
-                driver.cpu_usage_usec(&id).ok()
-            } else {
-                None
-            };
-            let mem = if live {
-                driver.memory_current(&id).ok()
-            } else {
-                None
-            };
-            let disk = with_disk.then(|| driver.disk_usage(&id));
-            Ok((cpu, mem, disk))
-        })
-        .await?;
+        let usage = if live || with_disk {
+            driver.usage(&id, with_disk).await
+        } else {
+            crate::driver::Usage::default()
+        };
+        let cpu = if live { usage.cpu_usec } else { None };
+        let mem = if live { usage.memory_bytes } else { None };
+        let disk = usage.disk_bytes;
         let (cpu_delta, cgroup_usec) = match cpu {
             // A counter below the last reading is a new cgroup (the sandbox was restarted).
             Some(c) => {

@@ -6,7 +6,7 @@ mod api_keys;
 mod meter;
 mod quota;
 
-use super::{blocking, Manager};
+use super::Manager;
 use crate::audit;
 use crate::caller::{validate_tenant, Caller, Scope};
 use crate::error::{CoreError, Result};

@@ -12,10 +12,10 @@
 //!
 //! A daemon whose recorded range is claimed by another root refuses to start.
 
-use crate::error::{CoreError, Result};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use threadbox_core::error::{CoreError, Result};
 use threadbox_sys::jail::ID_RANGE;
 
 /// The host-wide registry of claimed ranges.
@@ -23,8 +23,9 @@ pub const DEFAULT_REGISTRY: &str = "/var/lib/threadbox-uid-ranges";
 /// First host uid of range 0: far above what distributions hand out in /etc/subuid
 /// (100000..) and never 0.
 pub const FIRST_UID: u32 = 1_000_000;
-/// Sandboxes (alive or stopped, each holding a slot until deleted) one root may have.
-pub const SLOTS_PER_RANGE: u32 = 2048;
+/// Sandboxes (alive or stopped, each holding a slot until deleted) one root may have: one
+/// slot per sandbox index the store hands out.
+pub const SLOTS_PER_RANGE: u32 = threadbox_core::store::MAX_SANDBOXES;
 /// The file in a root that records its range.
 pub const MARKER: &str = "uid-range";
 

@@ -1,0 +1,688 @@
+//! The `jail` tier: namespaces + seccomp + Landlock + cgroups, our own code in
+//! `threadbox-sys`. It owns everything jail-shaped: each sandbox's uid range (from the
+//! spec's index), its cgroup, its overlay paths and the launch helper.
+
+#![forbid(unsafe_code)]
+
+pub mod uid_range;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use threadbox_core::driver::{blocking, AgentStream, Driver, Limits, SandboxSpec, DEFAULT_TIER};
+use threadbox_core::error::{CoreError, Result};
+use threadbox_core::images::ImageSpec;
+use threadbox_core::store::ImageRow;
+use threadbox_sys::cgroup::{Layout, SandboxCgroup};
+use threadbox_sys::jail::{JailSpec, LaunchReport, SANDBOX_USER_ID};
+use uid_range::UidRange;
+
+/// What the jail tier needs of the daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct JailConfig {
+    /// The daemon's root (`sandboxes/<id>/` holds each sandbox's disk and mount points).
+    pub root: PathBuf,
+    /// The `threadbox-agent` binary supplied to every sandbox.
+    pub agent_path: PathBuf,
+    /// The binary run as the single-threaded jail launch helper
+    /// (`<exe> __jail-launch`), normally the `threadbox` binary itself.
+    pub helper_path: PathBuf,
+    /// Name of the cgroup directory under which sandbox cgroups are made.
+    pub cgroup_parent: String,
+    /// Sandboxes may run without Landlock where the kernel cannot enforce it
+    /// (`serve --insecure-allow-no-landlock`); by default they refuse to start.
+    pub allow_no_landlock: bool,
+    /// The host-wide registry of uid ranges (one per root, see [`uid_range`]).
+    pub uid_registry: PathBuf,
+}
+
+impl JailConfig {
+    pub fn new(root: PathBuf, agent_path: PathBuf, helper_path: PathBuf) -> Self {
+        JailConfig {
+            root,
+            agent_path,
+            helper_path,
+            cgroup_parent: "threadbox".to_string(),
+            allow_no_landlock: false,
+            uid_registry: PathBuf::from(uid_range::DEFAULT_REGISTRY),
+        }
+    }
+
+    /// The isolation layers this configuration lets go missing, for sandbox info (empty
+    /// in the default posture).
+    pub fn isolation_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        #[cfg(feature = "insecure-test-hooks")]
+        let missing = threadbox_sys::testhooks::Weaken::from_env()
+            .is_ok_and(|w| w.has("no-landlock-kernel"))
+            || threadbox_sys::landlock::abi_version().is_err();
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let missing = threadbox_sys::landlock::abi_version().is_err();
+        if self.allow_no_landlock && missing {
+            out.push(
+                "landlock: not enforced on this kernel (allowed by serve --insecure-allow-no-landlock)"
+                    .to_string(),
+            );
+        }
+        out
+    }
+}
+
+/// RLIMIT_NOFILE (soft = hard) of every sandbox process, or the daemon's hard limit when
+/// that is lower. Below the hard limits hosts commonly give a root daemon (20000 on our CI
+/// machine kind, 524288 under systemd), so the limit in force is ours, not the host's.
+pub const SANDBOX_NOFILE: u64 = 16384;
+
+/// Most cgroups below a sandbox's own: one per running call or background process (at
+/// most 256 of those), leftovers still emptying, interpreter contexts.
+pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
+/// Levels below a sandbox's cgroup: a call's cgroup, and one more for what a call may
+/// group (contexts).
+pub const CGROUP_MAX_DEPTH: u32 = 2;
+
+/// Most directory entries one disk-usage walk reads (a sandbox without a disk image).
+const MAX_DU_ENTRIES: usize = 2_000_000;
+
+/// The jail tier (cheap to clone; the work happens on the blocking pool).
+#[derive(Clone)]
+pub struct JailDriver(Arc<Jail>);
+
+fn cg_limits(l: &Limits) -> threadbox_sys::cgroup::Limits {
+    threadbox_sys::cgroup::Limits {
+        memory_bytes: l.memory_bytes,
+        cpus: l.cpus,
+        pids: l.pids,
+    }
+}
+
+pub struct Jail {
+    config: JailConfig,
+    uid_range: UidRange,
+    layout: Layout,
+    /// One sealed memfd of the agent shared by every boot, remade when the file changes.
+    agent_memfd: std::sync::Mutex<Option<std::sync::Arc<AgentMemfd>>>,
+}
+
+struct AgentMemfd {
+    fd: std::os::fd::OwnedFd,
+    stamp: (std::time::SystemTime, u64),
+}
+
+/// Where a sandbox keeps its things on the host.
+pub struct SandboxPaths {
+    pub dir: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub rootfs: PathBuf,
+    pub run: PathBuf,
+    /// The sandbox's disk image (ADR 0011) and where the helper mounts it (in the
+    /// sandbox's mount namespace only); upper and work then live inside it.
+    pub disk_image: PathBuf,
+    pub disk_mount: PathBuf,
+}
+
+impl Jail {
+    /// The jail of `config.root`: claims the root's host uid range (before the store
+    /// exists, a root without a range and without a database is new) and detects the
+    /// cgroup layout.
+    pub fn new(config: JailConfig) -> Result<Jail> {
+        if !config.agent_path.is_file() {
+            return Err(CoreError::InvalidArgument(format!(
+                "agent binary {} not found (build it with `cargo build --workspace`)",
+                config.agent_path.display()
+            )));
+        }
+        std::fs::create_dir_all(&config.root)?;
+        let uid_range = uid_range::claim(&config.root, &config.uid_registry)?;
+        tracing::info!(
+            range = uid_range.index,
+            first_uid = uid_range.base(),
+            "host uid range"
+        );
+        let layout = Layout::detect()?;
+        tracing::info!(layout = layout.name(), "cgroup layout");
+        Ok(Jail {
+            config,
+            uid_range,
+            layout,
+            agent_memfd: std::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn paths(&self, id: &str) -> SandboxPaths {
+        let dir = self.config.root.join("sandboxes").join(id);
+        SandboxPaths {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            rootfs: dir.join("rootfs"),
+            run: dir.join("run"),
+            disk_image: dir.join("disk.img"),
+            disk_mount: dir.join("disk"),
+            dir,
+        }
+    }
+
+    pub fn cgroup(&self, id: &str) -> SandboxCgroup {
+        SandboxCgroup::new(self.layout.clone(), &self.config.cgroup_parent, id)
+    }
+
+    /// The shared sealed memfd of the agent (None: the helper copies the file itself).
+    fn agent_memfd(&self) -> Option<std::sync::Arc<AgentMemfd>> {
+        let meta = std::fs::metadata(&self.config.agent_path).ok()?;
+        let stamp = (meta.modified().ok()?, meta.len());
+        let mut slot = self.agent_memfd.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = slot.as_ref().filter(|m| m.stamp == stamp) {
+            return Some(m.clone());
+        }
+        let fd = threadbox_sys::jail::sealed_agent(&self.config.agent_path).ok()?;
+        let m = std::sync::Arc::new(AgentMemfd { fd, stamp });
+        *slot = Some(m.clone());
+        Some(m)
+    }
+
+    pub fn disk_exists(&self, id: &str) -> bool {
+        let p = self.paths(id);
+        p.disk_image.is_file() || p.upper.is_dir()
+    }
+}
+
+/// Longest a launch helper may take: it mounts, forks and execs, normally in tens of
+/// milliseconds; one stuck in the kernel must not hold its caller forever (F7).
+const HELPER_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Feeds the helper its spec and waits for it to exit, at most `deadline`; past it the
+/// helper is killed. The helper is reaped on every path (F18).
+fn run_helper(
+    mut child: std::process::Child,
+    input: &[u8],
+    deadline: Duration,
+) -> Result<std::process::Output> {
+    if let Some(mut stdin) = child.stdin.take() {
+        if let Err(e) = stdin.write_all(input) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e.into());
+        }
+    }
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(out) => Ok(out?),
+        Err(_) => {
+            let _ = threadbox_sys::child::kill(pid, libc::SIGKILL);
+            // The waiting thread reaps it.
+            let _ = rx.recv();
+            Err(CoreError::Unavailable(format!(
+                "the jail helper did not finish within {}s",
+                deadline.as_secs()
+            )))
+        }
+    }
+}
+
+/// Gives a sandbox its disk image: a sparse copy of a template made once per size under
+/// `templates` (mkfs costs ~10 ms per create; the copy moves the few MiB the empty file
+/// system occupies). Templates are only ever read after their atomic rename.
+fn make_disk_image(templates: &Path, path: &Path, bytes: u64) -> Result<()> {
+    let template = templates.join(format!("ext4-{bytes}.img"));
+    if !template.is_file() {
+        mkdir(templates)?;
+        let tmp = templates.join(format!(
+            ".ext4-{bytes}.{}.tmp",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let made = make_fresh_disk_image(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, &template).map_err(CoreError::from));
+        if let Err(e) = made {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    }
+    if let Err(e) = threadbox_sys::sparse::copy_sparse(&template, path) {
+        let _ = std::fs::remove_file(path);
+        return Err(CoreError::Internal(format!(
+            "disk image for the sandbox (host disk full?): {e}"
+        )));
+    }
+    Ok(())
+}
+
+/// Creates a sparse file of `bytes` and an ext4 file system on it (ADR 0011). 1% of the
+/// blocks stay reserved for host root: a sandbox that filled its disk can still be booted
+/// (overlayfs needs room in its workdir at mount time).
+fn make_fresh_disk_image(path: &Path, bytes: u64) -> Result<()> {
+    let f = std::fs::File::create(path)
+        .map_err(|e| CoreError::Internal(format!("create {}: {e}", path.display())))?;
+    f.set_len(bytes)
+        .map_err(|e| CoreError::Internal(format!("size {}: {e}", path.display())))?;
+    drop(f);
+    let mkfs = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            CoreError::Internal("disk quotas need mkfs.ext4 (e2fsprogs) on the host".into())
+        })?;
+    let out = std::process::Command::new(mkfs)
+        .args(["-q", "-F", "-m", "1", "-E"])
+        .arg("lazy_itable_init=1,lazy_journal_init=1,root_owner=0:0")
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| CoreError::Internal(format!("run {}: {e}", mkfs.display())))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(path);
+        return Err(CoreError::Internal(format!(
+            "mkfs.ext4 failed (host disk full?): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    std::fs::create_dir_all(p)
+        .map_err(|e| CoreError::Internal(format!("mkdir {}: {e}", p.display())))
+}
+
+impl Jail {
+    pub fn prepare(&self, id: &str, slot: u32, disk_bytes: u64) -> Result<()> {
+        #[cfg(feature = "insecure-test-hooks")]
+        let disk_bytes = match threadbox_sys::testhooks::Weaken::from_env() {
+            Ok(w) if w.has("no-disk-quota") => 0,
+            _ => disk_bytes,
+        };
+        let p = self.paths(id);
+        use std::os::unix::fs::{chown, PermissionsExt};
+        if disk_bytes > 0 {
+            for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
+                mkdir(d)?;
+            }
+            std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
+            // The launch helper creates upper/, work/ and home/user inside on first boot.
+            let templates = self.config.root.join("images").join(".disk-templates");
+            return make_disk_image(&templates, &p.disk_image, disk_bytes);
+        }
+        for d in [&p.dir, &p.upper, &p.work, &p.rootfs, &p.run] {
+            mkdir(d)?;
+        }
+        std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
+        let home = p.upper.join("home/user");
+        mkdir(&home)?;
+        let uid = self.uid_range.slot_base(slot)? + SANDBOX_USER_ID;
+        chown(&home, Some(uid), Some(uid))?;
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755))?;
+        Ok(())
+    }
+
+    pub fn launch(&self, req: &SandboxSpec, layers: &ImageSpec) -> Result<i32> {
+        let p = self.paths(&req.id);
+        let image = p.disk_image.is_file();
+        if !image && !p.upper.is_dir() {
+            return Err(CoreError::Conflict(format!(
+                "the disk of sandbox {} is missing on the host; it cannot be started",
+                req.id
+            )));
+        }
+        mkdir(&p.run)?;
+        let (upper, work) = if image {
+            // Inside the image; the helper clears the workdir after mounting it.
+            mkdir(&p.disk_mount)?;
+            (p.disk_mount.join("upper"), p.disk_mount.join("work"))
+        } else {
+            // A previous agent's overlay workdir may hold leftovers overlayfs refuses to
+            // reuse.
+            let _ = std::fs::remove_dir_all(&p.work);
+            mkdir(&p.work)?;
+            (p.upper.clone(), p.work.clone())
+        };
+        mkdir(&p.rootfs)?;
+        let base = self.uid_range.slot_base(req.index)?;
+        let cg = self.cgroup(&req.id);
+        #[cfg(feature = "insecure-test-hooks")]
+        let weaken = threadbox_sys::testhooks::Weaken::from_env().map_err(CoreError::Internal)?;
+        #[allow(unused_mut)]
+        let mut limits = cg_limits(&req.limits);
+        #[cfg(feature = "insecure-test-hooks")]
+        {
+            if weaken.has("no-pids-limit") {
+                limits.pids = 1 << 22;
+            }
+            if weaken.has("no-memory-limit") {
+                limits.memory_bytes = 1 << 40;
+            }
+            if weaken.has("no-cpu-limit") {
+                limits.cpus = 64.0;
+            }
+        }
+        cg.create(&limits, Some((base, base)))?;
+        #[cfg(feature = "insecure-test-hooks")]
+        let tree_limit = !weaken.has("no-cgroup-tree-limit");
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let tree_limit = true;
+        if tree_limit {
+            cg.limit_tree(CGROUP_MAX_DESCENDANTS, CGROUP_MAX_DEPTH)?;
+        }
+        // Held until the helper has exited, so the fd it opens stays valid.
+        let memfd = self.agent_memfd();
+        let spec = JailSpec {
+            hostname: req.hostname.to_string(),
+            id_base: base,
+            lower: layers.lower.clone(),
+            upper,
+            work,
+            disk_image: image.then(|| p.disk_image.clone()),
+            home_owner: base + SANDBOX_USER_ID,
+            rootfs: p.rootfs.clone(),
+            binds: layers.binds.clone(),
+            agent_path: self.config.agent_path.clone(),
+            agent_memfd: memfd.as_ref().map(|m| {
+                use std::os::fd::AsRawFd;
+                PathBuf::from(format!(
+                    "/proc/{}/fd/{}",
+                    std::process::id(),
+                    m.fd.as_raw_fd()
+                ))
+            }),
+            socket_path: p.run.join("agent.sock"),
+            cgroup_procs: cg.procs_files(),
+            cgroup_dir: Some(cg.v2_dir()),
+            tmpfs_bytes: limits.memory_bytes,
+            nofile: SANDBOX_NOFILE,
+            allow_no_landlock: self.config.allow_no_landlock,
+            #[cfg(feature = "insecure-test-hooks")]
+            test_weaken: weaken.list().to_vec(),
+            #[cfg(not(feature = "insecure-test-hooks"))]
+            test_weaken: Vec::new(),
+        };
+        let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let child = std::process::Command::new(&self.config.helper_path)
+            .arg("__jail-launch")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_clear()
+            .spawn()
+            .map_err(|e| {
+                CoreError::Internal(format!(
+                    "start the jail helper {}: {e}",
+                    self.config.helper_path.display()
+                ))
+            })?;
+        let out = match run_helper(child, &input, HELPER_DEADLINE) {
+            Ok(out) => out,
+            Err(e) => {
+                // Nothing the helper started for this sandbox is left running.
+                let _ = self.stop(&req.id);
+                return Err(e);
+            }
+        };
+        let line = String::from_utf8_lossy(&out.stdout);
+        let report: LaunchReport = serde_json::from_str(line.lines().next().unwrap_or(""))
+            .map_err(|_| {
+                CoreError::Internal(format!(
+                    "jail helper failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            })?;
+        match (report.ok, report.agent_pid) {
+            (true, Some(pid)) => Ok(pid),
+            _ if report.refused => {
+                let _ = self.stop(&req.id);
+                Err(CoreError::Unavailable(
+                    report.error.unwrap_or_else(|| "refused".into()),
+                ))
+            }
+            _ => {
+                let _ = self.stop(&req.id);
+                Err(CoreError::Internal(format!(
+                    "sandbox setup failed: {}",
+                    report.error.unwrap_or_else(|| "unknown error".into())
+                )))
+            }
+        }
+    }
+
+    pub fn freeze(&self, id: &str) -> Result<()> {
+        Ok(self.cgroup(id).freeze(Duration::from_secs(10))?)
+    }
+
+    pub fn thaw(&self, id: &str) -> Result<()> {
+        Ok(self.cgroup(id).thaw()?)
+    }
+
+    pub fn is_frozen(&self, id: &str) -> Result<bool> {
+        let cg = self.cgroup(id);
+        if !cg.exists() {
+            return Ok(false);
+        }
+        Ok(cg.is_frozen()?)
+    }
+
+    pub fn stop(&self, id: &str) -> Result<()> {
+        let cg = self.cgroup(id);
+        if cg.exists() {
+            cg.kill_all(Duration::from_secs(10))?;
+            // Killed processes of a frozen cgroup die, but leave it frozen for new ones.
+            let _ = cg.thaw();
+            cg.remove()?;
+        } else {
+            // v1 dirs may exist alone after a crash between creating them.
+            let _ = cg.remove();
+        }
+        let p = self.paths(id);
+        let _ = std::fs::remove_file(p.run.join("agent.sock"));
+        Ok(())
+    }
+
+    pub fn destroy(&self, id: &str) -> Result<()> {
+        self.stop(id)?;
+        let p = self.paths(id);
+        match std::fs::remove_dir_all(&p.dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CoreError::Internal(format!(
+                "remove {}: {e}",
+                p.dir.display()
+            ))),
+        }
+    }
+
+    pub fn socket_path(&self, id: &str) -> PathBuf {
+        self.paths(id).run.join("agent.sock")
+    }
+
+    /// The overlay layers of `img`.
+    pub fn image_spec(&self, img: &ImageRow) -> ImageSpec {
+        match img.kind.as_str() {
+            "host" => threadbox_core::images::host_image_spec(&self.config.root),
+            _ => ImageSpec {
+                lower: vec![img.path.clone().unwrap_or_default().into()],
+                binds: vec![],
+            },
+        }
+    }
+
+    pub fn cpu_usage_usec(&self, id: &str) -> Result<u64> {
+        Ok(self.cgroup(id).cpu_usage_usec()?)
+    }
+
+    pub fn agent_alive(&self, id: &str, pid: i32) -> bool {
+        let cg = self.cgroup(id);
+        cg.exists() && cg.pids().is_ok_and(|p| p.contains(&pid))
+    }
+
+    pub fn oom_kills(&self, id: &str) -> Result<u64> {
+        Ok(self.cgroup(id).oom_kills()?)
+    }
+
+    pub fn memory_current(&self, id: &str) -> Result<u64> {
+        Ok(self.cgroup(id).memory_current()?)
+    }
+
+    pub fn disk_usage(&self, id: &str) -> u64 {
+        // A quota'd sandbox's writable layer lives in its disk image (ADR 0011): what it
+        // occupies on the host is the image's allocated size.
+        use std::os::unix::fs::MetadataExt;
+        let p = self.paths(id);
+        match std::fs::metadata(&p.disk_image) {
+            Ok(m) if m.is_file() => m.blocks().saturating_mul(512),
+            _ => tree_usage(&p.upper),
+        }
+    }
+
+    pub fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
+        Ok(self.cgroup(id).set_limits(&cg_limits(limits))?)
+    }
+}
+
+/// Bytes allocated under `dir`, not following symlinks (what `du` reports).
+fn tree_usage(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > MAX_DU_ENTRIES {
+                return total;
+            }
+            let Ok(md) = e.path().symlink_metadata() else {
+                continue;
+            };
+            total = total.saturating_add(md.blocks().saturating_mul(512));
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
+impl JailDriver {
+    /// The jail of `config.root`: claims the root's host uid range (call it before the
+    /// manager opens the store: a root without a range and without a database is new).
+    pub fn new(config: JailConfig) -> Result<JailDriver> {
+        Ok(JailDriver(Arc::new(Jail::new(config)?)))
+    }
+
+    /// The synchronous jail underneath (paths, cgroups), for the security suite.
+    pub fn jail(&self) -> &Jail {
+        &self.0
+    }
+
+    /// Runs `f` on the jail on the blocking pool.
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Jail) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let j = self.0.clone();
+        blocking(move || f(&j)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Driver for JailDriver {
+    fn tier(&self) -> &'static str {
+        DEFAULT_TIER
+    }
+
+    fn isolation_warnings(&self) -> Vec<String> {
+        self.0.config.isolation_warnings()
+    }
+
+    async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
+        // Every kind the store holds is an overlay lower layer (or the host skeleton).
+        let _ = self.0.image_spec(image);
+        Ok(())
+    }
+
+    async fn has_disk(&self, id: &str) -> bool {
+        self.0.disk_exists(id)
+    }
+
+    async fn prepare(&self, spec: &SandboxSpec) -> Result<()> {
+        let (id, index, disk) = (spec.id.clone(), spec.index, spec.disk_bytes);
+        self.run(move |j| j.prepare(&id, index, disk)).await
+    }
+
+    async fn launch(&self, spec: &SandboxSpec) -> Result<i32> {
+        let spec = spec.clone();
+        self.run(move |j| {
+            let image = j.image_spec(&spec.image);
+            j.launch(&spec, &image)
+        })
+        .await
+    }
+
+    async fn connect(&self, id: &str) -> Result<AgentStream> {
+        // The helper returns once the agent listens (it inherits a bound socket).
+        let s = tokio::net::UnixStream::connect(self.0.socket_path(id))
+            .await
+            .map_err(|e| {
+                CoreError::Unavailable(format!("connection to the sandbox agent failed: {e}"))
+            })?;
+        Ok(Box::new(s))
+    }
+
+    async fn freeze(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |j| j.freeze(&id)).await
+    }
+
+    async fn thaw(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |j| j.thaw(&id)).await
+    }
+
+    async fn is_frozen(&self, id: &str) -> Result<bool> {
+        let id = id.to_string();
+        self.run(move |j| j.is_frozen(&id)).await
+    }
+
+    async fn stop(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |j| j.stop(&id)).await
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |j| j.destroy(&id)).await
+    }
+
+    async fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
+        let (id, limits) = (id.to_string(), *limits);
+        self.run(move |j| j.set_limits(&id, &limits)).await
+    }
+
+    async fn usage(&self, id: &str, disk: bool) -> threadbox_core::driver::Usage {
+        let id = id.to_string();
+        self.run(move |j| {
+            Ok(threadbox_core::driver::Usage {
+                memory_bytes: j.memory_current(&id).ok(),
+                cpu_usec: j.cpu_usage_usec(&id).ok(),
+                oom_kills: j.oom_kills(&id).ok(),
+                disk_bytes: disk.then(|| j.disk_usage(&id)),
+            })
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    async fn agent_alive(&self, id: &str, pid: i32) -> bool {
+        let id = id.to_string();
+        self.run(move |j| Ok(j.agent_alive(&id, pid)))
+            .await
+            .unwrap_or(false)
+    }
+}
