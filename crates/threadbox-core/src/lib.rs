@@ -14,12 +14,14 @@ pub mod images;
 pub mod keys;
 pub mod manager;
 pub mod ops;
+pub mod range;
 pub mod store;
 pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
 pub use error::{CoreError, Result};
 pub use manager::Manager;
+pub use range::FileRange;
 
 use std::path::PathBuf;
 

@@ -8,7 +8,7 @@
 
 use crate::error::Result;
 use crate::manager::bytes_stream::{ByteSink, ByteStream};
-use crate::{Caller, Manager};
+use crate::{Caller, FileRange, Manager};
 use std::future::Future;
 pub use threadbox_api::ops::*;
 use threadbox_api::{
@@ -183,8 +183,25 @@ impl Run for AddImage {
 // ---- operations whose input or output is a stream: their types are core's, since the
 // client and the wire speak bytes there, not one JSON value.
 
-/// A file's bytes, as a stream of chunks.
-pub struct ReadFile(pub FileTarget);
+/// A file's bytes, or those of a range, as a stream of chunks.
+pub struct ReadFile {
+    pub target: FileTarget,
+    /// First byte (0: the start).
+    pub offset: u64,
+    /// Most bytes (`None`: to the end of the file).
+    pub length: Option<u64>,
+}
+
+impl ReadFile {
+    /// The whole file.
+    pub fn all(target: FileTarget) -> ReadFile {
+        ReadFile {
+            target,
+            offset: 0,
+            length: None,
+        }
+    }
+}
 
 impl Operation for ReadFile {
     type Output = ByteStream;
@@ -196,8 +213,10 @@ impl Operation for ReadFile {
 
 impl Run for ReadFile {
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ByteStream> {
-        let t = self.0;
-        m.read_file(caller, &t.sandbox, &t.path, t.user).await
+        let range = FileRange::new(self.offset, self.length)?;
+        let t = self.target;
+        m.read_file(caller, &t.sandbox, &t.path, t.user, range)
+            .await
     }
 }
 

@@ -250,10 +250,30 @@ pub struct DeleteQuery {
 #[into_params(parameter_in = Query)]
 pub struct FileQuery {
     /// Path inside the sandbox (relative paths are relative to the user's home).
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// `user` (default) or `root`.
     #[param(value_type = Option<User>)]
     pub user: Option<String>,
+}
+
+/// A path to read, who reads it, and optionally which bytes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReadFileQuery {
+    /// Path inside the sandbox (relative paths are relative to the user's home).
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
+    /// `user` (default) or `root`.
+    #[param(value_type = Option<User>)]
+    pub user: Option<String>,
+    /// First byte to return (default 0). At or past the end of the file: an empty body.
+    pub offset: Option<u64>,
+    /// Most bytes to return (default: to the end of the file); at least 1.
+    pub length: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -261,7 +281,9 @@ pub struct FileQuery {
 #[into_params(parameter_in = Query)]
 pub struct RemoveFileQuery {
     /// Path inside the sandbox.
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// Remove a directory and everything in it.
     pub recursive: Option<bool>,
     /// `user` (default) or `root`.
@@ -274,7 +296,9 @@ pub struct RemoveFileQuery {
 #[into_params(parameter_in = Query)]
 pub struct MkdirQuery {
     /// Path inside the sandbox.
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// Create missing parents; no error when the directory exists.
     pub parents: Option<bool>,
     /// `user` (default) or `root`.
@@ -296,8 +320,28 @@ fn parse_user(user: Option<&str>) -> Result<User, ApiError> {
     }
 }
 
-/// The file an operation names: the sandbox in the path, `path` and `user` in the query.
-fn target(sandbox: String, path: String, user: Option<&str>) -> Result<FileTarget, ApiError> {
+/// The file an operation names: the sandbox in the path, `path` (or `path_b64`, for a
+/// path that is not UTF-8; ADR 0026) and `user` in the query.
+fn target(
+    sandbox: String,
+    path: Option<String>,
+    path_b64: Option<String>,
+    user: Option<&str>,
+) -> Result<FileTarget, ApiError> {
+    use base64::Engine;
+    let path = match (path, path_b64) {
+        (Some(p), None) => p.into_bytes(),
+        (None, Some(b)) => {
+            // A `+` that was not percent-encoded arrives as a space.
+            let b = b.trim().replace(' ', "+");
+            base64::engine::general_purpose::STANDARD
+                .decode(&b)
+                .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&b))
+                .map_err(|e| ApiError::invalid(format!("`path_b64` is not base64: {e}")))?
+        }
+        (Some(_), Some(_)) => return Err(ApiError::invalid("give `path` or `path_b64`, not both")),
+        (None, None) => return Err(ApiError::invalid("missing `path` (or `path_b64`)")),
+    };
     Ok(FileTarget {
         sandbox,
         path,
@@ -306,7 +350,7 @@ fn target(sandbox: String, path: String, user: Option<&str>) -> Result<FileTarge
 }
 
 fn file_target(sandbox: String, q: FileQuery) -> Result<FileTarget, ApiError> {
-    target(sandbox, q.path, q.user.as_deref())
+    target(sandbox, q.path, q.path_b64, q.user.as_deref())
 }
 
 /// Parses `label=k=v` (repeatable) and `state=...` of the list route.
@@ -687,18 +731,22 @@ pub(crate) async fn kill_process(
 }
 
 #[utoipa::path(get, path = routes::FILES, tag = "files",
-    params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), ReadFileQuery),
     responses(
-        (status = 200, description = "The file's bytes", body = RawBytes, content_type = "application/octet-stream"),
+        (status = 200, description = "The file's bytes (those of `offset`/`length` when given)", body = RawBytes, content_type = "application/octet-stream"),
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn read_file(
     State(st): St,
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
-    ApiQuery(q): ApiQuery<FileQuery>,
+    ApiQuery(q): ApiQuery<ReadFileQuery>,
 ) -> Result<Response, ApiError> {
-    let target = file_target(sandbox, q)?;
-    let chunks = st.run(&caller, ops::ReadFile(target)).await?;
+    let op = ops::ReadFile {
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
+        offset: q.offset.unwrap_or(0),
+        length: q.length,
+    };
+    let chunks = st.run(&caller, op).await?;
     let body = chunks.map(|chunk| {
         chunk.map(Bytes::from).map_err(|err| {
             // Headers are gone already: the client sees a cut body.
@@ -781,7 +829,7 @@ pub(crate) async fn remove_file(
     ApiQuery(q): ApiQuery<RemoveFileQuery>,
 ) -> Result<StatusCode, ApiError> {
     let op = ops::RemoveFile {
-        target: target(sandbox, q.path, q.user.as_deref())?,
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
         recursive: q.recursive.unwrap_or(false),
     };
     st.run(&caller, op).await?;
@@ -830,7 +878,7 @@ pub(crate) async fn mkdir(
     ApiQuery(q): ApiQuery<MkdirQuery>,
 ) -> Result<StatusCode, ApiError> {
     let op = ops::Mkdir {
-        target: target(sandbox, q.path, q.user.as_deref())?,
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
         parents: q.parents.unwrap_or(false),
     };
     st.run(&caller, op).await?;

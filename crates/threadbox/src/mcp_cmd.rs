@@ -20,6 +20,12 @@ impl ClientBackend {
 
 /// A client error as the tools report it: the daemon's code and message when it
 /// answered, else `unavailable` with what went wrong on the way.
+/// MCP tools take paths as JSON strings, so a target's path is always UTF-8 here.
+fn path_str(path: &[u8]) -> BackendResult<&str> {
+    std::str::from_utf8(path)
+        .map_err(|_| BackendError::new(ErrorCode::InvalidArgument, "path is not UTF-8"))
+}
+
 fn backend_error(err: ClientError) -> BackendError {
     match err {
         ClientError::Api { code, message, .. } => BackendError::new(code, message),
@@ -55,7 +61,14 @@ impl RunOps for ClientBackend {
         use futures::StreamExt;
         let stream = self
             .client
-            .read_file(&t.sandbox, &t.path, t.user)
+            // One byte past the bound tells whether the file goes on.
+            .read_file_range(
+                &t.sandbox,
+                path_str(&t.path)?,
+                t.user,
+                0,
+                Some(limit.saturating_add(1)),
+            )
             .await
             .map_err(backend_error)?;
         let chunks = stream.map(|c| c.map(|b| b.to_vec()).map_err(backend_error));
@@ -64,7 +77,7 @@ impl RunOps for ClientBackend {
 
     async fn write_file(&self, t: FileTarget, data: Vec<u8>) -> BackendResult<()> {
         self.client
-            .write_file(&t.sandbox, &t.path, t.user, data)
+            .write_file(&t.sandbox, path_str(&t.path)?, t.user, data)
             .await
             .map_err(backend_error)
     }

@@ -241,7 +241,13 @@ impl RunOps for ManagerBackend {
     }
 
     async fn read_file(&self, target: FileTarget, limit: u64) -> BackendResult<(Vec<u8>, bool)> {
-        let stream = self.run(ops::ReadFile(target)).await?;
+        // One byte past the bound tells whether the file goes on.
+        let op = ops::ReadFile {
+            target,
+            offset: 0,
+            length: Some(limit.saturating_add(1)),
+        };
+        let stream = self.run(op).await?;
         Ok(read_bounded(stream, limit).await?)
     }
 
