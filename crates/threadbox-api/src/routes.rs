@@ -24,6 +24,7 @@ pub const FILES: &str = "/v1/sandboxes/{sandbox}/files";
 pub const FILES_LIST: &str = "/v1/sandboxes/{sandbox}/files/list";
 pub const FILES_STAT: &str = "/v1/sandboxes/{sandbox}/files/stat";
 pub const FILES_MKDIR: &str = "/v1/sandboxes/{sandbox}/files/mkdir";
+pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
 
 pub const IMAGES: &str = "/v1/images";
 pub const KEYS: &str = "/v1/keys";
@@ -55,6 +56,7 @@ pub const ALL: &[&str] = &[
     FILES_LIST,
     FILES_STAT,
     FILES_MKDIR,
+    SANDBOX_NETWORK,
     IMAGES,
     KEYS,
     KEY,

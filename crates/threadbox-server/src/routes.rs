@@ -149,6 +149,10 @@ fn router(shared: Shared) -> Router {
         .route(routes::FILES_STAT, get(stat_file))
         .route(routes::FILES_MKDIR, post(mkdir))
         .route(routes::SANDBOX_SELFTEST, get(selftest))
+        .route(
+            routes::SANDBOX_NETWORK,
+            get(crate::net_routes::get_network).put(crate::net_routes::set_network),
+        )
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(
             routes::KEYS,

@@ -5,6 +5,7 @@ mod cli;
 mod commands;
 mod gov_cmd;
 mod mcp_cmd;
+mod net_cmd;
 mod parse;
 mod serve_cmd;
 mod term;
