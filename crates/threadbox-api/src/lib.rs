@@ -169,6 +169,11 @@ pub struct CreateSandboxRequest {
     /// Isolation tier (default `jail`, the only one today).
     #[serde(default)]
     pub tier: Option<String>,
+    /// Egress policy (issue 13): checked before anything is created, kept across
+    /// stop/start and daemon restarts, changed live with `PUT .../network`. Without one the
+    /// sandbox reaches nothing outside itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<network::NetworkPolicySpec>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
@@ -198,6 +203,12 @@ pub struct Sandbox {
     /// The isolation tier that runs it (`jail`).
     #[serde(default = "default_tier")]
     pub tier: String,
+    /// Its egress policy; absent while it has none (then it reaches nothing outside).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<network::NetworkPolicySpec>,
+    /// The policy's generation (what `If-Match` names); 0 while it never had one.
+    #[serde(default)]
+    pub network_generation: u64,
 }
 
 fn default_tier() -> String {

@@ -71,6 +71,10 @@ pub struct SandboxRow {
     pub last_active_at: i64,
     /// The isolation tier (driver) that runs it.
     pub tier: String,
+    /// The egress policy as JSON (`NetworkPolicySpec`; written by `swap_network` only, so
+    /// `insert_sandbox` ignores it) and its generation.
+    pub network_policy: Option<String>,
+    pub network_generation: u64,
 }
 
 /// Sandboxes (alive or stopped, each holding its index until deleted) one daemon may
@@ -137,6 +141,8 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
         created_at: r.try_get("created_at")?,
         last_active_at: r.try_get("last_active_at")?,
         tier: r.try_get("tier")?,
+        network_policy: r.try_get("network_policy")?,
+        network_generation: r.try_get::<i64, _>("network_generation")?.max(0) as u64,
     })
 }
 

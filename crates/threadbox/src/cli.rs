@@ -70,6 +70,9 @@ pub enum Command {
     /// Per-tenant quotas and spend caps (admin).
     #[command(subcommand)]
     Quota(crate::gov_cmd::QuotaCommand),
+    /// A sandbox's egress policy.
+    #[command(subcommand)]
+    Net(crate::net_cmd::NetCommand),
     /// Metered use: CPU-seconds, memory GiB-seconds, disk, running/paused time.
     Usage(crate::gov_cmd::UsageArgs),
     /// The hash-chained audit log (admin).
@@ -206,6 +209,11 @@ pub struct CreateArgs {
     /// Isolation tier [default: jail, the only one today].
     #[arg(long, value_name = "TIER")]
     pub tier: Option<String>,
+    /// Egress to allow: HOST[:PORTS], *.SUFFIX[:PORTS], CIDR[:PORTS] or a preset
+    /// (python-packages, npm, github, rust-crates). Repeatable; without it the sandbox
+    /// reaches nothing outside itself.
+    #[arg(long = "allow", value_name = "RULE")]
+    pub allow: Vec<String>,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,

@@ -27,6 +27,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Usage(args) => crate::gov_cmd::usage(&client(url)?, args).await,
         Command::Audit(cmd) => crate::gov_cmd::audit(&client(url)?, cmd).await,
         Command::Create(args) => create(&client(url)?, args).await,
+        Command::Net(cmd) => crate::net_cmd::net(&client(url)?, cmd).await,
         Command::Ls(args) => ls(&client(url)?, args).await,
         Command::Info(a) => {
             let sb = client(url)?.get(&a.sandbox).await?;
@@ -342,6 +343,11 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
             Some(TtlActionArg::Stop) | None => TtlAction::Stop,
         },
         tier: args.tier,
+        network: if args.allow.is_empty() {
+            None
+        } else {
+            Some(crate::net_cmd::policy_from_allow(&args.allow)?)
+        },
     };
     let (sandbox, _created) = client.create(&req).await?;
     if args.json {

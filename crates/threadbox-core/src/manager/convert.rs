@@ -53,6 +53,13 @@ pub(super) fn to_api_full(drivers: &Drivers, row: &SandboxRow) -> Sandbox {
             .map(|d| d.isolation_warnings())
             .unwrap_or_default(),
         tier: row.tier.clone(),
+        // A stored policy that no longer parses is shown as none (the data plane refuses to
+        // attach it too, so the sandbox is closed, as shown).
+        network: row
+            .network_policy
+            .as_deref()
+            .and_then(|j| serde_json::from_str(j).ok()),
+        network_generation: row.network_generation,
     }
 }
 

@@ -88,6 +88,12 @@ impl Manager {
             validate_name(name)?;
         }
         validate_labels(&req.labels)?;
+        // Refused before anything exists, with the bad rule named.
+        let network_json = req
+            .network
+            .as_ref()
+            .map(super::network::check_policy)
+            .transpose()?;
         let memory_bytes = req
             .limits
             .memory_bytes
@@ -174,6 +180,8 @@ impl Manager {
             created_at: created,
             last_active_at: created,
             tier: tier.to_string(),
+            network_policy: None,
+            network_generation: 0,
         };
         let live = self.live(&id);
         // Held across the insert so two creates of one name cannot both insert; the new
@@ -218,6 +226,9 @@ impl Manager {
             match self.adopt_from_pool(&row).await {
                 Ok(Some(adopted)) => {
                     self.forget(&id);
+                    if let Some(json) = &network_json {
+                        self.network_on_adopt(&adopted, json).await?;
+                    }
                     let row = self.reload(&adopted).await?;
                     tracing::info!(sandbox = %adopted, name = ?row.name, "created from the warm pool");
                     return Ok(Some((to_api(&self.drivers, caller, &row), true)));
@@ -230,6 +241,27 @@ impl Manager {
             }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
+            if let Some(json) = &network_json {
+                // Stored before boot, so `boot` attaches it; generation 1.
+                match self.store.swap_network(&id, 0, Some(json)).await {
+                    Ok(Some(g)) => {
+                        row.network_policy = Some(json.clone());
+                        row.network_generation = g;
+                    }
+                    Ok(None) => {
+                        let _ = self.store.delete_sandbox(&id).await;
+                        self.forget(&id);
+                        return Err(CoreError::Internal(
+                            "the new sandbox's network policy could not be stored".into(),
+                        ));
+                    }
+                    Err(e) => {
+                        let _ = self.store.delete_sandbox(&id).await;
+                        self.forget(&id);
+                        return Err(e);
+                    }
+                }
+            }
             g
         };
         let result: Result<i32> = async {

@@ -39,7 +39,35 @@ fn parse_policy(json: &str, generation: u64) -> Result<(NetworkPolicySpec, Netwo
     Ok((spec, policy))
 }
 
+/// Checks a policy as the API took it; its JSON for the store, or `invalid_argument`
+/// naming the bad rule.
+pub(super) fn check_policy(spec: &NetworkPolicySpec) -> Result<String> {
+    NetworkPolicy::from_spec(spec, 0).map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
+    serde_json::to_string(spec).map_err(|e| CoreError::Internal(e.to_string()))
+}
+
 impl Manager {
+    /// A create with a policy took a warm-pool sandbox (already running, never had a
+    /// policy): store the policy and attach the data plane now.
+    pub(super) async fn network_on_adopt(&self, id: &str, json: &str) -> Result<()> {
+        let current = self
+            .store
+            .get_network(id)
+            .await?
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
+        self.store
+            .swap_network(id, current.generation, Some(json))
+            .await?
+            .ok_or_else(|| {
+                CoreError::Internal(format!("the network policy of {id} changed meanwhile"))
+            })?;
+        let row = self.reload(id).await?;
+        if let Some(pid) = row.agent_pid {
+            self.attach_network(&row, pid).await;
+        }
+        Ok(())
+    }
+
     fn egress_floor(&self) -> Floor {
         Floor {
             allow_private: self.config.egress_allow_private.clone(),
@@ -182,10 +210,7 @@ impl Manager {
         caller.require(SetNetwork::SCOPE)?;
         let row = self.resolve(caller, &op.sandbox).await?;
         // Checked before anything changes: bad input is refused with the rule named.
-        NetworkPolicy::from_spec(&op.policy, 0)
-            .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
-        let json =
-            serde_json::to_string(&op.policy).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let json = check_policy(&op.policy)?;
         let live = self.live(&row.id);
         // Under the lifecycle lock: a concurrent stop/start attaches or detaches after us.
         let _guard = live.lifecycle.lock().await;

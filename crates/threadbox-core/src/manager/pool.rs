@@ -94,6 +94,8 @@ impl Manager {
             created_at: created,
             last_active_at: created,
             tier: self.drivers.default_tier().to_string(),
+            network_policy: None,
+            network_generation: 0,
         };
         let live = self.live(&id);
         let _g = live.lifecycle.lock().await;

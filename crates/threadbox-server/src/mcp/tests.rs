@@ -46,6 +46,8 @@ fn sandbox(name: &str) -> Sandbox {
         agent_pid: Some(42),
         isolation_warnings: Vec::new(),
         tier: "jail".into(),
+        network: None,
+        network_generation: 0,
     }
 }
 

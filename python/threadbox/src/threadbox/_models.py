@@ -95,6 +95,11 @@ class SandboxInfo:
     ttl_action: TtlAction
     agent_pid: int | None
     tier: str
+    #: The egress policy as the daemon holds it (``rules``, ``presets``, ``default``);
+    #: None while the sandbox has none and reaches nothing outside itself.
+    network: dict[str, Any] | None
+    #: The policy's generation (what ``If-Match`` names); 0 while it never had one.
+    network_generation: int
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -115,6 +120,8 @@ class SandboxInfo:
                 ttl_action=d.get("ttl_action", "stop"),
                 agent_pid=_opt_int(d.get("agent_pid")),
                 tier=str(d.get("tier", "jail")),
+                network=dict(d["network"]) if d.get("network") is not None else None,
+                network_generation=int(d.get("network_generation") or 0),
                 raw=d,
             )
         except (KeyError, TypeError, ValueError) as e:
