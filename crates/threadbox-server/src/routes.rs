@@ -1,4 +1,9 @@
 //! The REST routes: thin translators from HTTP to one [`Manager`] call each.
+//!
+//! (Over 600 lines: one short handler per route, each parsing HTTP into one operation
+//! (`threadbox_api::ops`) and answering its output, plus the router's own tests. The
+//! handlers still repeat one shape (duplicates D38); a generic handler over `Operation`
+//! for the path-only routes is the next step.)
 
 use crate::auth::{self, Auth};
 use crate::error::ApiError;
