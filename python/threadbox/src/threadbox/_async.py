@@ -66,15 +66,11 @@ class AsyncThreadbox:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._config = c.resolve_config(url, api_key)
-        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._timeout = c.client_timeout(timeout)
         if transport is None and self._config.uds:
             transport = httpx.AsyncHTTPTransport(uds=self._config.uds)
         self._http = httpx.AsyncClient(
-            base_url=self._config.base_url,
-            headers=self._config.headers(headers),
-            timeout=self._timeout,
-            transport=transport,
-            event_hooks={"request": [_tracing.async_request_hook]},
+            transport=transport, **c.client_options(self._config, self._timeout, headers, _tracing.async_request_hook)
         )
 
     @property

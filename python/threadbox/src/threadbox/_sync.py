@@ -68,15 +68,11 @@ class Threadbox:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._config = c.resolve_config(url, api_key)
-        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._timeout = c.client_timeout(timeout)
         if transport is None and self._config.uds:
             transport = httpx.HTTPTransport(uds=self._config.uds)
         self._http = httpx.Client(
-            base_url=self._config.base_url,
-            headers=self._config.headers(headers),
-            timeout=self._timeout,
-            transport=transport,
-            event_hooks={"request": [_tracing.request_hook]},
+            transport=transport, **c.client_options(self._config, self._timeout, headers, _tracing.request_hook)
         )
 
     @property
