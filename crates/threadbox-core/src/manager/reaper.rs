@@ -26,13 +26,14 @@ impl Manager {
                     continue;
                 }
             }
+            let live_state = matches!(row.state, State::Running | State::Paused);
+            if !(live_state && (row.idle_stop_secs.is_some() || row.idle_pause_secs.is_some())) {
+                continue;
+            }
+            // A cheap look first; `idle_step` decides again under the lock.
+            let idle_ms = self.idle_ms(&row, now);
             if let (State::Running | State::Paused, Some(idle)) = (row.state, row.idle_stop_secs) {
-                let live = self.live(&row.id);
-                let last = live
-                    .last_active
-                    .load(Ordering::SeqCst)
-                    .max(row.last_active_at);
-                if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
+                if idle_ms >= (idle as i64) * 1000 {
                     match self.idle_step(&row, (idle as i64) * 1000, true).await {
                         Ok(true) => {
                             tracing::info!(sandbox = %row.id, "stopped after {idle}s idle");
@@ -44,13 +45,7 @@ impl Manager {
                 }
             }
             if let (State::Running, Some(idle)) = (row.state, row.idle_pause_secs) {
-                let live = self.live(&row.id);
-                let last = live
-                    .last_active
-                    .load(Ordering::SeqCst)
-                    .max(row.last_active_at);
-                // A cheap look first; `idle_pause` decides again under the lock.
-                if live.inflight.load(Ordering::SeqCst) == 0 && now - last >= (idle as i64) * 1000 {
+                if idle_ms >= (idle as i64) * 1000 {
                     match self.idle_step(&row, (idle as i64) * 1000, false).await {
                         Ok(true) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
                         Ok(false) => {}
@@ -60,6 +55,18 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// How long `row` has had no call, in ms; 0 while a call is in flight.
+    fn idle_ms(&self, row: &SandboxRow, now: i64) -> i64 {
+        let live = self.live(&row.id);
+        if live.inflight.load(Ordering::SeqCst) > 0 {
+            return 0;
+        }
+        now - live
+            .last_active
+            .load(Ordering::SeqCst)
+            .max(row.last_active_at)
     }
 
     /// The idle sweeper's pause (or, with `stop`, its stop): decided under the lifecycle
