@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
 mod governance;
+pub mod interp;
 pub mod network;
 pub mod ops;
 pub mod routes;
