@@ -14,6 +14,7 @@ pub mod keys;
 pub mod manager;
 pub mod ops;
 pub mod store;
+pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
 pub use error::{CoreError, Result};

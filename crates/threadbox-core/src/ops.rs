@@ -36,8 +36,27 @@ impl Manager {
     /// Runs one operation for `caller`: what every door calls.
     pub async fn run<O: Run>(&self, caller: &Caller, op: O) -> Result<O::Output> {
         use tracing::Instrument;
-        let span = tracing::debug_span!("op", name = O::NAME, tenant = %caller.tenant);
-        op.run(self, caller).instrument(span).await
+        // One span per operation, whatever the door (ADR 0090): named after the audit
+        // action, with the GenAI `execute_tool` attributes; what the operation touches and
+        // how it ended is added by the manager (`crate::telemetry`).
+        let span = tracing::debug_span!(
+            "op",
+            name = O::NAME,
+            tenant = %caller.tenant,
+            otel.name = O::NAME,
+            otel.kind = "internal",
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = O::NAME,
+            threadbox.tenant = %caller.tenant,
+            otel.status_code = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let out = op.run(self, caller).instrument(span.clone()).await;
+        if let Err(e) = &out {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", e.code().as_str());
+        }
+        out
     }
 }
 

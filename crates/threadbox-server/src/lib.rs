@@ -11,6 +11,7 @@ pub mod openapi;
 mod origin;
 pub mod routes;
 pub mod serve;
+pub mod telemetry;
 
 pub use error::ApiError;
 pub use mcp::McpOptions;

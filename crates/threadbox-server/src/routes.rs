@@ -236,6 +236,8 @@ fn router(shared: Shared) -> Router {
             shared.metrics.clone(),
             metrics::count_errors,
         ))
+        // Outermost: refusals (401, 403, 429) are traced too (ADR 0090).
+        .layer(axum::middleware::from_fn(crate::telemetry::trace_http))
         .with_state(shared)
 }
 

@@ -140,6 +140,10 @@ pub struct ServeArgs {
         value_name = "ORIGIN"
     )]
     pub allowed_origins: Vec<String>,
+    /// Export traces over OTLP/HTTP to this base URL, e.g. http://127.0.0.1:4318
+    /// (`/v1/traces` is appended). Also OTEL_EXPORTER_OTLP_ENDPOINT; unset: no traces.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

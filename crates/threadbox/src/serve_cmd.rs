@@ -66,7 +66,18 @@ fn resolve_agent(explicit: Option<PathBuf>, exe: &Path) -> anyhow::Result<PathBu
 }
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging();
+    let telemetry =
+        threadbox_server::telemetry::Telemetry::from_config(args.otlp_endpoint.as_deref())?;
+    init_logging(telemetry.as_ref());
+    let r = serve_inner(args).await;
+    if let Some(t) = telemetry {
+        // Flushes the last spans; it blocks, so off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
+    }
+    r
+}
+
+async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
     let config = match &args.config {
         Some(path) => read_config(path)?,
         None => ConfigFile::default(),
@@ -129,11 +140,19 @@ fn tiers(jail: threadbox_jail::JailConfig) -> threadbox_core::Result<Drivers> {
     )?)))
 }
 
-fn init_logging() {
+fn init_logging(telemetry: Option<&threadbox_server::telemetry::Telemetry>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    // The log filter is the fmt layer's alone, so RUST_LOG does not decide which spans
+    // are exported (the trace layer has its own filter).
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(telemetry.map(|t| t.layer()))
         .try_init();
 }

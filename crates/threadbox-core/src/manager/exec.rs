@@ -37,7 +37,8 @@ impl Manager {
         let r = async {
             caller.require(ops::Exec::SCOPE)?;
 
-            let spec = exec_spec(req, false)?;
+            let mut spec = exec_spec(req, false)?;
+            crate::telemetry::inject_env(&mut spec.env);
             let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
@@ -60,6 +61,7 @@ impl Manager {
                         )
                         .await;
                         resp.oom_killed = resp.memory_limit_bytes.is_some();
+                        crate::telemetry::record_exec(&resp);
                         return Ok(resp);
                     }
                     Some(proto::Response::Started { .. })
@@ -92,7 +94,8 @@ impl Manager {
         let r = async {
             caller.require(ops::Exec::SCOPE)?;
 
-            let spec = exec_spec(req, true)?;
+            let mut spec = exec_spec(req, true)?;
+            crate::telemetry::inject_env(&mut spec.env);
             let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;

@@ -198,10 +198,13 @@ impl Manager {
     /// A sandbox of the caller's tenant; another tenant's is `not_found`, like one that
     /// does not exist.
     async fn resolve(&self, caller: &Caller, id_or_name: &str) -> Result<SandboxRow> {
-        self.store
+        let row = self
+            .store
             .get_sandbox(&caller.tenant, id_or_name)
             .await?
-            .ok_or_else(|| CoreError::NotFound(id_or_name.to_string()))
+            .ok_or_else(|| CoreError::NotFound(id_or_name.to_string()))?;
+        crate::telemetry::record_sandbox(&row);
+        Ok(row)
     }
 
     /// Reads a sandbox again by its id (already resolved for the caller).

@@ -18,9 +18,11 @@ impl Manager {
                 validate_path(cwd)?;
             }
             let cmd_vec = command_vec(&command);
+            let mut env = req.env;
+            crate::telemetry::inject_env(&mut env);
             let spec = proto::BackgroundSpec {
                 command,
-                env: req.env,
+                env,
                 cwd: req.cwd,
                 user: run_as(req.user),
                 max_log: proto::DEFAULT_MAX_OUTPUT,

@@ -23,6 +23,7 @@ use threadbox_api::{
     decode_bytes, encode_bytes, CreateSandboxRequest, Encoding, ErrorCode, ExecRequest,
     ExecResponse, FileKind, FileList, Sandbox, SandboxList, SandboxState, User,
 };
+use tracing::Instrument;
 
 /// Timeout of `exec` and `run_python` when the caller gives none, in seconds.
 pub const DEFAULT_TIMEOUT_SECS: f64 = 300.0;
@@ -611,7 +612,13 @@ impl ServerHandler for ThreadboxMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
         let http = context.extensions.get::<axum::http::request::Parts>();
-        Ok(self.call(http, &request.name, args).await?.into())
+        let span = crate::telemetry::mcp_span(&request.name, &context.meta.0 .0, http);
+        let out = self
+            .call(http, &request.name, args)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::record_mcp_outcome(&span, &out);
+        Ok(out?.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

@@ -28,6 +28,7 @@ from threadbox import (
 
 from ._output import DEFAULT_MAX_OUTPUT_CHARS, cut_middle, format_exec, safe_text
 from ._paths import RAW_EXIT_CODES, RAW_READ, RAW_WRITE, escape_name, raw_path
+from ._tracing import tool_span
 from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
@@ -477,15 +478,16 @@ class ThreadboxToolkit(BaseToolkit):
             with sb.exec_stream(cmd, **kw) as events:
                 return self._from_events(events, lambda: events.end, lambda ev: self._emit(writer, what, runtime, ev))
 
-        try:
+        with tool_span(what, runtime.tool_call_id if runtime is not None else None):
             try:
-                r = run()
-            except SandboxNotRunning:
-                sb.ensure_running()
-                r = run()
-        except ThreadboxError as e:
-            raise _infra(e, what) from e
-        return self._finish_exec(sb, r, t, capped, runtime)
+                try:
+                    r = run()
+                except SandboxNotRunning:
+                    sb.ensure_running()
+                    r = run()
+            except ThreadboxError as e:
+                raise _infra(e, what) from e
+            return self._finish_exec(sb, r, t, capped, runtime)
 
     async def _aexec(
         self,
@@ -514,15 +516,16 @@ class ThreadboxToolkit(BaseToolkit):
                         self._emit(writer, what, runtime, ev)
                 return _result(events.end, out, err)
 
-        try:
+        with tool_span(what, runtime.tool_call_id if runtime is not None else None):
             try:
-                r = await run()
-            except SandboxNotRunning:
-                await sb.ensure_running()
-                r = await run()
-        except ThreadboxError as e:
-            raise _infra(e, what) from e
-        return self._finish_exec(sb, r, t, capped, runtime)
+                try:
+                    r = await run()
+                except SandboxNotRunning:
+                    await sb.ensure_running()
+                    r = await run()
+            except ThreadboxError as e:
+                raise _infra(e, what) from e
+            return self._finish_exec(sb, r, t, capped, runtime)
 
     _PY_ENV: ClassVar[dict[str, str]] = {"PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 

@@ -18,6 +18,7 @@ from typing import IO, Any, Literal
 import httpx
 
 from . import _common as c
+from . import _tracing
 from ._errors import (
     DaemonUnreachable,
     FileNotFound,
@@ -81,6 +82,7 @@ class AsyncThreadbox:
             headers=self._config.headers(headers),
             timeout=self._timeout,
             transport=transport,
+            event_hooks={"request": [_tracing.async_request_hook]},
         )
 
     @property

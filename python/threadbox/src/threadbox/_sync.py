@@ -15,6 +15,7 @@ from typing import IO, Any, Literal
 import httpx
 
 from . import _common as c
+from . import _tracing
 from ._errors import (
     DaemonUnreachable,
     FileNotFound,
@@ -82,6 +83,7 @@ class Threadbox:
             headers=self._config.headers(headers),
             timeout=self._timeout,
             transport=transport,
+            event_hooks={"request": [_tracing.request_hook]},
         )
 
     @property

@@ -1,0 +1,252 @@
+//! Traces across the boundary (issue 17, ADR 0090), with a real daemon and a local OTLP/HTTP
+//! collector the test starts (a tiny HTTP server that records what it receives):
+//! a request carrying `traceparent` yields a SERVER span with that trace id and parent, the
+//! operation's span is its child, the sandboxed process gets `TRACEPARENT` naming the
+//! operation's span, and no environment value reaches the collector. Without an endpoint
+//! nothing is traced and nothing reaches the sandbox. Every wait polls with a deadline.
+
+mod common;
+
+use common::{require_root, serial, Daemon};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_ID: &str = "00f067aa0ba902b7";
+const SECRET: &str = "s3cr3t-env-value-never-exported";
+
+/// Bodies the collector received on `/v1/traces`.
+type Received = Arc<Mutex<Vec<Vec<u8>>>>;
+
+/// Starts the collector on a free loopback port; answers every request `200 {}`.
+fn collector() -> (String, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind collector");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let got: Received = Arc::default();
+    let sink = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let sink = sink.clone();
+            std::thread::spawn(move || serve_one(conn, &sink));
+        }
+    });
+    (url, got)
+}
+
+fn serve_one(conn: std::net::TcpStream, sink: &Received) {
+    let mut w = match conn.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut r = BufReader::new(conn);
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+        let mut len = 0usize;
+        loop {
+            let mut h = String::new();
+            if r.read_line(&mut h).unwrap_or(0) == 0 {
+                return;
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0; len];
+        if r.read_exact(&mut body).is_err() {
+            return;
+        }
+        if path == "/v1/traces" {
+            sink.lock().unwrap().push(body);
+        }
+        let resp =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+        if w.write_all(resp.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Every span the collector got, flattened out of the OTLP/JSON envelopes.
+fn spans(got: &Received) -> Vec<Value> {
+    let bodies = got.lock().unwrap().clone();
+    let mut out = vec![];
+    for b in bodies {
+        let v: Value = serde_json::from_slice(&b).expect("OTLP/JSON body");
+        for rs in v["resourceSpans"].as_array().into_iter().flatten() {
+            for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+                out.extend(ss["spans"].as_array().into_iter().flatten().cloned());
+            }
+        }
+    }
+    out
+}
+
+fn attr(span: &Value, key: &str) -> Option<Value> {
+    span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["key"] == key)
+        .map(|a| a["value"].clone())
+}
+
+/// One HTTP/1.1 request over the operator's socket: (status, headers, body).
+fn request(
+    d: &Daemon,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, Value) {
+    let mut s = UnixStream::connect(d.root_path().join("threadbox.sock")).expect("socket");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).expect("write");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("a response head");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    (
+        status,
+        head.to_ascii_lowercase(),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+fn exec_printenv(d: &Daemon, sb: &str, headers: &[(&str, &str)]) -> (String, Value) {
+    let body = serde_json::json!({
+        "command": ["printenv", "TRACEPARENT"],
+        "env": {"SOME_SECRET": SECRET},
+    })
+    .to_string();
+    let (status, head, v) = request(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        headers,
+        &body,
+    );
+    assert_eq!(status, 200, "exec: {v}");
+    (head, v)
+}
+
+#[test]
+fn a_traceparent_continues_through_the_daemon_into_the_sandbox() {
+    if !require_root("a_traceparent_continues_through_the_daemon_into_the_sandbox") {
+        return;
+    }
+    let _g = serial();
+    let (url, got) = collector();
+    let d = Daemon::start_with_env(
+        &["--otlp-endpoint", &url],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let sb = d.create(&[]);
+    let tp = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    let (head, v) = exec_printenv(&d, &sb, &[("traceparent", &tp)]);
+
+    // The process's TRACEPARENT: our trace, a new parent (the operation's span), sampled.
+    let carried = v["stdout"].as_str().expect("stdout").trim().to_string();
+    let parts: Vec<&str> = carried.split('-').collect();
+    assert_eq!(parts.len(), 4, "TRACEPARENT in the sandbox: {carried:?}");
+    assert_eq!(
+        parts[1], TRACE_ID,
+        "the sandbox continues the caller's trace"
+    );
+    assert_ne!(
+        parts[2], PARENT_ID,
+        "the process's parent is the daemon's span"
+    );
+    assert!(
+        head.contains(&format!("x-threadbox-trace-id: {TRACE_ID}")),
+        "{head}"
+    );
+
+    let exec_span_id = parts[2].to_string();
+    let mut found = None;
+    d.wait_for(
+        "the exec spans at the collector",
+        Duration::from_secs(30),
+        || {
+            let all = spans(&got);
+            let http = all.iter().find(|s| {
+                s["traceId"] == TRACE_ID && s["name"] == "POST /v1/sandboxes/{sandbox}/exec"
+            });
+            let op = all.iter().find(|s| s["spanId"] == exec_span_id.as_str());
+            if let (Some(h), Some(o)) = (http, op) {
+                found = Some((h.clone(), o.clone()));
+                true
+            } else {
+                false
+            }
+        },
+    );
+    let (http, op) = found.expect("spans");
+    assert_eq!(
+        http["parentSpanId"], PARENT_ID,
+        "the HTTP span's parent is the caller's"
+    );
+    assert_eq!(op["traceId"], TRACE_ID);
+    assert_eq!(op["name"], "sandbox.exec");
+    assert_eq!(
+        op["parentSpanId"], http["spanId"],
+        "the operation is a child of the request"
+    );
+    let sid = attr(&op, "threadbox.sandbox.id").expect("sandbox id attribute");
+    assert_eq!(sid["stringValue"], sb.as_str());
+    let code = attr(&op, "process.exit.code").expect("exit code attribute");
+    assert!(code["intValue"] == 0 || code["intValue"] == "0", "{code}");
+    assert_eq!(
+        attr(&op, "gen_ai.operation.name").expect("genai op")["stringValue"],
+        "execute_tool"
+    );
+
+    // Never an environment value, whatever span it would be on.
+    for b in got.lock().unwrap().iter() {
+        let text = String::from_utf8_lossy(b);
+        assert!(!text.contains(SECRET), "an env value was exported");
+    }
+}
+
+#[test]
+fn without_an_endpoint_nothing_is_traced_or_carried() {
+    if !require_root("without_an_endpoint_nothing_is_traced_or_carried") {
+        return;
+    }
+    let _g = serial();
+    let d = Daemon::start();
+    let sb = d.create(&[]);
+    let tp = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    let (head, v) = exec_printenv(&d, &sb, &[("traceparent", &tp)]);
+    // printenv exits 1 when the variable is unset.
+    assert_eq!(v["exit_code"], 1, "{v}");
+    assert_eq!(v["stdout"], "", "{v}");
+    assert!(!head.contains("x-threadbox-trace-id"), "{head}");
+}

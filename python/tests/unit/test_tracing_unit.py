@@ -1,0 +1,107 @@
+"""Trace context from the SDK and the tools (issue 17, ADR 0090), offline.
+
+The SDK puts the current OpenTelemetry context on every request (sync and async), keeps a
+``traceparent`` the caller set, and adds nothing without an active span; the exec tools
+open an ``execute_tool`` span that is the requests' parent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+from opentelemetry import trace  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
+
+from langchain_threadbox import ThreadboxToolkit  # noqa: E402
+from threadbox import AsyncThreadbox, Threadbox  # noqa: E402
+
+_EXPORTER = InMemorySpanExporter()
+_PROVIDER = sdk_trace.TracerProvider()
+_PROVIDER.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+
+
+@pytest.fixture
+def tracer() -> Iterator[Any]:
+    # The global provider can be set once per process; tests use this one directly and
+    # make it current for the tools through set_tracer_provider where it is not yet set.
+    trace.set_tracer_provider(_PROVIDER)
+    _EXPORTER.clear()
+    yield _PROVIDER.get_tracer("test")
+
+
+def _recorder() -> tuple[list[httpx.Request], httpx.MockTransport, httpx.MockTransport]:
+    seen: list[httpx.Request] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        if req.url.path.endswith("/exec"):
+            return httpx.Response(200, json={"exit_code": 0, "stdout": "", "stderr": "", "encoding": "utf8"})
+        if req.method == "POST" and req.url.path.endswith("/sandboxes"):
+            body = json.loads(req.content)
+            return httpx.Response(201, json={"id": "sb-1", "name": body.get("name"), "state": "running", "labels": {}})
+        return httpx.Response(200, json={"sandboxes": []})
+
+    return seen, httpx.MockTransport(handler), httpx.MockTransport(handler)
+
+
+def _traceparent_of(span: Any) -> str:
+    """The version, trace id and parent id of the span's traceparent (flags vary: 01 or 03)."""
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}"
+
+
+def _sent(req: httpx.Request) -> str:
+    return req.headers["traceparent"].rsplit("-", 1)[0]
+
+
+def test_sync_client_injects_the_current_span(tracer: Any) -> None:
+    seen, transport, _ = _recorder()
+    tb = Threadbox("http://daemon.test", transport=transport)
+    with tracer.start_as_current_span("caller") as span:
+        tb.list()
+    assert _sent(seen[-1]) == _traceparent_of(span)
+
+
+async def test_async_client_injects_the_current_span(tracer: Any) -> None:
+    seen, _, transport = _recorder()
+    tb = AsyncThreadbox("http://daemon.test", transport=transport)
+    with tracer.start_as_current_span("caller") as span:
+        await tb.list()
+    await tb.aclose()
+    assert _sent(seen[-1]) == _traceparent_of(span)
+
+
+def test_no_active_span_adds_nothing_and_an_explicit_header_wins(tracer: Any) -> None:
+    seen, transport, _ = _recorder()
+    tb = Threadbox("http://daemon.test", transport=transport)
+    tb.list()
+    assert "traceparent" not in seen[-1].headers
+    mine = "00-11111111111111111111111111111111-2222222222222222-01"
+    tb2 = Threadbox("http://daemon.test", transport=transport, headers={"traceparent": mine})
+    with tracer.start_as_current_span("caller"):
+        tb2.list()
+    assert seen[-1].headers["traceparent"] == mine
+
+
+def test_the_exec_tool_span_is_the_parent_of_its_requests(tracer: Any) -> None:
+    seen, transport, _ = _recorder()
+    tk = ThreadboxToolkit(client=Threadbox("http://daemon.test", transport=transport))
+    with tracer.start_as_current_span("graph") as root:
+        tk.run_shell.invoke(
+            {"type": "tool_call", "id": "call-1", "name": "run_shell", "args": {"command": "true"}},
+            {"configurable": {"thread_id": "t1"}},
+        )
+    spans = {s.name: s for s in _EXPORTER.get_finished_spans()}
+    tool = spans["execute_tool run_shell"]
+    assert tool.parent is not None and tool.parent.span_id == root.get_span_context().span_id
+    assert tool.attributes is not None
+    assert tool.attributes["gen_ai.operation.name"] == "execute_tool"
+    exec_req = next(r for r in seen if r.url.path.endswith("/exec"))
+    assert _sent(exec_req) == _traceparent_of(tool)
