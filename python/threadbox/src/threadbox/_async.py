@@ -18,7 +18,7 @@ from typing import IO, Any, Literal
 import httpx
 
 from . import _common as c
-from . import _tracing
+from . import _interp, _tracing
 from ._errors import (
     DaemonUnreachable,
     FileNotFound,
@@ -272,6 +272,7 @@ class AsyncSandbox:
         self.on_exit: c.OnExit = on_exit
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
+        self.contexts = _interp.AsyncContexts(self)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id!r}, name={self.name!r}, state={self.state!r})"
@@ -354,6 +355,12 @@ class AsyncSandbox:
             except ThreadboxError as e:
                 if e.code != "not_found":
                     raise
+
+    async def run_code(
+        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+    ) -> _interp.Execution:
+        """Runs ``code`` in a persistent context (``python``, made on first use)."""
+        return await _interp.run_code_async(self, code, context=context, timeout=timeout, env=env)
 
     async def exec(
         self,

@@ -15,7 +15,7 @@ from typing import IO, Any, Literal
 import httpx
 
 from . import _common as c
-from . import _tracing
+from . import _interp, _tracing
 from ._errors import (
     DaemonUnreachable,
     FileNotFound,
@@ -307,6 +307,8 @@ class Sandbox:
         self.on_exit: c.OnExit = on_exit
         self.files = Files(self)
         self.processes = Processes(self)
+        self.contexts = _interp.Contexts(self)
+        """Persistent interpreter contexts (variables survive between calls)."""
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, name={self.name!r}, state={self.state!r})"
@@ -422,6 +424,12 @@ class Sandbox:
             except ThreadboxError as e:
                 if e.code != "not_found":
                     raise
+
+    def run_code(
+        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+    ) -> _interp.Execution:
+        """Runs ``code`` in a persistent context (``python``, made on first use)."""
+        return _interp.run_code(self, code, context=context, timeout=timeout, env=env)
 
     # -- exec -----------------------------------------------------------------
 
