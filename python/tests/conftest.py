@@ -249,3 +249,31 @@ def names(request: pytest.FixtureRequest) -> Iterator[Names]:
                 client.delete(name, force=True, missing_ok=True)
             except Exception as e:  # cleanup must not hide the test's own result
                 sys.stderr.write(f"cleanup of sandbox {name} failed: {e}\n")
+
+
+class CountingTransport(httpx.BaseTransport):
+    """Counts the response body bytes the SDK takes in (what crossed the wire to it)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.received = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resp = self.inner.handle_request(request)
+        outer = self
+        assert isinstance(resp.stream, httpx.SyncByteStream)
+        stream: httpx.SyncByteStream = resp.stream  # declared, so the closures below see its type
+
+        class Counted(httpx.SyncByteStream):
+            def __iter__(self) -> Iterator[bytes]:
+                for chunk in stream:
+                    outer.received += len(chunk)
+                    yield chunk
+
+            def close(self) -> None:
+                stream.close()
+
+        return httpx.Response(resp.status_code, headers=resp.headers, stream=Counted(), extensions=resp.extensions)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -206,3 +207,73 @@ def test_execute_names_an_oom_kill(tb: Threadbox, names: Names) -> None:
     backend = ThreadboxSandbox(sandbox=tb.create(names.new("da-oom"), memory="256M"))
     r = backend.execute("python3 -c 'x = bytearray(1 << 30)'")
     assert r.exit_code == 137 and r.output.endswith("Killed: out of memory (limit 256 MiB)"), r
+
+
+def test_execute_escapes_binary_output(tb: Threadbox, names: Names) -> None:
+    """ADR 0024: no NUL or U+FFFD reaches the model through execute."""
+    backend = ThreadboxSandbox(sandbox=tb.create(names.new("da-bin")))
+    r = backend.execute("printf 'text, then ab\\377\\376cd\\000ef'; printf 'oops, a NUL\\000' >&2")
+    assert "\x00" not in r.output and "\ufffd" not in r.output, repr(r.output)
+    assert r.output == "text, then ab\\xff\\xfecd\\x00ef\noops, a NUL\\x00", repr(r.output)
+    r = backend.execute("head -c 4096 /dev/urandom")
+    assert r.output.startswith("[binary output: 4096 bytes, not shown") and "\x00" not in r.output
+    # The inherited helpers parse their command's output, which stays as it came.
+    backend.upload_files([("/home/user/ctl.txt", b"a\x7fb\n")])
+    res = backend.read("/home/user/ctl.txt")
+    assert res.error is None and res.file_data is not None and "a\x7fb" in res.file_data["content"], res
+
+
+def test_a_recreated_thread_sandbox_is_announced_by_execute(tb: Threadbox, names: Names) -> None:
+    """ADR 0022 for Deep Agents: the first execute after a recreation says the files are gone."""
+    rules = [
+        ScriptRule("make", [[call("execute", command="echo kept > keep.txt; echo made")]]),
+        ScriptRule("show", [[call("execute", command="cat keep.txt || echo missing")]]),
+    ]
+    agent = create_deep_agent(
+        model=ScriptedChatModel(rules=rules),
+        backend=ThreadboxSandbox(per_thread=True, client=tb),
+        checkpointer=InMemorySaver(),
+    )
+    tid = names.thread("darecreate")
+    cfg: Any = {"configurable": {"thread_id": tid}}
+
+    def turn(text: str) -> str:
+        out = agent.invoke({"messages": [HumanMessage(text)]}, cfg)
+        return str([m for m in out["messages"] if isinstance(m, ToolMessage)][-1].content)
+
+    first = turn("make")
+    assert "made" in first and "[new sandbox" not in first, first
+    assert "kept" in turn("show please") and "[new sandbox" not in turn("show again")
+    tb.delete(thread_sandbox_name(tid), force=True)
+    after = turn("show after the delete")
+    assert after.startswith("[new sandbox: this conversation's sandbox no longer existed"), after
+    assert "missing" in after
+    later = turn("show once more")
+    assert "[new sandbox" not in later and "missing" in later, later
+
+
+def test_names_that_are_not_utf8_round_trip(tb: Threadbox, names: Names) -> None:
+    """ADR 0026: ls shows `\\xNN`, never a lone surrogate; the escaped path names the same file."""
+    sb = tb.create(names.new("da-raw"))
+    sb.exec(
+        ["python3", "-c", "import os; os.mkdir(b'd\\xff'); open(b'd\\xff/caf\\xe9.txt', 'wb').write(b'bonjour\\n')"]
+    )
+    backend = ThreadboxSandbox(sandbox=sb)
+    ls = backend.ls("/home/user")
+    paths = [e["path"] for e in ls.entries or []]
+    assert "/home/user/d\\xff" in paths, paths
+    assert all(p.encode("utf-8") for p in paths)  # no lone surrogates
+    inner = backend.ls("/home/user/d\\xff")
+    assert [e["path"] for e in inner.entries or []] == ["/home/user/d\\xff/caf\\xe9.txt"], inner
+    res = backend.read("/home/user/d\\xff/caf\\xe9.txt")
+    assert res.error is None and res.file_data is not None and "bonjour" in res.file_data["content"], res
+    edit = backend.edit("/home/user/d\\xff/caf\\xe9.txt", "bonjour", "salut")
+    assert edit.error is None, edit
+    (down,) = backend.download_files(["/home/user/d\\xff/caf\\xe9.txt"])
+    assert down.content == b"salut\n"
+    w = backend.write("/home/user/d\\xff/new\\xfe.txt", "neuf\n")
+    assert w.error is None, w
+    assert sb.files.read(os.fsdecode(b"d\xff/new\xfe.txt")) == b"neuf\n"
+    # No alias is left behind, and a plain name is not affected.
+    assert sb.exec("ls -a /tmp | grep -c threadbox-alias || true").stdout.strip() == "0"
+    assert backend.ls("/home/user/nope").error is not None

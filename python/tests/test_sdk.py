@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, Names
+from conftest import CountingTransport, Daemon, Names
 
 import threadbox
 from threadbox import (
@@ -397,3 +397,64 @@ def test_a_url_with_v1_gets_a_hint(daemon: Daemon) -> None:
         bad.list()
     assert "no such route" in str(ei.value) and "without /v1" in str(ei.value)
     assert f"for example {daemon.url}," in str(ei.value)
+
+
+def test_read_a_range_transfers_only_the_range(daemon: Daemon, names: Names) -> None:
+    """P13: a 20 000-byte window of a 50 MB file moves 20 000 bytes, not 50 MB."""
+    counter = CountingTransport()
+    with Threadbox(daemon.url, transport=counter) as tb:
+        sb = tb.create(names.new("range"))
+        sb.exec("seq 1 6500000 > big.txt")  # ~50 MB
+        size = sb.files.stat("big.txt").size
+        assert size > 50_000_000
+        expected = sb.exec(["sh", "-c", "tail -c +30000001 big.txt | head -c 20000"]).stdout.encode()
+        counter.received = 0
+        assert sb.files.read("big.txt", offset=30_000_000, length=20_000) == expected
+        assert counter.received == 20_000
+        tail = sb.exec(["tail", "-c", "5", "big.txt"]).stdout.encode()
+        counter.received = 0
+        assert b"".join(sb.files.read_stream("big.txt", offset=size - 5, length=100)) == tail
+        assert counter.received == 5
+        assert sb.files.read("big.txt", offset=size) == b""
+        assert sb.files.read("big.txt", offset=size + 1000, length=10) == b""
+        with pytest.raises(threadbox.InvalidArgument, match="length must be at least 1"):
+            sb.files.read("big.txt", length=0)
+        with pytest.raises(threadbox.InvalidArgument):
+            sb.files.read("big.txt", offset=-1)
+
+
+async def test_async_read_a_range(atb: AsyncThreadbox, names: Names) -> None:
+    sb = await atb.create(names.new("arange"))
+    await sb.files.write("r.bin", bytes(range(256)) * 100)
+    assert await sb.files.read("r.bin", offset=300, length=10) == bytes(range(44, 54))
+    chunks = [c async for c in sb.files.read_stream("r.bin", offset=25_590, length=1000)]
+    assert b"".join(chunks) == bytes(range(246, 256))
+    assert await sb.files.read("r.bin", offset=1 << 40) == b""
+    with pytest.raises(threadbox.InvalidArgument):
+        await sb.files.read("r.bin", length=0)
+
+
+def test_names_that_are_not_utf8_round_trip(tb: Threadbox, names: Names) -> None:
+    """ADR 0026: a listed name is a str (surrogateescape, as os.fsdecode makes it) that names the file."""
+    sb = tb.create(names.new("rawnames"))
+    sb.exec(["python3", "-c", "import os; os.mkdir(b'd\\xff'); open(b'd\\xff/caf\\xe9.txt', 'wb').write(b'bonjour')"])
+    (d,) = [e for e in sb.files.list(".") if e.name_b64]
+    assert d.name == "d\udcff" and os.fsencode(d.name) == b"d\xff" and d.raw_name == b"d\xff" and d.is_dir
+    (f,) = sb.files.list(d.name)
+    assert f.name == "caf\udce9.txt" and f.path == "/home/user/d\udcff/caf\udce9.txt"
+    assert sb.files.read(f.path) == b"bonjour"
+    assert sb.files.read(os.fsdecode(b"d\xff/caf\xe9.txt"), offset=3) == b"jour"
+    assert sb.files.stat(f.path).size == 7
+    sb.files.write(os.fsdecode(b"d\xff/new\xfe"), b"x")
+    assert sb.exec(["python3", "-c", "print(open(b'd\\xff/new\\xfe').read())"]).stdout == "x\n"
+    sb.files.remove(f.path)
+    assert not sb.files.exists(f.path)
+    plain = sb.files.stat(".")
+    assert plain.name_b64 is None and plain.path_b64 is None
+
+
+async def test_async_names_that_are_not_utf8(atb: AsyncThreadbox, names: Names) -> None:
+    sb = await atb.create(names.new("arawnames"))
+    await sb.exec(["python3", "-c", "open(b'x\\xe9', 'wb').write(b'ok')"])
+    (e,) = [e for e in await sb.files.list(".") if e.name_b64]
+    assert e.name == "x\udce9" and await sb.files.read(e.name) == b"ok"

@@ -9,7 +9,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from conftest import Names
+from conftest import CountingTransport, Daemon, Names
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
@@ -143,6 +143,10 @@ def test_non_utf8_names_round_trip(tb: Threadbox, names: Names) -> None:
     tk.write_file.invoke({"path": "caf\\xe9-\\xff.txt", "content": "salut"}, c)
     assert tk.read_file.invoke({"path": "caf\\xe9-\\xff.txt"}, c) == "salut"
     assert tk.read_file.invoke({"path": "caf\\xe9-\\xfe.txt"}, c).endswith("no such file or directory")
+    # A directory whose own name is not UTF-8 lists, and its files read back.
+    tk.run_python.invoke({"code": "import os; os.mkdir(b'd\\xff'); open(b'd\\xff/n\\xe9', 'wb').write(b'deep')"}, c)
+    assert "n\\xe9  (4 bytes)" in tk.list_files.invoke({"path": "d\\xff"}, c)
+    assert tk.read_file.invoke({"path": "d\\xff/n\\xe9"}, c) == "deep"
 
 
 def test_read_file_offset_limit_without_downloading_it_all(tb: Threadbox, names: Names) -> None:
@@ -155,6 +159,25 @@ def test_read_file_offset_limit_without_downloading_it_all(tb: Threadbox, names:
     assert msg.artifact["bytes_read"] < 1 << 20, "a 47 MB file was downloaded to show 20 000 characters"
     part = tk.read_file.invoke({"path": "big.txt", "offset": 99, "limit": 3}, c)
     assert part.startswith("100\n101\n102\n[lines 99-101 of big.txt")
+
+
+def test_read_file_fetches_byte_ranges(daemon: Daemon, names: Names) -> None:
+    """The daemon sends only the windows the tool asks for (counted at the SDK's transport)."""
+    counter = CountingTransport()
+    with Threadbox(daemon.url, transport=counter) as tb:
+        tk = ThreadboxToolkit(client=tb)
+        c = cfg(names.thread("ranges"))
+        tk.run_shell.invoke({"command": "seq 1 6000000 > big.txt"}, c)
+        counter.received = 0
+        part = tk.read_file.invoke({"path": "big.txt", "offset": 99, "limit": 3}, c)
+        assert part.startswith("100\n101\n102\n[lines 99-101 of big.txt")
+        # One 64 KiB window, plus the small JSON answer of the stat before it.
+        assert counter.received <= (64 << 10) + 2048, counter.received
+        counter.received = 0
+        msg = tk.read_file.invoke({"type": "tool_call", "id": "r", "name": "read_file", "args": {"path": "big.txt"}}, c)
+        assert msg.artifact["truncated"] is True
+        assert msg.artifact["bytes_read"] <= 64 << 10
+        assert counter.received <= msg.artifact["bytes_read"] + 2048, counter.received
 
 
 def _png(width: int = 2, height: int = 2) -> bytes:
@@ -240,3 +263,16 @@ def test_without_custom_streaming_the_plain_exec_is_used(
     updates = list(graph.stream({"messages": [HumanMessage("hi")]}, cfg(names.thread("upd")), stream_mode="updates"))
     (msg,) = [m for u in updates for m in (u.get("tools") or {}).get("messages", [])]
     assert str(msg.content).startswith("hi\n")
+
+
+async def test_async_file_tools_match_the_sync_ones(tb: Threadbox, names: Names) -> None:
+    """The async twins run the same steps (read ranges, escaped names, errors)."""
+    tk = ThreadboxToolkit(client=tb)
+    c = cfg(names.thread("afiles"))
+    await tk.write_file.ainvoke({"path": "caf\\xe9.txt", "content": "a\nb\nc\n"}, c)
+    assert "caf\\xe9.txt  (6 bytes)" in await tk.list_files.ainvoke({}, c)
+    part = await tk.read_file.ainvoke({"path": "caf\\xe9.txt", "offset": 1, "limit": 1}, c)
+    assert part.startswith("b\n[lines 1-1"), part
+    assert (await tk.read_file.ainvoke({"path": "caf\\xe9.txt"}, c)) == tk.read_file.invoke({"path": "caf\\xe9.txt"}, c)
+    missing = await tk.read_file.ainvoke({"path": "missing.txt"}, c)
+    assert missing.endswith("no such file or directory"), missing

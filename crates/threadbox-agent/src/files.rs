@@ -33,12 +33,12 @@ const STEP_BYTES: usize = 256 * 1024;
 
 /// Absolute (or relative to `home`), without `.`/`..`/empty components (see
 /// [`threadbox_agent::path`]).
-pub fn normalize(path: &str, home: &str) -> Result<PathBuf> {
+pub fn normalize<P: AsRef<[u8]> + ?Sized>(path: &P, home: &str) -> Result<PathBuf> {
     path::normalize(path, home).map_err(path_error)
 }
 
 /// [`normalize`] plus the refusal of kernel interfaces.
-pub fn checked_path(path: &str, home: &str) -> Result<PathBuf> {
+pub fn checked_path<P: AsRef<[u8]> + ?Sized>(path: &P, home: &str) -> Result<PathBuf> {
     path::checked(path, home).map_err(path_error)
 }
 
@@ -108,7 +108,7 @@ fn open(root: &Root, p: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd
 /// them, so a 4 MiB read does not hold the agent's only thread (ADR 0043).
 pub async fn read(
     agent: &Agent,
-    path: &str,
+    path: &[u8],
     user: RunAs,
     offset: u64,
     limit: Option<u64>,
@@ -152,7 +152,7 @@ pub async fn read(
 /// frame may carry tens of MiB; ADR 0043). The descriptor needs no identity once open.
 pub async fn write(
     agent: &Agent,
-    path: &str,
+    path: &[u8],
     user: RunAs,
     data: &[u8],
     append: bool,
@@ -229,16 +229,16 @@ fn kind_of(st: &Stat) -> FileKind {
     }
 }
 
-/// Names that are not UTF-8 are shown with U+FFFD (the protocol carries strings).
-/// `link` is the symlink's target when the entry is one (read by the caller with
-/// `readlinkat` on the entry's resolved parent).
+/// Names and paths go as the bytes they are (the protocol carries bytes that are not
+/// UTF-8 as base64). `link` is the symlink's target when the entry is one (read by the
+/// caller with `readlinkat` on the entry's resolved parent); it is shown lossily.
 fn info(p: &Path, st: &Stat, link: Option<Vec<u8>>) -> FileInfo {
     FileInfo {
         name: p
             .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
+            .map(|n| n.as_bytes().into())
             .unwrap_or_else(|| "/".into()),
-        path: shown(p),
+        path: p.as_os_str().as_bytes().into(),
         kind: kind_of(st),
         size: st.size,
         mode: st.mode & 0o7777,
@@ -266,7 +266,7 @@ fn entry_info(
 
 /// Reads the names as the user, then stats them in steps (the identity taken for each
 /// step, a yield between them: up to [`MAX_LIST`] entries, ADR 0043).
-pub async fn list(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
+pub async fn list(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
@@ -327,7 +327,7 @@ fn entry(root: &Root, p: &Path) -> Result<resolve::Entry> {
     Ok(e)
 }
 
-pub fn stat(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
+pub fn stat(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
@@ -343,7 +343,7 @@ pub fn stat(agent: &Agent, path: &str, user: RunAs) -> Result<Response> {
     })
 }
 
-pub fn mkdir(agent: &Agent, path: &str, user: RunAs, parents: bool) -> Result<Response> {
+pub fn mkdir(agent: &Agent, path: &[u8], user: RunAs, parents: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     as_user(&who, || {
@@ -371,7 +371,7 @@ pub fn mkdir(agent: &Agent, path: &str, user: RunAs, parents: bool) -> Result<Re
 /// agent has one thread, and a large tree removed in one go would stall every other call
 /// in the sandbox, exec timeouts and output pumping included. The filesystem identity is
 /// taken for each step and given back before the yield, so other calls never run with it.
-pub async fn remove(agent: &Agent, path: &str, user: RunAs, recursive: bool) -> Result<Response> {
+pub async fn remove(agent: &Agent, path: &[u8], user: RunAs, recursive: bool) -> Result<Response> {
     let who = identity(user);
     let p = checked_path(path, who.home)?;
     if p == Path::new("/") {
@@ -409,7 +409,7 @@ pub async fn remove(agent: &Agent, path: &str, user: RunAs, recursive: bool) -> 
 }
 
 /// Renames within the sandbox (atomic on one file system; replaces an existing file).
-pub fn rename(agent: &Agent, from: &str, to: &str, user: RunAs) -> Result<Response> {
+pub fn rename(agent: &Agent, from: &[u8], to: &[u8], user: RunAs) -> Result<Response> {
     let who = identity(user);
     let src = checked_path(from, who.home)?;
     let dst = checked_path(to, who.home)?;

@@ -86,7 +86,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
     let exe = dir.path("run.sh");
     assert_eq!(
         c.call(Request::FileWrite {
-            path: exe.clone(),
+            path: exe.clone().into(),
             user: RunAs::User,
             data: b"#!/bin/sh\n".to_vec(),
             append: false,
@@ -101,7 +101,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
     // The scratch dir is sticky (1777): the user may remove only what the user owns.
     std::os::unix::fs::lchown(dir.0.join("link"), Some(1000), Some(1000)).unwrap();
     match c.call(Request::FileStat {
-        path: dir.path("link"),
+        path: dir.path("link").into(),
         user: RunAs::User,
     }) {
         Response::FileStat(i) => {
@@ -115,8 +115,10 @@ fn write_read_stat_list_mkdir_rename_remove() {
         user: RunAs::User,
     }) {
         Response::FileList { entries } => {
-            let names: Vec<(&str, &FileKind)> =
-                entries.iter().map(|e| (e.name.as_str(), &e.kind)).collect();
+            let names: Vec<(&str, &FileKind)> = entries
+                .iter()
+                .map(|e| (e.name.to_str().unwrap(), &e.kind))
+                .collect();
             assert_eq!(
                 names,
                 vec![
@@ -132,7 +134,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
 
     assert_eq!(
         c.call(Request::Mkdir {
-            path: dir.path("a/b/c"),
+            path: dir.path("a/b/c").into(),
             user: RunAs::User,
             parents: true
         }),
@@ -140,7 +142,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
     );
     assert_eq!(
         kind(c.call(Request::Mkdir {
-            path: dir.path("a"),
+            path: dir.path("a").into(),
             user: RunAs::User,
             parents: false
         })),
@@ -148,7 +150,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
     );
     assert_eq!(
         kind(c.call(Request::Mkdir {
-            path: dir.path("x/y"),
+            path: dir.path("x/y").into(),
             user: RunAs::User,
             parents: false
         })),
@@ -157,8 +159,8 @@ fn write_read_stat_list_mkdir_rename_remove() {
 
     assert_eq!(
         c.call(Request::Rename {
-            from: exe.clone(),
-            to: dir.path("a/moved.sh"),
+            from: exe.clone().into(),
+            to: dir.path("a/moved.sh").into(),
             user: RunAs::User
         }),
         Response::Done
@@ -167,7 +169,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
 
     assert_eq!(
         kind(c.call(Request::Remove {
-            path: dir.path("a"),
+            path: dir.path("a").into(),
             user: RunAs::User,
             recursive: false
         })),
@@ -176,7 +178,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
     // Removing the symlink removes the link, not its target.
     assert_eq!(
         c.call(Request::Remove {
-            path: dir.path("link"),
+            path: dir.path("link").into(),
             user: RunAs::User,
             recursive: false
         }),
@@ -185,7 +187,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
     assert!(std::path::Path::new(&dir.path("sub/deeper/data.bin")).exists());
     assert_eq!(
         c.call(Request::Remove {
-            path: dir.path("a"),
+            path: dir.path("a").into(),
             user: RunAs::User,
             recursive: true
         }),
@@ -202,7 +204,7 @@ fn write_read_stat_list_mkdir_rename_remove() {
     );
     assert_eq!(
         kind(c.call(Request::FileList {
-            path: f.clone(),
+            path: f.clone().into(),
             user: RunAs::User
         })),
         ErrorKind::NotADirectory
@@ -265,7 +267,7 @@ fn permissions_are_those_of_the_user() {
     );
     // As root the same file is readable, and a file root writes belongs to root.
     match c.call(Request::FileRead {
-        path: secret.clone(),
+        path: secret.clone().into(),
         user: RunAs::Root,
         offset: 0,
         limit: None,
@@ -499,7 +501,7 @@ fn a_recursive_remove_does_not_stall_a_concurrent_exec() {
         }
     }
     let rm = c.send(Request::Remove {
-        path: tree.to_string_lossy().into_owned(),
+        path: tree.to_string_lossy().into(),
         user: RunAs::Root,
         recursive: true,
     });
@@ -529,4 +531,60 @@ fn a_recursive_remove_does_not_stall_a_concurrent_exec() {
         }
     }
     assert!(!tree.exists(), "the tree is removed");
+}
+
+#[test]
+fn names_that_are_not_utf8_cross_as_bytes() {
+    if skip_unless_root() {
+        return;
+    }
+    let agent = Agent::start();
+    let mut c = agent.connect();
+    let dir = Scratch::new();
+    let mut raw = dir.path("").into_bytes();
+    if !raw.ends_with(b"/") {
+        raw.push(b'/');
+    }
+    raw.extend_from_slice(b"caf\xe9-\xff.txt");
+    let path = PathBytes(raw.clone());
+    let r = c.call(Request::FileWrite {
+        path: path.clone(),
+        user: RunAs::User,
+        data: b"bonjour".to_vec(),
+        append: false,
+        mode: None,
+        make_parents: true,
+    });
+    assert_eq!(r, Response::Done);
+    use std::os::unix::ffi::OsStrExt;
+    let on_disk = std::path::Path::new(std::ffi::OsStr::from_bytes(&raw));
+    assert_eq!(std::fs::read(on_disk).unwrap(), b"bonjour");
+    match c.call(Request::FileList {
+        path: dir.0.to_string_lossy().into(),
+        user: RunAs::User,
+    }) {
+        Response::FileList { entries } => {
+            let e = entries
+                .iter()
+                .find(|e| e.name.as_bytes() == b"caf\xe9-\xff.txt")
+                .unwrap_or_else(|| panic!("not listed as bytes: {entries:?}"));
+            assert_eq!(e.path, path);
+        }
+        other => panic!("{other:?}"),
+    }
+    match c.call(Request::FileRead {
+        path: path.clone(),
+        user: RunAs::User,
+        offset: 0,
+        limit: None,
+    }) {
+        Response::FileData { data, .. } => assert_eq!(data, b"bonjour"),
+        other => panic!("{other:?}"),
+    }
+    // The lossy form (U+FFFD) is another name, not this file.
+    let r = c.call(Request::FileStat {
+        path: path.lossy().into(),
+        user: RunAs::User,
+    });
+    assert_eq!(kind(r), ErrorKind::NotFound);
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
+mod gov_ops;
 mod governance;
 pub mod interp;
 pub mod network;
@@ -411,8 +412,17 @@ pub enum FileKind {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct FileEntry {
+    /// The name; when it is not UTF-8, a display form with U+FFFD (see `name_b64`).
     pub name: String,
+    /// The absolute path; when it is not UTF-8, a display form (see `path_b64`).
     pub path: String,
+    /// The name's bytes in base64, present only when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_b64: Option<String>,
+    /// The path's bytes in base64, present only when they are not UTF-8; give it back as
+    /// the `path_b64` query parameter of the file routes to name this entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_b64: Option<String>,
     pub kind: FileKind,
     pub size: u64,
     pub mode: u32,
@@ -468,6 +478,31 @@ pub struct Image {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ImageList {
     pub images: Vec<Image>,
+}
+
+/// `256 MiB`, `1.5 GiB`, `512 KiB` or bytes.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (unit, size) in UNITS {
+        if b >= size {
+            let v = b as f64 / size as f64;
+            return if b.is_multiple_of(size) {
+                format!("{} {unit}", b / size)
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+    }
+    format!("{b} bytes")
+}
+
+/// The words for an OOM kill (`oom_killed`), the same in the CLI, MCP and the SDKs:
+/// `killed: out of memory (limit 256 MiB)`.
+pub fn oom_message(memory_limit_bytes: Option<u64>) -> String {
+    let limit = memory_limit_bytes
+        .map(|b| format!(" (limit {})", human_bytes(b)))
+        .unwrap_or_default();
+    format!("killed: out of memory{limit}")
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! Operations whose input or output is a byte stream (a file's contents, a streamed exec)
 //! are types here too, but their transport is written by each door.
 
+pub use crate::gov_ops::*;
 use crate::routes;
 use crate::*;
 use std::collections::BTreeMap;
@@ -272,8 +273,9 @@ impl Operation for KillProcess {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileTarget {
     pub sandbox: String,
-    /// Absolute, or relative to the user's home.
-    pub path: String,
+    /// Absolute, or relative to the user's home; bytes, since names need not be UTF-8
+    /// (ADR 0026).
+    pub path: Vec<u8>,
     pub user: User,
 }
 
@@ -282,12 +284,14 @@ impl FileTarget {
         vec![self.sandbox.clone()]
     }
 
-    /// `path` and `user`, the query of every file route.
+    /// `path` (or `path_b64` when it is not UTF-8) and `user`, the query of every file
+    /// route.
     pub fn query(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("path", self.path.clone()),
-            ("user", user_query(self.user).to_string()),
-        ]
+        let path = match std::str::from_utf8(&self.path) {
+            Ok(p) => ("path", p.to_string()),
+            Err(_) => ("path_b64", encode_bytes(&self.path).0),
+        };
+        vec![path, ("user", user_query(self.user).to_string())]
     }
 }
 

@@ -299,10 +299,36 @@ impl Client {
         path: &str,
         user: User,
     ) -> Result<BoxStream<'static, Result<Bytes>>> {
+        self.read_file_range(sandbox, path, user, 0, None).await
+    }
+
+    /// Reads at most `length` bytes of a file from `offset` (to the end when `None`); the
+    /// daemon sends only those bytes. A range past the end of the file reads as empty.
+    pub async fn read_file_range(
+        &self,
+        sandbox: &str,
+        path: &str,
+        user: User,
+        offset: u64,
+        length: Option<u64>,
+    ) -> Result<BoxStream<'static, Result<Bytes>>> {
+        let offset_s = offset.to_string();
+        let length_s = length.map(|l| l.to_string());
+        let mut extra = Vec::new();
+        if offset != 0 {
+            extra.push(("offset", offset_s.as_str()));
+        }
+        if let Some(l) = length_s.as_deref() {
+            extra.push(("length", l));
+        }
         let resp = self
             .send(
                 Method::GET,
-                &Self::sandbox_path(routes::FILES, sandbox, Some(&file_query(path, user, &[]))),
+                &Self::sandbox_path(
+                    routes::FILES,
+                    sandbox,
+                    Some(&file_query(path, user, &extra)),
+                ),
                 empty_body(),
                 None,
             )

@@ -252,28 +252,6 @@ impl Client {
         let resp = self.send(Method::GET, path, empty_body(), None).await?;
         self.json(resp).await
     }
-
-    pub(crate) async fn post_json<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> Result<T> {
-        let resp = self
-            .send(
-                Method::POST,
-                path,
-                json_body(body)?,
-                Some("application/json"),
-            )
-            .await?;
-        self.json(resp).await
-    }
-
-    pub(crate) async fn no_content(&self, method: Method, path: &str) -> Result<()> {
-        let resp = self.send(method, path, empty_body(), None).await?;
-        self.read_body(resp).await?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

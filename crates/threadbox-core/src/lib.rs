@@ -8,17 +8,20 @@ pub mod caller;
 pub mod driver;
 pub mod error;
 pub mod fake;
+mod gov_ops;
 pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
 pub mod ops;
+pub mod range;
 pub mod store;
 pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
 pub use error::{CoreError, Result};
 pub use manager::Manager;
+pub use range::FileRange;
 
 use std::path::PathBuf;
 

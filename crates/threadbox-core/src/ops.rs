@@ -8,8 +8,7 @@
 
 use crate::error::Result;
 use crate::manager::bytes_stream::{ByteSink, ByteStream};
-use crate::manager::validate::*;
-use crate::{Caller, Manager};
+use crate::{Caller, FileRange, Manager};
 use std::future::Future;
 pub use threadbox_api::ops::*;
 use threadbox_api::{
@@ -19,14 +18,6 @@ use threadbox_api::{
 
 /// An operation the manager can run.
 pub trait Run: Operation + Sized {
-    /// The checks of this operation that need no sandbox, the same functions the
-    /// manager applies when it runs it (`manager/validate.rs`). [`Manager::run`] does not
-    /// call this (the manager checks as it goes); it is for a door that has no manager to
-    /// run against, so that it answers bad input the same way.
-    fn validate(&self) -> Result<()> {
-        Ok(())
-    }
-
     /// Runs the operation for `caller`.
     fn run(self, m: &Manager, caller: &Caller)
         -> impl Future<Output = Result<Self::Output>> + Send;
@@ -61,13 +52,6 @@ impl Manager {
 }
 
 impl Run for CreateSandbox {
-    fn validate(&self) -> Result<()> {
-        if let Some(name) = &self.0.name {
-            validate_name(name)?;
-        }
-        validate_labels(&self.0.labels)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<CreatedSandbox> {
         let (sandbox, created) = m.create(caller, self.0).await?;
         Ok(CreatedSandbox { sandbox, created })
@@ -124,23 +108,12 @@ impl Run for Selftest {
 }
 
 impl Run for Exec {
-    fn validate(&self) -> Result<()> {
-        exec_spec(self.request.clone(), false).map(drop)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ExecResponse> {
         m.exec(caller, &self.sandbox, self.request).await
     }
 }
 
 impl Run for StartProcess {
-    fn validate(&self) -> Result<()> {
-        let r = &self.request;
-        command_of(r.command.clone(), r.shell.clone())?;
-        validate_env(&r.env)?;
-        r.cwd.as_deref().map_or(Ok(()), validate_path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ProcessInfo> {
         m.start_process(caller, &self.sandbox, self.request).await
     }
@@ -159,10 +132,6 @@ impl Run for GetProcessLogs {
 }
 
 impl Run for KillProcess {
-    fn validate(&self) -> Result<()> {
-        validate_signal(self.signal)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
         m.kill_process(caller, &self.sandbox, self.process_id, self.signal)
             .await
@@ -170,10 +139,6 @@ impl Run for KillProcess {
 }
 
 impl Run for ListFiles {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.0.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<FileList> {
         let t = self.0;
         m.list_files(caller, &t.sandbox, &t.path, t.user).await
@@ -181,10 +146,6 @@ impl Run for ListFiles {
 }
 
 impl Run for StatFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.0.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<FileEntry> {
         let t = self.0;
         m.stat_file(caller, &t.sandbox, &t.path, t.user).await
@@ -192,10 +153,6 @@ impl Run for StatFile {
 }
 
 impl Run for Mkdir {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.target.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
         let t = self.target;
         m.mkdir(caller, &t.sandbox, &t.path, t.user, self.parents)
@@ -204,10 +161,6 @@ impl Run for Mkdir {
 }
 
 impl Run for RemoveFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.target.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
         let t = self.target;
         m.remove_file(caller, &t.sandbox, &t.path, t.user, self.recursive)
@@ -222,11 +175,6 @@ impl Run for ListImages {
 }
 
 impl Run for AddImage {
-    fn validate(&self) -> Result<()> {
-        crate::images::validate_image_name(&self.0.name)?;
-        crate::images::validate_rootfs_path(&self.0.path).map(drop)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Image> {
         m.add_image(caller, self.0).await
     }
@@ -235,8 +183,25 @@ impl Run for AddImage {
 // ---- operations whose input or output is a stream: their types are core's, since the
 // client and the wire speak bytes there, not one JSON value.
 
-/// A file's bytes, as a stream of chunks.
-pub struct ReadFile(pub FileTarget);
+/// A file's bytes, or those of a range, as a stream of chunks.
+pub struct ReadFile {
+    pub target: FileTarget,
+    /// First byte (0: the start).
+    pub offset: u64,
+    /// Most bytes (`None`: to the end of the file).
+    pub length: Option<u64>,
+}
+
+impl ReadFile {
+    /// The whole file.
+    pub fn all(target: FileTarget) -> ReadFile {
+        ReadFile {
+            target,
+            offset: 0,
+            length: None,
+        }
+    }
+}
 
 impl Operation for ReadFile {
     type Output = ByteStream;
@@ -247,13 +212,11 @@ impl Operation for ReadFile {
 }
 
 impl Run for ReadFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.0.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ByteStream> {
-        let t = self.0;
-        m.read_file(caller, &t.sandbox, &t.path, t.user).await
+        let range = FileRange::new(self.offset, self.length)?;
+        let t = self.target;
+        m.read_file(caller, &t.sandbox, &t.path, t.user, range)
+            .await
     }
 }
 
@@ -272,10 +235,6 @@ impl Operation for WriteFile {
 }
 
 impl Run for WriteFile {
-    fn validate(&self) -> Result<()> {
-        validate_path(&self.target.path)
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<u64> {
         let t = self.target;
         m.write_file(caller, &t.sandbox, &t.path, t.user, self.body)
@@ -295,10 +254,6 @@ impl Operation for ExecStream {
 }
 
 impl Run for ExecStream {
-    fn validate(&self) -> Result<()> {
-        self.0.validate()
-    }
-
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Self::Output> {
         let e = self.0;
         m.exec_stream(caller, &e.sandbox, e.request).await

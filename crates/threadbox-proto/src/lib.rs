@@ -171,14 +171,14 @@ pub enum Request {
         signal: Option<i32>,
     },
     FileRead {
-        path: String,
+        path: PathBytes,
         user: RunAs,
         offset: u64,
         limit: Option<u64>,
     },
     /// Writes a file; large files come as several requests with `append: true`.
     FileWrite {
-        path: String,
+        path: PathBytes,
         user: RunAs,
         #[serde(with = "b64")]
         data: Vec<u8>,
@@ -187,27 +187,27 @@ pub enum Request {
         make_parents: bool,
     },
     FileList {
-        path: String,
+        path: PathBytes,
         user: RunAs,
     },
     FileStat {
-        path: String,
+        path: PathBytes,
         user: RunAs,
     },
     Mkdir {
-        path: String,
+        path: PathBytes,
         user: RunAs,
         parents: bool,
     },
     Remove {
-        path: String,
+        path: PathBytes,
         user: RunAs,
         recursive: bool,
     },
     /// Atomic rename within the sandbox (used to commit an upload written to a temp name).
     Rename {
-        from: String,
-        to: String,
+        from: PathBytes,
+        to: PathBytes,
         user: RunAs,
     },
     Selftest,
@@ -265,8 +265,8 @@ pub enum FileKind {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FileInfo {
-    pub name: String,
-    pub path: String,
+    pub name: PathBytes,
+    pub path: PathBytes,
     pub kind: FileKind,
     pub size: u64,
     pub mode: u32,
@@ -430,5 +430,131 @@ pub mod opt_b64 {
                 .map(Some)
                 .map_err(serde::de::Error::custom),
         }
+    }
+}
+
+/// A file name or path as the kernel has it: bytes. In JSON a UTF-8 one is a string (as
+/// before), any other `{"b64": "..."}`, so names that are not UTF-8 cross intact.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PathBytes(pub Vec<u8>);
+
+impl PathBytes {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The text, when it is UTF-8.
+    pub fn to_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.0).ok()
+    }
+
+    /// A display form (U+FFFD for bytes that are not UTF-8).
+    pub fn lossy(&self) -> String {
+        String::from_utf8_lossy(&self.0).into_owned()
+    }
+}
+
+impl std::ops::Deref for PathBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for PathBytes {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl PartialEq<String> for PathBytes {
+    fn eq(&self, other: &String) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl From<std::borrow::Cow<'_, str>> for PathBytes {
+    fn from(s: std::borrow::Cow<'_, str>) -> Self {
+        PathBytes(s.into_owned().into_bytes())
+    }
+}
+
+impl PartialEq<&str> for PathBytes {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl From<&str> for PathBytes {
+    fn from(s: &str) -> Self {
+        PathBytes(s.as_bytes().to_vec())
+    }
+}
+
+impl From<String> for PathBytes {
+    fn from(s: String) -> Self {
+        PathBytes(s.into_bytes())
+    }
+}
+
+impl From<&[u8]> for PathBytes {
+    fn from(b: &[u8]) -> Self {
+        PathBytes(b.to_vec())
+    }
+}
+
+impl From<Vec<u8>> for PathBytes {
+    fn from(b: Vec<u8>) -> Self {
+        PathBytes(b)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum PathRepr {
+    Text(String),
+    Raw {
+        #[serde(with = "b64")]
+        b64: Vec<u8>,
+    },
+}
+
+impl Serialize for PathBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.to_str() {
+            Some(t) => s.serialize_str(t),
+            None => PathRepr::Raw {
+                b64: self.0.clone(),
+            }
+            .serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PathBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(match PathRepr::deserialize(d)? {
+            PathRepr::Text(t) => PathBytes(t.into_bytes()),
+            PathRepr::Raw { b64 } => PathBytes(b64),
+        })
+    }
+}
+
+#[cfg(test)]
+mod path_bytes_tests {
+    use super::PathBytes;
+
+    #[test]
+    fn utf8_is_a_string_and_other_bytes_are_base64() {
+        let plain = PathBytes::from("caf\u{e9}.txt");
+        assert_eq!(serde_json::to_string(&plain).unwrap(), "\"caf\u{e9}.txt\"");
+        let raw = PathBytes(b"caf\xe9-\xff.txt".to_vec());
+        let json = serde_json::to_string(&raw).unwrap();
+        assert_eq!(json, r#"{"b64":"Y2Fm6S3/LnR4dA=="}"#);
+        assert_eq!(serde_json::from_str::<PathBytes>(&json).unwrap(), raw);
+        assert_eq!(
+            serde_json::from_str::<PathBytes>("\"a/b\"").unwrap(),
+            PathBytes::from("a/b")
+        );
     }
 }

@@ -78,8 +78,9 @@ fn presented_key(headers: &HeaderMap) -> Option<Result<&str, ()>> {
 /// who reaches the port can be refused, and each row is an fsynced write).
 async fn refuse(st: &Shared, key_id: Option<&str>, target: &str, reason: &str) -> Response {
     let audit = st.refusals.admit(std::time::Instant::now());
-    match (st.manager().ok(), audit) {
-        (Some(m), RefusalAudit::Record { suppressed_before }) => {
+    match audit {
+        RefusalAudit::Record { suppressed_before } => {
+            let m = &st.manager;
             if suppressed_before > 0 {
                 let summary = format!(
                     "{suppressed_before} more refused requests in the previous window were \
@@ -121,7 +122,6 @@ pub(crate) async fn authenticate(
     let mut caller = match door {
         Door::Socket | Door::TcpInsecure => Caller::operator(),
         Door::Tcp => {
-            let manager = st.manager().ok();
             let target = format!("{} {}", req.method(), req.uri().path());
             match presented_key(req.headers()) {
                 None => return refuse(&st, None, &target, "missing API key").await,
@@ -129,14 +129,7 @@ pub(crate) async fn authenticate(
                     return refuse(&st, None, &target, "malformed Authorization header").await
                 }
                 Some(Ok(key)) => {
-                    let Some(manager) = manager else {
-                        return ApiError::new(
-                            ErrorCode::Unavailable,
-                            "the sandbox manager is not running",
-                        )
-                        .into_response();
-                    };
-                    match manager.authenticate(key).await {
+                    match st.manager.authenticate(key).await {
                         Ok(c) => c,
                         // The store failed, not the key: a 500 with its cause in the log,
                         // not a 401 that hides it.

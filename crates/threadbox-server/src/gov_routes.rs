@@ -1,4 +1,6 @@
-//! Governance routes: API keys, quotas, usage, the audit log, Prometheus metrics.
+//! Governance routes: API keys, quotas, usage, the audit log, Prometheus metrics. Each
+//! handler parses HTTP into one `threadbox_api::ops` governance operation and answers
+//! its output (ADR 0057).
 
 use crate::auth::{Auth, TENANT_HEADER};
 use crate::error::ApiError;
@@ -8,7 +10,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use threadbox_api::*;
-use threadbox_core::Scope;
+use threadbox_core::ops;
 use utoipa::IntoParams;
 
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -52,7 +54,7 @@ pub(crate) async fn create_key(
     Auth(caller): Auth,
     ApiJson(req): ApiJson<CreateKeyRequest>,
 ) -> Result<(StatusCode, ApiJson<CreatedKey>), ApiError> {
-    let key = st.manager()?.create_key(&caller, req).await?;
+    let key = st.run(&caller, ops::CreateKey(req)).await?;
     Ok((StatusCode::CREATED, ApiJson(key)))
 }
 
@@ -65,11 +67,8 @@ pub(crate) async fn list_keys(
     Auth(caller): Auth,
     ApiQuery(q): ApiQuery<KeysQuery>,
 ) -> Result<ApiJson<ApiKeyList>, ApiError> {
-    Ok(ApiJson(
-        st.manager()?
-            .list_keys(&caller, q.tenant.as_deref())
-            .await?,
-    ))
+    let op = ops::ListKeys { tenant: q.tenant };
+    Ok(ApiJson(st.run(&caller, op).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/keys/{key_id}", tag = "governance",
@@ -82,7 +81,7 @@ pub(crate) async fn revoke_key(
     Auth(caller): Auth,
     ApiPath(key_id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.manager()?.revoke_key(&caller, &key_id).await?;
+    st.run(&caller, ops::RevokeKey { key_id }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -96,7 +95,7 @@ pub(crate) async fn get_quota(
     Auth(caller): Auth,
     ApiPath(tenant): ApiPath<String>,
 ) -> Result<ApiJson<TenantQuota>, ApiError> {
-    Ok(ApiJson(st.manager()?.get_quota(&caller, &tenant).await?))
+    Ok(ApiJson(st.run(&caller, ops::GetQuota { tenant }).await?))
 }
 
 #[utoipa::path(put, path = "/v1/quotas/{tenant}", tag = "governance",
@@ -112,7 +111,7 @@ pub(crate) async fn set_quota(
     ApiJson(quota): ApiJson<Quota>,
 ) -> Result<ApiJson<TenantQuota>, ApiError> {
     Ok(ApiJson(
-        st.manager()?.set_quota(&caller, &tenant, quota).await?,
+        st.run(&caller, ops::SetQuota { tenant, quota }).await?,
     ))
 }
 
@@ -127,16 +126,16 @@ pub(crate) async fn usage(
     ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<ApiJson<UsageReport>, ApiError> {
     // An admin acting for a tenant (header) means that tenant, not every tenant.
-    let tenant = q.tenant.clone().or_else(|| {
+    let tenant = q.tenant.or_else(|| {
         headers
             .contains_key(TENANT_HEADER)
             .then(|| caller.tenant.clone())
     });
-    Ok(ApiJson(
-        st.manager()?
-            .usage(&caller, tenant.as_deref(), q.since.as_deref())
-            .await?,
-    ))
+    let op = ops::GetUsage {
+        tenant,
+        since: q.since,
+    };
+    Ok(ApiJson(st.run(&caller, op).await?))
 }
 
 #[utoipa::path(get, path = "/v1/audit", tag = "governance", params(AuditQuery),
@@ -148,11 +147,12 @@ pub(crate) async fn audit_list(
     Auth(caller): Auth,
     ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<ApiJson<AuditList>, ApiError> {
-    Ok(ApiJson(
-        st.manager()?
-            .audit_list(&caller, q.after.unwrap_or(0), q.since.as_deref(), q.limit)
-            .await?,
-    ))
+    let op = ops::ListAudit {
+        after: q.after.unwrap_or(0),
+        since: q.since,
+        limit: q.limit,
+    };
+    Ok(ApiJson(st.run(&caller, op).await?))
 }
 
 #[utoipa::path(get, path = "/v1/audit/verify", tag = "governance",
@@ -163,7 +163,7 @@ pub(crate) async fn audit_verify(
     State(st): St,
     Auth(caller): Auth,
 ) -> Result<ApiJson<AuditVerification>, ApiError> {
-    Ok(ApiJson(st.manager()?.audit_verify(&caller).await?))
+    Ok(ApiJson(st.run(&caller, ops::VerifyAudit).await?))
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "meta",
@@ -171,8 +171,7 @@ pub(crate) async fn audit_verify(
         (status = 200, description = "Prometheus text format (needs the `admin` scope)", content_type = "text/plain"),
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn metrics(State(st): St, Auth(caller): Auth) -> Result<Response, ApiError> {
-    caller.require(Scope::Admin).map_err(ApiError::from)?;
-    let counts = st.manager()?.sandbox_counts(&caller).await?;
+    let counts = st.run(&caller, ops::SandboxCounts).await?;
     Ok((
         [(
             header::CONTENT_TYPE,

@@ -20,4 +20,8 @@ pub use routes::{app, AppState, DEFAULT_MAX_UPLOAD_BYTES, MAX_JSON_BODY_BYTES};
 pub use serve::{serve, ServeError, ServeOptions, DEFAULT_LISTEN, PID_FILE_NAME, SOCKET_NAME};
 
 #[cfg(test)]
+mod gov_tests;
+#[cfg(test)]
+mod test_app;
+#[cfg(test)]
 mod tests;

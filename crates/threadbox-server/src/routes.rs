@@ -53,10 +53,9 @@ impl AppState {
     }
 }
 
-/// The router's state. The manager is optional only so that the HTTP layer (routing,
-/// rejections, limits, OpenAPI) can be unit-tested without a jail.
+/// The router's state.
 pub(crate) struct Shared {
-    manager: Option<Arc<Manager>>,
+    pub(crate) manager: Arc<Manager>,
     max_upload_bytes: u64,
     mcp: McpOptions,
     pub(crate) metrics: Arc<Metrics>,
@@ -65,27 +64,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn manager(&self) -> Result<&Manager, ApiError> {
-        self.manager.as_deref().ok_or_else(|| {
-            ApiError::new(ErrorCode::Unavailable, "the sandbox manager is not running")
-        })
-    }
-
-    /// The manager that will run `op`. Without one (router tests), `op` is still checked
-    /// as the manager checks it, so bad input is answered the same way; then `unavailable`.
-    pub(crate) fn manager_for<O: Run>(&self, op: &O) -> Result<&Manager, ApiError> {
-        match self.manager.as_deref() {
-            Some(m) => Ok(m),
-            None => {
-                op.validate()?;
-                self.manager()
-            }
-        }
-    }
-
     /// Runs one operation for `caller`: the whole of most handlers.
     pub(crate) async fn run<O: Run>(&self, caller: &Caller, op: O) -> Result<O::Output, ApiError> {
-        Ok(self.manager_for(&op)?.run(caller, op).await?)
+        Ok(self.manager.run(caller, op).await?)
     }
 }
 
@@ -94,7 +75,7 @@ pub(crate) type St = State<Arc<Shared>>;
 /// The daemon's HTTP application.
 pub fn app(state: AppState) -> Router {
     router(Shared {
-        manager: Some(state.manager),
+        manager: state.manager,
         max_upload_bytes: state.max_upload_bytes,
         mcp: state.mcp,
         metrics: Arc::default(),
@@ -102,31 +83,22 @@ pub fn app(state: AppState) -> Router {
     })
 }
 
-/// [`app_without_manager`] reached through a TCP door that requires API keys.
+/// The application over `manager` as reached through `door` (router tests: the
+/// manager runs over the fake tier, see `test_app.rs`).
 #[cfg(test)]
-pub(crate) fn app_without_manager_tcp() -> Router {
+pub(crate) fn app_for_tests(
+    manager: Arc<Manager>,
+    max_upload_bytes: u64,
+    door: auth::Door,
+) -> Router {
     router(Shared {
-        manager: None,
-        max_upload_bytes: 1024,
-        mcp: McpOptions::default(),
-        metrics: Arc::default(),
-        refusals: Default::default(),
-    })
-    .layer(axum::Extension(auth::Door::Tcp))
-}
-
-/// The HTTP layer without a manager: every call that needs one answers `unavailable`.
-#[cfg(test)]
-pub(crate) fn app_without_manager(max_upload_bytes: u64) -> Router {
-    router(Shared {
-        manager: None,
+        manager,
         max_upload_bytes,
         mcp: McpOptions::default(),
         metrics: Arc::default(),
         refusals: Default::default(),
     })
-    // As if through the operator's socket: these tests are about the HTTP layer.
-    .layer(axum::Extension(auth::Door::Socket))
+    .layer(axum::Extension(door))
 }
 
 /// `/mcp`: the MCP tools over Streamable HTTP, one manager call per tool call.
@@ -142,12 +114,8 @@ fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSess
         let caller = parts
             .and_then(|p| p.extensions.get::<Caller>().cloned())
             .ok_or_else(|| BackendError::new(ErrorCode::Unauthenticated, "missing API key"))?;
-        let backend: Arc<dyn Backend> = match &manager {
-            Some(m) => {
-                Arc::new(ManagerBackend::new(m.clone(), caller).with_metrics(metrics.clone()))
-            }
-            None => Arc::new(ManagerBackend::unavailable()),
-        };
+        let backend: Arc<dyn Backend> =
+            Arc::new(ManagerBackend::new(manager.clone(), caller).with_metrics(metrics.clone()));
         Ok(backend)
     });
     mcp::http_service(resolve, &shared.mcp)
@@ -299,10 +267,30 @@ pub struct DeleteQuery {
 #[into_params(parameter_in = Query)]
 pub struct FileQuery {
     /// Path inside the sandbox (relative paths are relative to the user's home).
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// `user` (default) or `root`.
     #[param(value_type = Option<User>)]
     pub user: Option<String>,
+}
+
+/// A path to read, who reads it, and optionally which bytes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReadFileQuery {
+    /// Path inside the sandbox (relative paths are relative to the user's home).
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
+    /// `user` (default) or `root`.
+    #[param(value_type = Option<User>)]
+    pub user: Option<String>,
+    /// First byte to return (default 0). At or past the end of the file: an empty body.
+    pub offset: Option<u64>,
+    /// Most bytes to return (default: to the end of the file); at least 1.
+    pub length: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -310,7 +298,9 @@ pub struct FileQuery {
 #[into_params(parameter_in = Query)]
 pub struct RemoveFileQuery {
     /// Path inside the sandbox.
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// Remove a directory and everything in it.
     pub recursive: Option<bool>,
     /// `user` (default) or `root`.
@@ -323,7 +313,9 @@ pub struct RemoveFileQuery {
 #[into_params(parameter_in = Query)]
 pub struct MkdirQuery {
     /// Path inside the sandbox.
-    pub path: String,
+    pub path: Option<String>,
+    /// The path's bytes in base64, for a path that is not UTF-8 (instead of `path`).
+    pub path_b64: Option<String>,
     /// Create missing parents; no error when the directory exists.
     pub parents: Option<bool>,
     /// `user` (default) or `root`.
@@ -345,8 +337,28 @@ fn parse_user(user: Option<&str>) -> Result<User, ApiError> {
     }
 }
 
-/// The file an operation names: the sandbox in the path, `path` and `user` in the query.
-fn target(sandbox: String, path: String, user: Option<&str>) -> Result<FileTarget, ApiError> {
+/// The file an operation names: the sandbox in the path, `path` (or `path_b64`, for a
+/// path that is not UTF-8; ADR 0026) and `user` in the query.
+fn target(
+    sandbox: String,
+    path: Option<String>,
+    path_b64: Option<String>,
+    user: Option<&str>,
+) -> Result<FileTarget, ApiError> {
+    use base64::Engine;
+    let path = match (path, path_b64) {
+        (Some(p), None) => p.into_bytes(),
+        (None, Some(b)) => {
+            // A `+` that was not percent-encoded arrives as a space.
+            let b = b.trim().replace(' ', "+");
+            base64::engine::general_purpose::STANDARD
+                .decode(&b)
+                .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(&b))
+                .map_err(|e| ApiError::invalid(format!("`path_b64` is not base64: {e}")))?
+        }
+        (Some(_), Some(_)) => return Err(ApiError::invalid("give `path` or `path_b64`, not both")),
+        (None, None) => return Err(ApiError::invalid("missing `path` (or `path_b64`)")),
+    };
     Ok(FileTarget {
         sandbox,
         path,
@@ -355,7 +367,7 @@ fn target(sandbox: String, path: String, user: Option<&str>) -> Result<FileTarge
 }
 
 fn file_target(sandbox: String, q: FileQuery) -> Result<FileTarget, ApiError> {
-    target(sandbox, q.path, q.user.as_deref())
+    target(sandbox, q.path, q.path_b64, q.user.as_deref())
 }
 
 /// Parses `label=k=v` (repeatable) and `state=...` of the list route.
@@ -736,18 +748,22 @@ pub(crate) async fn kill_process(
 }
 
 #[utoipa::path(get, path = routes::FILES, tag = "files",
-    params(("sandbox" = String, Path, description = "Sandbox id or name"), FileQuery),
+    params(("sandbox" = String, Path, description = "Sandbox id or name"), ReadFileQuery),
     responses(
-        (status = 200, description = "The file's bytes", body = RawBytes, content_type = "application/octet-stream"),
+        (status = 200, description = "The file's bytes (those of `offset`/`length` when given)", body = RawBytes, content_type = "application/octet-stream"),
         (status = "default", description = "Error", body = ErrorResponse)))]
 pub(crate) async fn read_file(
     State(st): St,
     Auth(caller): Auth,
     ApiPath(sandbox): ApiPath<String>,
-    ApiQuery(q): ApiQuery<FileQuery>,
+    ApiQuery(q): ApiQuery<ReadFileQuery>,
 ) -> Result<Response, ApiError> {
-    let target = file_target(sandbox, q)?;
-    let chunks = st.run(&caller, ops::ReadFile(target)).await?;
+    let op = ops::ReadFile {
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
+        offset: q.offset.unwrap_or(0),
+        length: q.length,
+    };
+    let chunks = st.run(&caller, op).await?;
     let body = chunks.map(|chunk| {
         chunk.map(Bytes::from).map_err(|err| {
             // Headers are gone already: the client sees a cut body.
@@ -830,7 +846,7 @@ pub(crate) async fn remove_file(
     ApiQuery(q): ApiQuery<RemoveFileQuery>,
 ) -> Result<StatusCode, ApiError> {
     let op = ops::RemoveFile {
-        target: target(sandbox, q.path, q.user.as_deref())?,
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
         recursive: q.recursive.unwrap_or(false),
     };
     st.run(&caller, op).await?;
@@ -879,7 +895,7 @@ pub(crate) async fn mkdir(
     ApiQuery(q): ApiQuery<MkdirQuery>,
 ) -> Result<StatusCode, ApiError> {
     let op = ops::Mkdir {
-        target: target(sandbox, q.path, q.user.as_deref())?,
+        target: target(sandbox, q.path, q.path_b64, q.user.as_deref())?,
         parents: q.parents.unwrap_or(false),
     };
     st.run(&caller, op).await?;
@@ -1005,6 +1021,7 @@ mod route_table_tests {
     /// from) are one table: every template there is routed here.
     #[tokio::test]
     async fn every_shared_path_template_is_routed() {
+        let app = crate::test_app::TestApp::socket(1024).await;
         for template in routes::ALL {
             let values: Vec<&str> = routes::placeholders(template).iter().map(|_| "7").collect();
             let uri = routes::fill(template, &values);
@@ -1015,7 +1032,9 @@ mod route_table_tests {
                     .uri(&uri)
                     .body(Body::empty())
                     .expect("a request");
-                let resp = app_without_manager(1024)
+                let resp = app
+                    .router
+                    .clone()
                     .oneshot(req)
                     .await
                     .expect("the router is infallible");
@@ -1031,7 +1050,9 @@ mod route_table_tests {
             assert!(routed, "{template} ({uri}) is not routed");
         }
         // And the check can fail: a path outside the table is not routed.
-        let resp = app_without_manager(1024)
+        let resp = app
+            .router
+            .clone()
             .oneshot(
                 Request::get("/v1/sandboxes/7/nope")
                     .body(Body::empty())

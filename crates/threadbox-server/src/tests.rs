@@ -1,8 +1,9 @@
 //! Router tests without a socket and without a jail: routing, rejections, limits and the
-//! OpenAPI document. Calls that reach the manager answer `unavailable` here; they are
-//! covered by the CLI's integration suite.
+//! OpenAPI document, over a real manager on the fake tier (`test_app.rs`). Calls that
+//! name a sandbox name one that does not exist, so they reach the manager and stop there;
+//! sandboxes that run are covered by the CLI's and the engine's integration suites.
 
-use crate::routes::app_without_manager;
+use crate::test_app::TestApp;
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
@@ -10,12 +11,13 @@ use http_body_util::BodyExt;
 use threadbox_api::{ErrorCode, ErrorResponse, Health};
 use tower::ServiceExt;
 
-fn router() -> Router {
-    app_without_manager(1024)
+async fn call(req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let app = TestApp::socket(1024).await;
+    send(app.router, req).await
 }
 
-async fn call(req: Request<Body>) -> (StatusCode, Vec<u8>) {
-    let resp = router().oneshot(req).await.expect("router is infallible");
+async fn send(router: Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let resp = router.oneshot(req).await.expect("router is infallible");
     let status = resp.status();
     let body = resp
         .into_body()
@@ -219,28 +221,80 @@ async fn kill_body_is_optional_but_checked() {
         .unwrap();
     let (status, body) = call(req).await;
     assert_eq!(error_code(status, &body), ErrorCode::InvalidArgument);
-    // No body: valid, so it reaches the (absent) manager.
+    // No body: valid, so it reaches the manager, which has no such sandbox.
     let req = Request::post("/v1/sandboxes/sb/processes/1/kill")
         .body(Body::empty())
         .unwrap();
     let (status, body) = call(req).await;
-    assert_eq!(error_code(status, &body), ErrorCode::Unavailable);
+    assert_eq!(error_code(status, &body), ErrorCode::NotFound);
 }
 
 #[tokio::test]
 async fn valid_requests_reach_the_manager() {
-    for req in [
-        get("/v1/sandboxes?label=a=b&label=c=d%3De&state=running"),
-        get("/v1/sandboxes/sb"),
-        post_json("/v1/sandboxes", r#"{"name":"x","labels":{"a":"b"}}"#),
-        post_json("/v1/sandboxes/sb/exec", r#"{"command":["echo","hi"]}"#),
-        get("/v1/sandboxes/sb/files?path=/etc/hostname&user=root"),
-        get("/v1/images"),
+    // One manager for every request: what they find is its state (no sandbox named `sb`,
+    // the host image only).
+    let app = TestApp::socket(1024).await;
+    for (req, expected) in [
+        (
+            get("/v1/sandboxes?label=a=b&label=c=d%3De&state=running"),
+            StatusCode::OK,
+        ),
+        (get("/v1/sandboxes/sb"), StatusCode::NOT_FOUND),
+        (
+            post_json("/v1/sandboxes/sb/exec", r#"{"command":["echo","hi"]}"#),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            get("/v1/sandboxes/sb/files?path=/etc/hostname&user=root"),
+            StatusCode::NOT_FOUND,
+        ),
+        (get("/v1/images"), StatusCode::OK),
     ] {
         let uri = req.uri().to_string();
-        let (status, body) = call(req).await;
-        assert_eq!(error_code(status, &body), ErrorCode::Unavailable, "{uri}");
+        let (status, body) = send(app.router.clone(), req).await;
+        assert_eq!(
+            status,
+            expected,
+            "{uri}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        if status == StatusCode::NOT_FOUND {
+            assert_eq!(error_code(status, &body), ErrorCode::NotFound, "{uri}");
+        }
     }
+    let (status, body) = send(app.router.clone(), get("/v1/images")).await;
+    assert_eq!(status, StatusCode::OK);
+    let images: threadbox_api::ImageList = serde_json::from_slice(&body).unwrap();
+    assert!(images.images.iter().any(|i| i.name == "host"), "{images:?}");
+}
+
+/// Bad input is refused by the manager's validation (`manager/validate.rs`), the only
+/// one, before anything is looked up or changed: the store stays empty.
+#[tokio::test]
+async fn bad_input_is_refused_by_the_manager_and_changes_nothing() {
+    let app = TestApp::socket(1024).await;
+    for body in [
+        r#"{"name":""}"#,
+        r#"{"name":"a/b"}"#,
+        r#"{"name":"x","labels":{"":"v"}}"#,
+    ] {
+        let (status, resp) = send(app.router.clone(), post_json("/v1/sandboxes", body)).await;
+        assert_eq!(
+            error_code(status, &resp),
+            ErrorCode::InvalidArgument,
+            "{body}: {}",
+            String::from_utf8_lossy(&resp)
+        );
+    }
+    let list = app
+        .manager
+        .run(
+            &threadbox_core::Caller::operator(),
+            threadbox_core::ops::ListSandboxes::default(),
+        )
+        .await
+        .unwrap();
+    assert!(list.sandboxes.is_empty(), "{list:?}");
 }
 
 #[test]
@@ -254,7 +308,8 @@ fn list_query_parses_repeated_labels() {
 
 #[tokio::test]
 async fn tcp_without_a_key_is_401_but_health_and_openapi_are_open() {
-    let app = crate::routes::app_without_manager_tcp();
+    let t = TestApp::tcp().await;
+    let app = t.router.clone();
     for (uri, expected) in [
         ("/healthz", StatusCode::OK),
         ("/v1/openapi.json", StatusCode::OK),
@@ -284,7 +339,8 @@ async fn tcp_without_a_key_is_401_but_health_and_openapi_are_open() {
 
 #[tokio::test]
 async fn foreign_host_and_origin_are_refused_before_authentication() {
-    let app = crate::routes::app_without_manager_tcp();
+    let t = TestApp::tcp().await;
+    let app = t.router.clone();
     let req = |method: Method, host: &str, origin: Option<&str>| {
         let mut b = Request::builder()
             .method(method)

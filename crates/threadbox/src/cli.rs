@@ -310,6 +310,12 @@ pub struct FileReadArgs {
     /// always gets them unchanged.
     #[arg(long)]
     pub raw: bool,
+    /// First byte to print (default 0); past the end of the file prints nothing.
+    #[arg(long, value_name = "BYTES")]
+    pub offset: Option<u64>,
+    /// Print at most this many bytes (default: to the end of the file).
+    #[arg(long, value_name = "BYTES")]
+    pub length: Option<u64>,
 }
 
 #[derive(Debug, Args)]

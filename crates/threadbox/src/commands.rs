@@ -190,6 +190,24 @@ pub(crate) fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
 /// Left-aligned columns separated by two spaces; the last column is not padded.
 /// Every cell goes through [`escape`](crate::term::escape): names, commands and labels
 /// come from sandboxes and tenants and must not reach the terminal as control bytes.
+/// A name or path as the CLI shows it: bytes that are not UTF-8 (given in the entry's
+/// `*_b64` field) as `\xNN`, the rest as text.
+fn shown_name(text: &str, b64: Option<&str>) -> String {
+    use base64::Engine;
+    let Some(bytes) = b64.and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+    else {
+        return text.to_string();
+    };
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
 pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
@@ -420,9 +438,15 @@ async fn exec(client: &Client, args: ExecArgs) -> anyhow::Result<u8> {
                 exit_code,
                 signal,
                 timed_out,
+                oom_killed,
+                memory_limit_bytes,
                 ..
             } => {
                 output.finish()?;
+                if oom_killed {
+                    // A bare 137 does not say why; the kernel's verdict does.
+                    eprintln!("{}", oom_message(memory_limit_bytes));
+                }
                 if timed_out {
                     return Ok(EXIT_TIMEOUT);
                 }
@@ -474,10 +498,11 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
                     .entries
                     .iter()
                     .map(|e| {
+                        let shown = shown_name(&e.name, e.name_b64.as_deref());
                         let name = match (&e.kind, &e.symlink_target) {
-                            (FileKind::Symlink, Some(t)) => format!("{} -> {t}", e.name),
-                            (FileKind::Dir, _) => format!("{}/", e.name),
-                            _ => e.name.clone(),
+                            (FileKind::Symlink, Some(t)) => format!("{shown} -> {t}"),
+                            (FileKind::Dir, _) => format!("{shown}/"),
+                            _ => shown,
                         };
                         vec![
                             kind_str(e.kind).to_string(),
@@ -503,7 +528,7 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
             } else {
                 let text = format!(
                     "path:     {}\ntype:     {}\nsize:     {}\nmode:     {:o}\nowner:    {}:{}\nmodified: {}\n{}",
-                    crate::term::escape(&e.path),
+                    crate::term::escape(&shown_name(&e.path, e.path_b64.as_deref())),
                     kind_str(e.kind),
                     e.size,
                     e.mode & 0o7777,
@@ -521,7 +546,13 @@ async fn files(client: &Client, cmd: FilesCommand) -> anyhow::Result<u8> {
         FilesCommand::Read(a) => {
             let user = parse_user(a.file.user.as_deref())?;
             let mut chunks = client
-                .read_file(&a.file.sandbox, &a.file.path, user)
+                .read_file_range(
+                    &a.file.sandbox,
+                    &a.file.path,
+                    user,
+                    a.offset.unwrap_or(0),
+                    a.length,
+                )
                 .await?;
             let mut output = Output::new(a.raw);
             while let Some(chunk) = chunks.next().await {
@@ -610,7 +641,16 @@ async fn image(client: &Client, cmd: ImageCommand) -> anyhow::Result<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::table;
+    use super::{shown_name, table};
+
+    #[test]
+    fn names_that_are_not_utf8_are_shown_escaped() {
+        assert_eq!(
+            shown_name("caf\u{fffd}", Some("Y2Fm6S3/")),
+            "caf\\xe9-\\xff"
+        );
+        assert_eq!(shown_name("plain", None), "plain");
+    }
 
     #[test]
     fn table_aligns_columns() {

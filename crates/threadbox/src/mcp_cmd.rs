@@ -1,17 +1,13 @@
 //! `threadbox mcp`: the MCP tools on stdio, backed by the daemon's REST API (the same
-//! tool code as the daemon's `/mcp`, over a different [`Backend`]).
+//! tool code as the daemon's `/mcp`, over a different transport of the same operations).
 
-use async_trait::async_trait;
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use threadbox_api::{
-    CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
-    User,
-};
+use threadbox_api::ops::FileTarget;
+use threadbox_api::ErrorCode;
 use threadbox_client::{Client, ClientError};
-use threadbox_server::mcp::{read_bounded, Backend, BackendError, BackendResult};
+use threadbox_server::mcp::{read_bounded, BackendError, BackendResult, JsonOp, RunOps};
 
-/// The tools' backend in `threadbox mcp`: one REST call (or two) per tool call.
+/// The tools' backend in `threadbox mcp`: one REST call per tool call.
 pub struct ClientBackend {
     client: Client,
 }
@@ -24,6 +20,12 @@ impl ClientBackend {
 
 /// A client error as the tools report it: the daemon's code and message when it
 /// answered, else `unavailable` with what went wrong on the way.
+/// MCP tools take paths as JSON strings, so a target's path is always UTF-8 here.
+fn path_str(path: &[u8]) -> BackendResult<&str> {
+    std::str::from_utf8(path)
+        .map_err(|_| BackendError::new(ErrorCode::InvalidArgument, "path is not UTF-8"))
+}
+
 fn backend_error(err: ClientError) -> BackendError {
     match err {
         ClientError::Api { code, message, .. } => BackendError::new(code, message),
@@ -45,80 +47,37 @@ fn describe(err: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
-#[async_trait]
-impl Backend for ClientBackend {
-    async fn create(&self, req: CreateSandboxRequest) -> BackendResult<(Sandbox, bool)> {
-        self.client.create(&req).await.map_err(backend_error)
+/// One REST call per operation: the tools' operations are built once, in the blanket
+/// `Backend` impl over [`RunOps`].
+impl RunOps for ClientBackend {
+    async fn call<O: JsonOp>(&self, op: O) -> BackendResult<O::Output>
+    where
+        O::Output: serde::de::DeserializeOwned,
+    {
+        self.client.call(&op).await.map_err(backend_error)
     }
 
-    async fn list(
-        &self,
-        labels: BTreeMap<String, String>,
-        state: Option<SandboxState>,
-    ) -> BackendResult<Vec<Sandbox>> {
-        self.client
-            .list(&labels, state)
-            .await
-            .map(|l| l.sandboxes)
-            .map_err(backend_error)
-    }
-
-    async fn get(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        self.client.get(sandbox).await.map_err(backend_error)
-    }
-
-    async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        self.client.pause(sandbox).await.map_err(backend_error)
-    }
-
-    async fn start(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        self.client.start(sandbox).await.map_err(backend_error)
-    }
-
-    async fn delete(&self, sandbox: &str, force: bool) -> BackendResult<()> {
-        self.client
-            .delete(sandbox, force)
-            .await
-            .map_err(backend_error)
-    }
-
-    async fn exec(&self, sandbox: &str, req: ExecRequest) -> BackendResult<ExecResponse> {
-        self.client.exec(sandbox, &req).await.map_err(backend_error)
-    }
-
-    async fn read_file(
-        &self,
-        sandbox: &str,
-        path: &str,
-        user: User,
-        limit: u64,
-    ) -> BackendResult<(Vec<u8>, bool)> {
+    async fn read_file(&self, t: FileTarget, limit: u64) -> BackendResult<(Vec<u8>, bool)> {
         use futures::StreamExt;
         let stream = self
             .client
-            .read_file(sandbox, path, user)
+            // One byte past the bound tells whether the file goes on.
+            .read_file_range(
+                &t.sandbox,
+                path_str(&t.path)?,
+                t.user,
+                0,
+                Some(limit.saturating_add(1)),
+            )
             .await
             .map_err(backend_error)?;
         let chunks = stream.map(|c| c.map(|b| b.to_vec()).map_err(backend_error));
         read_bounded(chunks, limit).await
     }
 
-    async fn write_file(
-        &self,
-        sandbox: &str,
-        path: &str,
-        user: User,
-        data: Vec<u8>,
-    ) -> BackendResult<()> {
+    async fn write_file(&self, t: FileTarget, data: Vec<u8>) -> BackendResult<()> {
         self.client
-            .write_file(sandbox, path, user, data)
-            .await
-            .map_err(backend_error)
-    }
-
-    async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
-        self.client
-            .list_files(sandbox, path, user)
+            .write_file(&t.sandbox, path_str(&t.path)?, t.user, data)
             .await
             .map_err(backend_error)
     }

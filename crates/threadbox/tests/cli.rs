@@ -457,3 +457,227 @@ fn unknown_sandbox_is_not_found() {
         assert!(run.stderr.contains("not found"), "{args:?}: {}", run.stderr);
     }
 }
+
+/// One raw GET over the daemon's socket (for query values the CLI cannot send).
+fn raw_get(d: &Daemon, target: &str) -> (u16, String) {
+    let (status, body) = raw(d, "GET", target, b"");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// One raw request over the daemon's socket; the status and the body's bytes.
+fn raw(d: &Daemon, method: &str, target: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(d.root_path().join("threadbox.sock"))
+        .expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .expect("send the request");
+    s.write_all(body).expect("send the body");
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let head_end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(&resp)));
+    let head = String::from_utf8_lossy(&resp[..head_end]).into_owned();
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {head:?}"));
+    let mut body = resp[head_end + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size = std::str::from_utf8(&b[..eol])
+            .ok()
+            .and_then(|h| usize::from_str_radix(h.trim(), 16).ok())
+            .unwrap_or(0);
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
+        b = &b[eol + 2 + size + 2..];
+    }
+}
+
+#[test]
+fn files_read_a_byte_range() {
+    if !require_root("files_read_a_byte_range") {
+        return;
+    }
+    let _serial = serial();
+    let d = Daemon::start();
+    let id = d.create(&[]);
+    // Larger than the daemon's 1 MiB chunk to the agent, so ranges span chunks.
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    d.cli_stdin(&["files", "write", &id, "big.bin"], Some(&data))
+        .ok();
+    let read = |args: &[&str]| {
+        let mut all = vec!["files", "read", id.as_str(), "big.bin"];
+        all.extend_from_slice(args);
+        d.cli(&all).ok().stdout
+    };
+    let r = read(&["--offset", "1048570", "--length", "1048600"]);
+    assert!(r == data[1_048_570..2_097_170], "got {} bytes", r.len());
+    let r = read(&["--length", "10"]);
+    assert_eq!(r, data[..10]);
+    let r = read(&["--offset", "2999990"]);
+    assert_eq!(r, data[2_999_990..]);
+    // Past the end: what there is, then nothing.
+    let r = read(&["--offset", "2999990", "--length", "100"]);
+    assert_eq!(r, data[2_999_990..]);
+    assert!(read(&["--offset", "3000000"]).is_empty());
+    assert!(read(&["--offset", "99999999999", "--length", "5"]).is_empty());
+
+    // Bad values: a clear error, before the agent is asked.
+    let run = d
+        .cli(&["files", "read", &id, "big.bin", "--length", "0"])
+        .expect_code(1);
+    assert!(
+        run.stderr.contains("length must be at least 1"),
+        "{}",
+        run.stderr
+    );
+    let run = d
+        .cli(&[
+            "files",
+            "read",
+            &id,
+            "big.bin",
+            "--offset",
+            "9223372036854775807",
+            "--length",
+            "1",
+        ])
+        .expect_code(1);
+    assert!(
+        run.stderr.contains("beyond the largest file offset"),
+        "{}",
+        run.stderr
+    );
+    for bad in ["offset=abc", "offset=-1", "length=1.5", "length=-3"] {
+        let (status, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files?path=big.bin&{bad}"));
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("invalid_argument"), "{bad}: {body}");
+    }
+    // A positive control for the raw request: the same route with good values answers.
+    let (status, body) = raw_get(
+        &d,
+        &format!("/v1/sandboxes/{id}/files?path=big.bin&offset=0&length=3"),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn exec_names_an_oom_kill_on_stderr() {
+    if !require_root("exec_names_an_oom_kill_on_stderr") {
+        return;
+    }
+    let _serial = serial();
+    let d = Daemon::start();
+    let id = d.create(&["--memory", "64M"]);
+    let run = d.cli(&[
+        "exec",
+        &id,
+        "--",
+        "python3",
+        "-c",
+        "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096])",
+    ]);
+    assert_eq!(run.code, 137, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("killed: out of memory (limit 64 MiB)"),
+        "{}",
+        run.stderr
+    );
+    // A process killed by SIGKILL for another reason is not called an OOM kill.
+    let run = d.cli(&["exec", &id, "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(run.code, 137, "{}", run.stderr);
+    assert!(!run.stderr.contains("out of memory"), "{}", run.stderr);
+}
+
+#[test]
+fn names_that_are_not_utf8_round_trip_over_rest() {
+    if !require_root("names_that_are_not_utf8_round_trip_over_rest") {
+        return;
+    }
+    let _serial = serial();
+    let d = Daemon::start();
+    let id = d.create(&[]);
+    // b"caf\xe9-\xff.txt", made inside as a program would.
+    d.cli(&[
+        "exec",
+        &id,
+        "--",
+        "python3",
+        "-c",
+        "open(b'/home/user/caf\\xe9-\\xff.txt', 'wb').write(b'bonjour')",
+    ])
+    .ok();
+    let (status, body) = raw_get(
+        &d,
+        &format!("/v1/sandboxes/{id}/files/list?path=/home/user"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let entry = list["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name_b64"].is_string())
+        .unwrap_or_else(|| panic!("no entry with name_b64: {list}"));
+    assert_eq!(entry["name_b64"], "Y2Fm6S3/LnR4dA==");
+    assert_eq!(entry["name"], "caf\u{fffd}-\u{fffd}.txt");
+    let path_b64 = entry["path_b64"].as_str().expect("path_b64").to_string();
+    // Given back, the bytes name the same file: read, stat, write, remove.
+    let enc = path_b64
+        .replace('+', "%2B")
+        .replace('/', "%2F")
+        .replace('=', "%3D");
+    let q = |route: &str| format!("/v1/sandboxes/{id}/files{route}?path_b64={enc}");
+    let (status, data) = raw(&d, "GET", &q(""), b"");
+    assert_eq!((status, data.as_slice()), (200, &b"bonjour"[..]));
+    let (status, stat) = raw_get(&d, &q("/stat"));
+    assert_eq!(status, 200, "{stat}");
+    assert!(stat.contains("\"size\":7"), "{stat}");
+    let (status, _) = raw(&d, "PUT", &q(""), b"salut");
+    assert_eq!(status, 204);
+    let (_, data) = raw(&d, "GET", &q(""), b"");
+    assert_eq!(data, b"salut");
+    // A plain listing keeps plain names plain (no *_b64 fields).
+    d.cli_stdin(&["files", "write", &id, "plain.txt"], Some(b"x"))
+        .ok();
+    let (_, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files/stat?path=plain.txt"));
+    assert!(!body.contains("_b64"), "{body}");
+    // The CLI shows the name escaped.
+    let ls = d.cli(&["files", "ls", &id, "/home/user"]).ok().stdout_str();
+    assert!(ls.contains("caf\\xe9-\\xff.txt"), "{ls}");
+    // Bad requests: both forms, neither, not base64.
+    for bad in ["path=a&path_b64=YQ==", "", "path_b64=***"] {
+        let (status, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files/stat?{bad}"));
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains("path"), "{bad}: {body}");
+    }
+    let (status, _) = raw(&d, "DELETE", &q(""), b"");
+    assert_eq!(status, 204);
+    let (status, _) = raw_get(&d, &q("/stat"));
+    assert_eq!(status, 404);
+}

@@ -241,6 +241,8 @@ class FileEntryMissingAField:
     gid: int
     modified_at: str
     # symlink_target is missing
+    name_b64: str | None = None
+    path_b64: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +256,8 @@ class FileEntryMistyped:
     gid: int
     modified_at: str
     symlink_target: str  # the API may send null
+    name_b64: str | None = None
+    path_b64: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

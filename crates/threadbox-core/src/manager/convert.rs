@@ -140,9 +140,17 @@ pub(super) fn unexpected(r: proto::Response) -> CoreError {
 }
 
 pub(super) fn file_entry(f: proto::FileInfo) -> FileEntry {
+    // Bytes that are not UTF-8 go as base64 next to a display form (ADR 0026).
+    let raw = |p: &proto::PathBytes| {
+        p.to_str()
+            .is_none()
+            .then(|| base64::engine::general_purpose::STANDARD.encode(p.as_bytes()))
+    };
     FileEntry {
-        name: f.name,
-        path: f.path,
+        name_b64: raw(&f.name),
+        path_b64: raw(&f.path),
+        name: f.name.lossy(),
+        path: f.path.lossy(),
         kind: match f.kind {
             proto::FileKind::File => FileKind::File,
             proto::FileKind::Dir => FileKind::Dir,

@@ -52,7 +52,9 @@ pub(crate) fn no_nul(what: &str, s: &str) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn validate_path(path: &str) -> Result<()> {
+/// A path is bytes (names need not be UTF-8).
+pub(crate) fn validate_path<P: AsRef<[u8]> + ?Sized>(path: &P) -> Result<()> {
+    let path = path.as_ref();
     if path.is_empty() {
         return Err(CoreError::InvalidArgument("path must not be empty".into()));
     }
@@ -61,7 +63,12 @@ pub(crate) fn validate_path(path: &str) -> Result<()> {
             "path is longer than 4096 bytes".into(),
         ));
     }
-    no_nul("path", path)
+    if path.contains(&0) {
+        return Err(CoreError::InvalidArgument(
+            "path must not contain NUL bytes".into(),
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn command_of(

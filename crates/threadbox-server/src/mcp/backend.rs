@@ -1,18 +1,21 @@
-//! What the MCP tools need from threadbox, as one small trait with two implementations:
-//! [`ManagerBackend`] here (the daemon's `/mcp`, calling the manager in process) and the
-//! REST client's in the `threadbox` binary (`threadbox mcp` over stdio). The tools are
-//! written once, over `dyn Backend` (see ADR 0007).
+//! What the MCP tools need from threadbox. The tools are written once, over
+//! `dyn Backend` (ADR 0007); [`Backend`] is implemented once, over [`RunOps`], which
+//! runs one `threadbox_api::ops` operation: [`ManagerBackend`] here (the daemon's `/mcp`:
+//! `Manager::run` in process) and the REST client's in the `threadbox` binary
+//! (`threadbox mcp` over stdio: `Client::call`). So a tool's operation is built in one
+//! place and each transport is a single generic call (ADR 0070).
 
 use crate::metrics::Metrics;
 use async_trait::async_trait;
 use futures::StreamExt;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use threadbox_api::{
     CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
     User,
 };
-use threadbox_core::ops::{self, Run};
+use threadbox_core::ops::{self, FileTarget, Run};
 use threadbox_core::{Caller, CoreError, Manager};
 
 /// A failed call, as the API reports it: a stable code and a message safe for a client.
@@ -97,10 +100,113 @@ where
     Ok((out, false))
 }
 
+/// An operation both transports can run: the manager runs it ([`Run`]), the client
+/// sends it and decodes its JSON output.
+pub trait JsonOp: Run + Sync {}
+impl<O> JsonOp for O
+where
+    O: Run + Sync,
+    O::Output: serde::de::DeserializeOwned,
+{
+}
+
+/// One transport of the MCP tools' operations. Implement this, not [`Backend`]: the
+/// blanket impl builds every tool's operation once.
+pub trait RunOps: Send + Sync + 'static {
+    /// Runs one JSON operation.
+    fn call<O: JsonOp>(&self, op: O) -> impl Future<Output = BackendResult<O::Output>> + Send
+    where
+        O::Output: serde::de::DeserializeOwned;
+    /// Reads at most `limit` bytes of a file (`ops::ReadFile`, a byte stream whose
+    /// transport is each door's); `true` when the file is longer.
+    fn read_file(
+        &self,
+        target: FileTarget,
+        limit: u64,
+    ) -> impl Future<Output = BackendResult<(Vec<u8>, bool)>> + Send;
+    /// Replaces a file with `data` (`ops::WriteFile`).
+    fn write_file(
+        &self,
+        target: FileTarget,
+        data: Vec<u8>,
+    ) -> impl Future<Output = BackendResult<()>> + Send;
+    /// Called after an exec finished, with its duration (the daemon's `/metrics`).
+    fn record_exec(&self, _elapsed: std::time::Duration) {}
+}
+
+#[async_trait]
+impl<R: RunOps> Backend for R {
+    async fn create(&self, req: CreateSandboxRequest) -> BackendResult<(Sandbox, bool)> {
+        let out = self.call(ops::CreateSandbox(req)).await?;
+        Ok((out.sandbox, out.created))
+    }
+
+    async fn list(
+        &self,
+        labels: BTreeMap<String, String>,
+        state: Option<SandboxState>,
+    ) -> BackendResult<Vec<Sandbox>> {
+        let op = ops::ListSandboxes { labels, state };
+        Ok(self.call(op).await?.sandboxes)
+    }
+
+    async fn get(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        let sandbox = sandbox.into();
+        self.call(ops::GetSandbox { sandbox }).await
+    }
+
+    async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        let sandbox = sandbox.into();
+        self.call(ops::PauseSandbox { sandbox }).await
+    }
+
+    async fn start(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        let sandbox = sandbox.into();
+        self.call(ops::StartSandbox { sandbox }).await
+    }
+
+    async fn delete(&self, sandbox: &str, force: bool) -> BackendResult<()> {
+        let sandbox = sandbox.into();
+        self.call(ops::DeleteSandbox { sandbox, force }).await
+    }
+
+    async fn exec(&self, sandbox: &str, request: ExecRequest) -> BackendResult<ExecResponse> {
+        let started = std::time::Instant::now();
+        let sandbox = sandbox.into();
+        let resp = self.call(ops::Exec { sandbox, request }).await?;
+        self.record_exec(started.elapsed());
+        Ok(resp)
+    }
+
+    async fn read_file(
+        &self,
+        sandbox: &str,
+        path: &str,
+        user: User,
+        limit: u64,
+    ) -> BackendResult<(Vec<u8>, bool)> {
+        RunOps::read_file(self, target(sandbox, path, user), limit).await
+    }
+
+    async fn write_file(
+        &self,
+        sandbox: &str,
+        path: &str,
+        user: User,
+        data: Vec<u8>,
+    ) -> BackendResult<()> {
+        RunOps::write_file(self, target(sandbox, path, user), data).await
+    }
+
+    async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
+        self.call(ops::ListFiles(target(sandbox, path, user))).await
+    }
+}
+
 /// The daemon's own backend: one operation per tool call, acting for one caller.
 #[derive(Clone)]
 pub struct ManagerBackend {
-    manager: Option<Arc<Manager>>,
+    manager: Arc<Manager>,
     caller: Caller,
     /// The daemon's `/metrics`: an exec through MCP is counted as one through REST.
     metrics: Option<Arc<Metrics>>,
@@ -109,7 +215,7 @@ pub struct ManagerBackend {
 impl ManagerBackend {
     pub fn new(manager: Arc<Manager>, caller: Caller) -> Self {
         ManagerBackend {
-            manager: Some(manager),
+            manager,
             caller,
             metrics: None,
         }
@@ -121,113 +227,45 @@ impl ManagerBackend {
         self
     }
 
-    /// A backend whose every call answers `unavailable` (router tests without a jail).
-    pub fn unavailable() -> Self {
-        ManagerBackend {
-            manager: None,
-            caller: Caller::operator(),
-            metrics: None,
-        }
-    }
-
-    /// Runs one operation for this backend's caller.
     async fn run<O: Run>(&self, op: O) -> BackendResult<O::Output> {
-        match self.manager.as_deref() {
-            Some(m) => Ok(m.run(&self.caller, op).await?),
-            None => Err(BackendError::new(
-                ErrorCode::Unavailable,
-                "the sandbox manager is not running",
-            )),
-        }
+        Ok(self.manager.run(&self.caller, op).await?)
     }
 }
 
-#[async_trait]
-impl Backend for ManagerBackend {
-    async fn create(&self, req: CreateSandboxRequest) -> BackendResult<(Sandbox, bool)> {
-        let out = self.run(ops::CreateSandbox(req)).await?;
-        Ok((out.sandbox, out.created))
+impl RunOps for ManagerBackend {
+    async fn call<O: JsonOp>(&self, op: O) -> BackendResult<O::Output>
+    where
+        O::Output: serde::de::DeserializeOwned,
+    {
+        self.run(op).await
     }
 
-    async fn list(
-        &self,
-        labels: BTreeMap<String, String>,
-        state: Option<SandboxState>,
-    ) -> BackendResult<Vec<Sandbox>> {
-        let op = ops::ListSandboxes { labels, state };
-        Ok(self.run(op).await?.sandboxes)
-    }
-
-    async fn get(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        self.run(ops::GetSandbox {
-            sandbox: sandbox.into(),
-        })
-        .await
-    }
-
-    async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        self.run(ops::PauseSandbox {
-            sandbox: sandbox.into(),
-        })
-        .await
-    }
-
-    async fn start(&self, sandbox: &str) -> BackendResult<Sandbox> {
-        self.run(ops::StartSandbox {
-            sandbox: sandbox.into(),
-        })
-        .await
-    }
-
-    async fn delete(&self, sandbox: &str, force: bool) -> BackendResult<()> {
-        let sandbox = sandbox.into();
-        self.run(ops::DeleteSandbox { sandbox, force }).await
-    }
-
-    async fn exec(&self, sandbox: &str, req: ExecRequest) -> BackendResult<ExecResponse> {
-        let started = std::time::Instant::now();
-        let op = ops::Exec {
-            sandbox: sandbox.into(),
-            request: req,
+    async fn read_file(&self, target: FileTarget, limit: u64) -> BackendResult<(Vec<u8>, bool)> {
+        // One byte past the bound tells whether the file goes on.
+        let op = ops::ReadFile {
+            target,
+            offset: 0,
+            length: Some(limit.saturating_add(1)),
         };
-        let resp = self.run(op).await?;
-        if let Some(metrics) = &self.metrics {
-            metrics.record_exec(started.elapsed());
-        }
-        Ok(resp)
-    }
-
-    async fn read_file(
-        &self,
-        sandbox: &str,
-        path: &str,
-        user: User,
-        limit: u64,
-    ) -> BackendResult<(Vec<u8>, bool)> {
-        let stream = self.run(ops::ReadFile(target(sandbox, path, user))).await?;
+        let stream = self.run(op).await?;
         Ok(read_bounded(stream, limit).await?)
     }
 
-    async fn write_file(
-        &self,
-        sandbox: &str,
-        path: &str,
-        user: User,
-        data: Vec<u8>,
-    ) -> BackendResult<()> {
+    async fn write_file(&self, target: FileTarget, data: Vec<u8>) -> BackendResult<()> {
         let body = futures::stream::iter([Ok::<_, String>(data)]).boxed();
-        let target = target(sandbox, path, user);
         self.run(ops::WriteFile { target, body }).await?;
         Ok(())
     }
 
-    async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
-        self.run(ops::ListFiles(target(sandbox, path, user))).await
+    fn record_exec(&self, elapsed: std::time::Duration) {
+        if let Some(metrics) = &self.metrics {
+            metrics.record_exec(elapsed);
+        }
     }
 }
 
-fn target(sandbox: &str, path: &str, user: User) -> ops::FileTarget {
-    ops::FileTarget {
+fn target(sandbox: &str, path: &str, user: User) -> FileTarget {
+    FileTarget {
         sandbox: sandbox.into(),
         path: path.into(),
         user,

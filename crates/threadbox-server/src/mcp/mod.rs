@@ -15,7 +15,9 @@ mod tools;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{read_bounded, Backend, BackendError, BackendResult, ManagerBackend};
+pub use backend::{
+    read_bounded, Backend, BackendError, BackendResult, JsonOp, ManagerBackend, RunOps,
+};
 pub use tools::{
     tools, CreateResult, DeleteArgs, DeleteResult, ExecArgs, ListArgs, ListFilesArgs, ReadFileArgs,
     ReadFileResult, ResolveBackend, RunPythonArgs, SandboxArgs, ThreadboxMcp, ToolError,

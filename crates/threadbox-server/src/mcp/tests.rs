@@ -727,8 +727,9 @@ mod http {
     }
 
     fn router(options: McpOptions) -> axum::Router {
+        // Only pings: the backend is never called.
         let backend: std::sync::Arc<dyn super::Backend> =
-            std::sync::Arc::new(super::ManagerBackend::unavailable());
+            std::sync::Arc::new(super::Fake::default());
         let resolve: super::super::ResolveBackend =
             std::sync::Arc::new(move |_| Ok(backend.clone()));
         axum::Router::new().route_service("/mcp", super::super::http_service(resolve, &options))
@@ -736,7 +737,8 @@ mod http {
 
     #[tokio::test]
     async fn the_daemon_router_serves_stateless_json_on_mcp() {
-        let app = crate::routes::app_without_manager(1024);
+        let t = crate::test_app::TestApp::socket(1024).await;
+        let app = t.router.clone();
         let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
             "clientInfo": {"name": "t", "version": "0"}}});
@@ -752,7 +754,7 @@ mod http {
         assert_eq!(status, StatusCode::OK, "{body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["result"]["isError"], true, "{v}");
-        assert_eq!(v["result"]["structuredContent"]["code"], "unavailable");
+        assert_eq!(v["result"]["structuredContent"]["code"], "not_found");
 
         // GET (a standalone SSE stream) has no meaning without sessions.
         let get = Request::get("/mcp")

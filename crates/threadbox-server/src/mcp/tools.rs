@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use threadbox_api::{
-    decode_bytes, encode_bytes, CreateSandboxRequest, Encoding, ErrorCode, ExecRequest,
-    ExecResponse, FileKind, FileList, Sandbox, SandboxList, SandboxState, User,
+    decode_bytes, encode_bytes, oom_message, CreateSandboxRequest, Encoding, ErrorCode,
+    ExecRequest, ExecResponse, FileKind, FileList, Sandbox, SandboxList, SandboxState, User,
 };
 use tracing::Instrument;
 
@@ -663,22 +663,6 @@ fn sandbox_result(s: Sandbox) -> CallToolResult {
     structured(text, &s)
 }
 
-/// `256 MiB`, `1.5 GiB`, `512 KiB` or bytes.
-pub(crate) fn human_bytes(b: u64) -> String {
-    const UNITS: [(&str, u64); 3] = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
-    for (unit, size) in UNITS {
-        if b >= size {
-            let v = b as f64 / size as f64;
-            return if b.is_multiple_of(size) {
-                format!("{} {unit}", b / size)
-            } else {
-                format!("{v:.1} {unit}")
-            };
-        }
-    }
-    format!("{b} bytes")
-}
-
 /// What the model reads for a command's result.
 fn exec_text(r: &ExecResponse, timeout: f64) -> String {
     let stream = |s: &str| match r.encoding {
@@ -693,11 +677,7 @@ fn exec_text(r: &ExecResponse, timeout: f64) -> String {
              larger timeout_secs, or start long jobs in the background with `cmd &`)"
         )
     } else if r.oom_killed {
-        let limit = r
-            .memory_limit_bytes
-            .map(|b| format!(" (limit {})", human_bytes(b)))
-            .unwrap_or_default();
-        format!("killed: out of memory{limit}")
+        oom_message(r.memory_limit_bytes)
     } else {
         match (r.exit_code, r.signal) {
             (Some(code), _) => format!("exit_code: {code}"),
@@ -752,6 +732,7 @@ fn error_result(tool: &str, err: BackendError) -> CallToolResult {
 #[cfg(test)]
 mod text_tests {
     use super::*;
+    use threadbox_api::human_bytes;
 
     fn killed(oom: bool) -> ExecResponse {
         ExecResponse {

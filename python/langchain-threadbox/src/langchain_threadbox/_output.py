@@ -13,6 +13,13 @@ _BINARY_SHARE = 0.3
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
+NEW_SANDBOX_NOTE = (
+    "[new sandbox: this conversation's sandbox no longer existed (deleted or expired), so a new, "
+    "empty one was created; files and processes from earlier calls are gone]\n"
+)
+"""The first result after a thread's sandbox was created again starts with this (ADR 0022)."""
+
+
 def cut_marker(removed: int) -> str:
     """The line put in place of text that was cut."""
     return f"\n[... {removed} characters cut here: output too long for the context ...]\n"

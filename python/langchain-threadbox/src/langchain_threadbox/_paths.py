@@ -1,16 +1,16 @@
 """File names that are not UTF-8: shown escaped (``caf\\xe9.txt``), accepted back.
 
-The daemon's files API carries paths as UTF-8 text, so a name with other bytes is
-listed with U+FFFD and cannot be named in a request. The tools show such a name
-with Python's ``backslashreplace`` escapes, and a path whose ``\\xNN`` escapes stand
-for bytes that are not UTF-8 is handled through a small program in the sandbox.
+The daemon's files API lists such a name with its bytes (``name_b64``), which the SDK
+decodes with ``surrogateescape``. The tools show it with Python's ``backslashreplace``
+escapes (text a model can copy), and a path whose ``\\xNN`` escapes stand for bytes
+that are not UTF-8 is turned back into those bytes for the SDK (ADR 0026).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["RAW_READ", "RAW_WRITE", "escape_name", "raw_path"]
+__all__ = ["escape_name", "raw_path", "sdk_path"]
 
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
@@ -37,23 +37,8 @@ def raw_path(path: str) -> bytes | None:
     return None
 
 
-# Programs run in the sandbox for such paths (argv[1] is the path in hex).
-_ERRORS = (
-    "except FileNotFoundError: sys.exit(3)\n"
-    "except PermissionError: sys.exit(4)\n"
-    "except IsADirectoryError: sys.exit(5)\n"
-)
-RAW_READ = (
-    "import os, sys\n"
-    "try:\n"
-    "    p = os.path.join(b'/home/user', bytes.fromhex(sys.argv[1]))\n"
-    "    with open(p, 'rb') as f: sys.stdout.buffer.write(f.read(int(sys.argv[2])))\n" + _ERRORS
-)
-RAW_WRITE = (
-    "import os, sys\n"
-    "try:\n"
-    "    p = os.path.join(b'/home/user', bytes.fromhex(sys.argv[1]))\n"
-    "    os.makedirs(os.path.dirname(p), exist_ok=True)\n"
-    "    with open(p, 'wb') as f: f.write(sys.stdin.buffer.read())\n" + _ERRORS
-)
-RAW_EXIT_CODES = {3: "not_found", 4: "permission_denied", 5: "is_directory"}
+def sdk_path(path: str) -> str:
+    """The path to give the SDK: an escaped name becomes the ``surrogateescape`` text
+    the SDK sends as bytes (``path_b64``); a plain path stays as it is."""
+    raw = raw_path(path)
+    return path if raw is None else raw.decode("utf-8", "surrogateescape")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import functools
 import inspect
 import posixpath
+import threading
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,7 +31,8 @@ from threadbox import (
     ThreadboxError,
 )
 
-from ._output import human_bytes
+from ._output import NEW_SANDBOX_NOTE, human_bytes, safe_text
+from ._paths import escape_name, raw_path, sdk_path
 from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
@@ -64,6 +69,12 @@ _PATH_ARGS = {
 }
 
 
+# Set while an inherited helper (ls, read, grep, ...) runs: its `execute` calls carry
+# commands whose output the helper parses (JSON), so that output stays as it is, and a
+# pending new-sandbox note waits for the next call the model itself made.
+_IN_HELPER: contextvars.ContextVar[bool] = contextvars.ContextVar("threadbox_da_helper", default=False)
+
+
 def map_path(path: Any) -> Any:
     """``/notes.md`` and ``/proj/app.py`` -> ``/home/user/...``; system paths unchanged.
 
@@ -81,18 +92,131 @@ def map_path(path: Any) -> Any:
     return posixpath.normpath(HOME + "/" + path.lstrip("/"))
 
 
-def _with_mapped_path(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+# Alias path -> the bytes it stands for, while a helper runs on a name that is not UTF-8.
+_ALIASES: contextvars.ContextVar[dict[str, bytes] | None] = contextvars.ContextVar("threadbox_da_aliases", default=None)
+_MAKE_ALIAS = "import os, sys; os.symlink(bytes.fromhex(sys.argv[1]), sys.argv[2])"
+
+
+def _escape_surrogates(path: str) -> str:
+    """A path as listed (``surrogateescape`` for bytes that are not UTF-8) as the model sees it."""
+    return escape_name(path.encode("utf-8", "surrogateescape"))
+
+
+def _shown(result: Any, alias: str | None = None, shown: str | None = None) -> Any:
+    """A helper's result with every path a model can read and give back (ADR 0026).
+
+    Paths of names that are not UTF-8 come out of the inherited helpers as lone
+    surrogates (which no provider API takes); they become ``\\xNN`` escapes. A helper
+    run on an alias gets its paths and messages put back in the caller's terms.
+    """
+    if not dataclasses.is_dataclass(result) or isinstance(result, type):
+        return result
+    changes: dict[str, Any] = {}
+    for attr in ("entries", "matches"):
+        items = getattr(result, attr, None)
+        if not isinstance(items, list):
+            continue
+        out = []
+        for item in items:
+            if isinstance(item, dict) and isinstance(item.get("path"), str):
+                p = item["path"]
+                if alias is not None and shown is not None and p.startswith(alias):
+                    p = shown + p[len(alias) :]
+                item = {**item, "path": _escape_surrogates(p)}
+            out.append(item)
+        changes[attr] = out
+    err = getattr(result, "error", None)
+    if isinstance(err, str) and alias is not None and shown is not None:
+        changes["error"] = err.replace(alias, shown)
+    return dataclasses.replace(result, **changes) if changes else result
+
+
+def _alias_name() -> str:
+    return f"/tmp/.threadbox-alias-{uuid.uuid4().hex[:12]}"
+
+
+def _raw_target(path: str) -> bytes | None:
+    """The bytes an escaped absolute path stands for (None: a plain path)."""
+    raw = raw_path(path)
+    if raw is None:
+        return None
+    return raw if raw.startswith(b"/") else HOME.encode() + b"/" + raw
+
+
+class _HelperCall:
+    """One call of an inherited helper (``ls``, ``read``, ...): its path argument mapped,
+    and for a name that is not UTF-8 a plain-named alias to reach it by (ADR 0026).
+
+    The inherited helpers put their path into a program as UTF-8 text, which cannot
+    name other bytes; a symlink in ``/tmp`` with a plain name can. While the call runs,
+    ``execute`` knows it serves a helper (its output is parsed, not shown) and
+    ``upload_files``/``download_files`` resolve the alias to the bytes.
+    """
+
+    def __init__(self, backend: ThreadboxSandbox, sig: inspect.Signature, arg: str, args: Any, kwargs: Any) -> None:
+        self.bound = sig.bind_partial(backend, *args, **kwargs)
+        path = self.bound.arguments.get(arg)
+        self.path = map_path(path) if backend._map_paths else path
+        self.raw = _raw_target(self.path) if isinstance(self.path, str) else None
+        self.alias = _alias_name() if self.raw is not None else None
+        if isinstance(self.path, str):
+            self.bound.arguments[arg] = self.alias or self.path
+
+    def make_alias(self) -> list[str]:
+        assert self.raw is not None and self.alias is not None
+        return ["python3", "-c", _MAKE_ALIAS, self.raw.hex(), self.alias]
+
+    def drop_alias(self) -> list[str]:
+        return ["rm", "-f", str(self.alias)]
+
+    def result(self, r: Any) -> Any:
+        return _shown(r, self.alias, self.path if self.alias else None)
+
+    def __enter__(self) -> _HelperCall:
+        aliases = _ALIASES.get() or {}
+        if self.alias is not None and self.raw is not None:
+            aliases = {**aliases, self.alias: self.raw}
+        self._tokens = (_IN_HELPER.set(True), _ALIASES.set(aliases))
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        helper, aliases = self._tokens
+        _ALIASES.reset(aliases)
+        _IN_HELPER.reset(helper)
+
+
+def _wrap_helper(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (inherited, sync or async) run as a :class:`_HelperCall`."""
     sig = inspect.signature(method)
     arg = _PATH_ARGS[name]
 
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def awrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
+            with _HelperCall(self, sig, arg, args, kwargs) as call:
+                if call.alias is None:
+                    return call.result(await method(*call.bound.args, **call.bound.kwargs))
+                sb = await self._asandbox()
+                await sb.exec(call.make_alias(), timeout=30)
+                try:
+                    return call.result(await method(*call.bound.args, **call.bound.kwargs))
+                finally:
+                    await sb.exec(call.drop_alias(), timeout=30)
+
+        return awrapper
+
     @functools.wraps(method)
     def wrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
-        if self._map_paths:
-            bound = sig.bind_partial(self, *args, **kwargs)
-            if arg in bound.arguments:
-                bound.arguments[arg] = map_path(bound.arguments[arg])
-                return method(*bound.args, **bound.kwargs)
-        return method(self, *args, **kwargs)
+        with _HelperCall(self, sig, arg, args, kwargs) as call:
+            if call.alias is None:
+                return call.result(method(*call.bound.args, **call.bound.kwargs))
+            sb = self.sandbox()
+            sb.exec(call.make_alias(), timeout=30)
+            try:
+                return call.result(method(*call.bound.args, **call.bound.kwargs))
+            finally:
+                sb.exec(call.drop_alias(), timeout=30)
 
     return wrapper
 
@@ -113,9 +237,19 @@ def _file_error(e: ThreadboxError) -> FileOperationError | None:
     return None
 
 
-def _combine(r: ExecResult, timeout: float) -> ExecuteResponse:
-    out = r.stdout
-    err = r.stderr
+def _combine(r: ExecResult, timeout: float, *, for_model: bool = True) -> ExecuteResponse:
+    """stdout then stderr, and how the command ended.
+
+    For the model, bytes that are not text (NUL, other control characters, invalid UTF-8)
+    are escaped as ``\\xNN`` and mostly-binary output is summarised, as the toolkit does
+    (ADR 0024). A helper's own command (``ls``/``read``/... parse JSON) gets the text as
+    it came.
+    """
+    if for_model:
+        out, _ = safe_text(r.stdout_bytes)
+        err, _ = safe_text(r.stderr_bytes)
+    else:
+        out, err = r.stdout, r.stderr
     if err:
         if out and not out.endswith("\n"):
             out += "\n"
@@ -204,6 +338,11 @@ class ThreadboxSandbox(BaseSandbox):
         self._max_output_bytes = max_output_bytes
         self._map_paths = map_paths
         self._per_thread = per_thread
+        # Sandbox name -> id of the sandbox this backend last used under it, and the names
+        # whose sandbox was created again since (their next execute says so; ADR 0025).
+        self._seen: dict[str, str] = {}
+        self._recreated: set[str] = set()
+        self._lock = threading.Lock()
 
     # -- resolution -----------------------------------------------------------
 
@@ -214,10 +353,34 @@ class ThreadboxSandbox(BaseSandbox):
         sb = self._binding.resolve(None)
         if isinstance(self._binding, FixedSandbox):
             self._fixed = sb
+        self._track(sb)
         return sb
 
     async def _asandbox(self) -> AsyncSandbox:
-        return await self._binding.aresolve(None)
+        sb = await self._binding.aresolve(None)
+        self._track(sb)
+        return sb
+
+    def _track(self, sb: Sandbox | AsyncSandbox) -> None:
+        """Notes a sandbox created under a name this backend used before (a recreation)."""
+        key = sb.name or sb.id
+        with self._lock:
+            before = self._seen.get(key)
+            self._seen[key] = sb.id
+            if sb.created and before is not None and before != sb.id:
+                self._recreated.add(key)
+
+    def _announce(self, sb: Sandbox | AsyncSandbox, resp: ExecuteResponse) -> ExecuteResponse:
+        """The model's first command after a recreation starts with the note (ADR 0022)."""
+        if _IN_HELPER.get():
+            return resp
+        key = sb.name or sb.id
+        with self._lock:
+            if key not in self._recreated:
+                return resp
+            self._recreated.discard(key)
+        out = NEW_SANDBOX_NOTE + resp.output
+        return ExecuteResponse(output=out, exit_code=resp.exit_code, truncated=resp.truncated)
 
     @property
     def id(self) -> str:
@@ -237,8 +400,12 @@ class ThreadboxSandbox(BaseSandbox):
             ) from e
 
     def _abs(self, path: str) -> str:
+        """The path to give the SDK: mapped, an alias resolved, escapes turned into bytes."""
+        raw = (_ALIASES.get() or {}).get(path)
+        if raw is not None:
+            return raw.decode("utf-8", "surrogateescape")
         mapped: str = map_path(path) if self._map_paths else path
-        return mapped
+        return sdk_path(mapped)
 
     # -- execute --------------------------------------------------------------
 
@@ -251,7 +418,7 @@ class ThreadboxSandbox(BaseSandbox):
         except SandboxNotRunning:
             sb.ensure_running()
             r = sb.exec(command, timeout=t, max_output_bytes=self._max_output_bytes)
-        return _combine(r, t)
+        return self._announce(sb, _combine(r, t, for_model=not _IN_HELPER.get()))
 
     async def aexecute(self, command: str, *, timeout: int | None = None) -> ExecuteResponse:
         """Async twin of :meth:`execute`."""
@@ -262,7 +429,7 @@ class ThreadboxSandbox(BaseSandbox):
         except SandboxNotRunning:
             await sb.ensure_running()
             r = await sb.exec(command, timeout=t, max_output_bytes=self._max_output_bytes)
-        return _combine(r, t)
+        return self._announce(sb, _combine(r, t, for_model=not _IN_HELPER.get()))
 
     # -- files ----------------------------------------------------------------
 
@@ -363,23 +530,4 @@ for _name in _PATH_ARGS:
             continue
         if _PATH_ARGS[_name] not in inspect.signature(_base).parameters:
             continue
-        if inspect.iscoroutinefunction(_base):
-
-            def _make(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-                sig = inspect.signature(method)
-                arg = _PATH_ARGS[name]
-
-                @functools.wraps(method)
-                async def awrapper(self: ThreadboxSandbox, *args: Any, **kwargs: Any) -> Any:
-                    if self._map_paths:
-                        bound = sig.bind_partial(self, *args, **kwargs)
-                        if arg in bound.arguments:
-                            bound.arguments[arg] = map_path(bound.arguments[arg])
-                            return await method(*bound.args, **bound.kwargs)
-                    return await method(self, *args, **kwargs)
-
-                return awrapper
-
-            setattr(ThreadboxSandbox, _n, _make(_base, _name))
-        else:
-            setattr(ThreadboxSandbox, _n, _with_mapped_path(_name, _base))
+        setattr(ThreadboxSandbox, _n, _wrap_helper(_name, _base))

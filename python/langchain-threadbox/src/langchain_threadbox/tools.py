@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import mimetypes
 import posixpath
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 from langchain_core.messages import ToolMessage
@@ -27,8 +28,8 @@ from threadbox import (
 )
 
 from ._code import format_execution
-from ._output import DEFAULT_MAX_OUTPUT_CHARS, cut_middle, format_exec, safe_text
-from ._paths import RAW_EXIT_CODES, RAW_READ, RAW_WRITE, escape_name, raw_path
+from ._output import DEFAULT_MAX_OUTPUT_CHARS, NEW_SANDBOX_NOTE, cut_middle, format_exec, safe_text
+from ._paths import escape_name, sdk_path
 from ._tracing import tool_span
 from .binding import (
     DEFAULT_THREAD_PREFIX,
@@ -185,6 +186,56 @@ def _had_sandbox_before(runtime: ToolRuntime | None) -> bool | None:
     return any(isinstance(m, ToolMessage) and isinstance(m.artifact, dict) and "sandbox_id" in m.artifact for m in msgs)
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One call of ``sandbox.files`` a tool's steps ask for: the method and its arguments."""
+
+    method: Literal["stat", "read", "write", "list"]
+    path: str
+    data: bytes | None = None
+    offset: int = 0
+    length: int | None = None
+    parents: bool = False
+
+
+_Steps = Generator[_Call, Any, ToolResult]
+
+
+def _call(files: Any, c: _Call) -> Any:
+    """The SDK call for ``c`` on ``files`` (sync or async: its result or its awaitable)."""
+    if c.method == "stat":
+        return files.stat(c.path)
+    if c.method == "read":
+        return files.read(c.path, offset=c.offset, length=c.length)
+    if c.method == "write":
+        return files.write(c.path, c.data, parents=c.parents)
+    return files.list(c.path)
+
+
+def _drive(steps: _Steps, sb: Sandbox) -> ToolResult:
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(_call(sb.files, call))
+    except StopIteration as done:
+        result: ToolResult = done.value
+        return result
+
+
+async def _adrive(steps: _Steps, sb: AsyncSandbox) -> ToolResult:
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(await _call(sb.files, call))
+    except StopIteration as done:
+        result: ToolResult = done.value
+        return result
+
+
+_FIRST_WINDOW = 64 << 10
+_MAX_WINDOW = 1 << 20
+
+
 class _Reader:
     """Collects lines ``offset .. offset+limit`` of a streamed file within a budget."""
 
@@ -198,6 +249,7 @@ class _Reader:
         self.done = False
         self.more = False
         self.first = b""
+        self.win = 0
 
     def feed(self, chunk: bytes) -> bool:
         """Takes a chunk; True when nothing more is needed."""
@@ -236,6 +288,27 @@ class _Reader:
         if not self.done and self.buf:
             self._take(self.buf)
             self.buf = b""
+
+    def window(self) -> int | None:
+        """How many bytes to fetch next (a byte range of the file), None when done.
+
+        Windows start small and double, so a short read costs one small request and a
+        long one few requests; the daemon sends only the bytes of each window.
+        """
+        if self.done:
+            return None
+        self.win = min(self.win * 2, _MAX_WINDOW) if self.win else _FIRST_WINDOW
+        return max(1, min(self.win, self.max_bytes - self.pulled))
+
+    def take_window(self, data: bytes, asked: int) -> bool:
+        """Takes a fetched window; True when nothing more is needed (a short one is the end)."""
+        if data and self.feed(data):
+            return True
+        if len(data) < asked:
+            self.finish()
+            self.done = True
+            return True
+        return False
 
 
 class ThreadboxToolkit(BaseToolkit):
@@ -395,10 +468,7 @@ class ThreadboxToolkit(BaseToolkit):
         if not _had_sandbox_before(runtime):
             # The conversation's first sandbox (or no history to tell): nothing was lost.
             return content, artifact
-        note = (
-            "[new sandbox: this conversation's sandbox no longer existed (deleted or expired), so a new, "
-            "empty one was created; files and processes from earlier calls are gone]\n"
-        )
+        note = NEW_SANDBOX_NOTE
         if isinstance(content, str):
             return note + content, artifact
         return [{"type": "text", "text": note}, *content], artifact
@@ -452,18 +522,6 @@ class ThreadboxToolkit(BaseToolkit):
             }
         )
 
-    @staticmethod
-    def _from_events(
-        events: Iterator[Any], end: Callable[[], Any], on_out: Callable[[OutputEvent], None]
-    ) -> ExecResult:
-        out: list[bytes] = []
-        err: list[bytes] = []
-        for ev in events:
-            if isinstance(ev, OutputEvent):
-                (out if ev.stream == "stdout" else err).append(ev.data)
-                on_out(ev)
-        return _result(end(), out, err)
-
     def _exec(
         self,
         config: RunnableConfig | None,
@@ -483,7 +541,7 @@ class ThreadboxToolkit(BaseToolkit):
             if writer is None:
                 return sb.exec(cmd, **kw)
             with sb.exec_stream(cmd, **kw) as events:
-                return self._from_events(events, lambda: events.end, lambda ev: self._emit(writer, what, runtime, ev))
+                return events.collect(on_output=lambda ev: self._emit(writer, what, runtime, ev))
 
         with tool_span(what, runtime.tool_call_id if runtime is not None else None):
             try:
@@ -514,14 +572,8 @@ class ThreadboxToolkit(BaseToolkit):
             kw: dict[str, Any] = {"timeout": t, "stdin": stdin, "env": env, "max_output_bytes": self.max_output_bytes}
             if writer is None:
                 return await sb.exec(cmd, **kw)
-            out: list[bytes] = []
-            err: list[bytes] = []
             async with sb.exec_stream(cmd, **kw) as events:
-                async for ev in events:
-                    if isinstance(ev, OutputEvent):
-                        (out if ev.stream == "stdout" else err).append(ev.data)
-                        self._emit(writer, what, runtime, ev)
-                return _result(events.end, out, err)
+                return await events.collect(on_output=lambda ev: self._emit(writer, what, runtime, ev))
 
         with tool_span(what, runtime.tool_call_id if runtime is not None else None):
             try:
@@ -622,11 +674,11 @@ class ThreadboxToolkit(BaseToolkit):
         runtime: ToolRuntime | None,
         what: str,
         path: str,
-        op: Callable[[Sandbox], ToolResult],
+        steps: Callable[[Sandbox], _Steps],
     ) -> ToolResult:
         sb = self._resolve(config, what)
         try:
-            return self._new_sandbox(sb, runtime, op(sb))
+            return self._new_sandbox(sb, runtime, _drive(steps(sb), sb))
         except ThreadboxError as e:
             if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
                 raise _file_error(e, path) from e
@@ -638,11 +690,11 @@ class ThreadboxToolkit(BaseToolkit):
         runtime: ToolRuntime | None,
         what: str,
         path: str,
-        op: Callable[[AsyncSandbox], Awaitable[ToolResult]],
+        steps: Callable[[AsyncSandbox], _Steps],
     ) -> ToolResult:
         sb = await self._aresolve(config, what)
         try:
-            return self._new_sandbox(sb, runtime, await op(sb))
+            return self._new_sandbox(sb, runtime, await _adrive(steps(sb), sb))
         except ThreadboxError as e:
             if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
                 raise _file_error(e, path) from e
@@ -693,14 +745,41 @@ class ThreadboxToolkit(BaseToolkit):
             body = f"[{path} has {rd.line} lines; offset {rd.offset} is past the end]"
         return body, artifact
 
-    def _raw_read_result(self, path: str, r: ExecResult, offset: int, limit: int | None, sb_id: str) -> ToolResult:
-        _raw_check(path, r)
-        data = r.stdout_bytes
+    # The file tools' logic is written once, as generators that yield the SDK calls they
+    # need (`_Call`) and get the answers sent back; `_drive` and `_adrive` make those
+    # calls on a sync or an async sandbox. So the sync and async tools differ only there.
+
+    def _read_steps(self, path: str, offset: int, limit: int | None, sb_id: str) -> _Steps:
+        real = sdk_path(path)
+        entry = yield _Call("stat", real)
+        if self._read_plan(path, entry) == "image":
+            data = (yield _Call("read", real)) if entry.size <= self.max_image_bytes else None
+            return self._image_result(path, entry, data, sb_id)
         rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-        if not rd.feed(data):
-            rd.finish()
-        entry = FileEntry(path, path, "file", len(data), 0, 0, 0, "", None)
+        pos = 0
+        while (want := rd.window()) is not None:
+            data = yield _Call("read", real, offset=pos, length=want)
+            pos += len(data)
+            if rd.take_window(data, want):
+                break
         return self._lines_result(path, entry, rd, sb_id)
+
+    def _write_steps(self, path: str, content: str, sb_id: str) -> _Steps:
+        data = content.encode("utf-8")
+        yield _Call("write", sdk_path(path), data, parents=True)
+        return f"Wrote {len(data)} bytes to {_abs(path)}", {"path": _abs(path), "size": len(data), "sandbox_id": sb_id}
+
+    def _list_steps(self, path: str, sb_id: str) -> _Steps:
+        entries = yield _Call("list", sdk_path(path))
+        return self._list_result(path, entries, sb_id)
+
+    def _list_result(self, path: str, entries: Sequence[FileEntry], sb_id: str) -> ToolResult:
+        entries = _with_escaped_names(entries)
+        return _format_entries(_abs(path), entries, self.max_output_chars), {
+            "path": _abs(path),
+            "count": len(entries),
+            "sandbox_id": sb_id,
+        }
 
     def _read_file(
         self,
@@ -710,33 +789,9 @@ class ThreadboxToolkit(BaseToolkit):
         limit: int | None = None,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real, raw = path, raw_path(path)
-
-        def op(sb: Sandbox) -> ToolResult:
-            if raw is not None:
-                r = sb.exec(
-                    ["python3", "-c", RAW_READ, raw.hex(), str(_RAW_MAX)], timeout=60, max_output_bytes=_RAW_MAX
-                )
-                return self._raw_read_result(path, r, offset, limit, sb.id)
-            entry = sb.files.stat(real)
-            if self._read_plan(path, entry) == "image":
-                data = sb.files.read(real) if entry.size <= self.max_image_bytes else None
-                return self._image_result(path, entry, data, sb.id)
-            rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-            stream = sb.files.read_stream(real)
-            try:
-                for chunk in stream:
-                    if rd.feed(chunk):
-                        break
-                else:
-                    rd.finish()
-            finally:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
-            return self._lines_result(path, entry, rd, sb.id)
-
-        return self._file_op(config, runtime, "read_file", path, op)
+        return self._file_op(
+            config, runtime, "read_file", path, lambda sb: self._read_steps(path, offset, limit, sb.id)
+        )
 
     async def _aread_file(
         self,
@@ -746,35 +801,9 @@ class ThreadboxToolkit(BaseToolkit):
         limit: int | None = None,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real, raw = path, raw_path(path)
-
-        async def op(sb: AsyncSandbox) -> ToolResult:
-            if raw is not None:
-                r = await sb.exec(
-                    ["python3", "-c", RAW_READ, raw.hex(), str(_RAW_MAX)], timeout=60, max_output_bytes=_RAW_MAX
-                )
-                return self._raw_read_result(path, r, offset, limit, sb.id)
-            entry = await sb.files.stat(real)
-            if self._read_plan(path, entry) == "image":
-                data = await sb.files.read(real) if entry.size <= self.max_image_bytes else None
-                return self._image_result(path, entry, data, sb.id)
-            rd = _Reader(offset, limit, self.max_output_chars, self.max_read_bytes)
-            stream: AsyncIterator[bytes] = sb.files.read_stream(real)
-            try:
-                done = False
-                async for chunk in stream:
-                    if rd.feed(chunk):
-                        done = True
-                        break
-                if not done:
-                    rd.finish()
-            finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            return self._lines_result(path, entry, rd, sb.id)
-
-        return await self._afile_op(config, runtime, "read_file", path, op)
+        return await self._afile_op(
+            config, runtime, "read_file", path, lambda sb: self._read_steps(path, offset, limit, sb.id)
+        )
 
     def _write_file(
         self,
@@ -783,21 +812,7 @@ class ThreadboxToolkit(BaseToolkit):
         config: RunnableConfig,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        data = content.encode("utf-8")
-        real, raw = path, raw_path(path)
-
-        def op(sb: Sandbox) -> ToolResult:
-            if raw is not None:
-                _raw_check(path, sb.exec(["python3", "-c", RAW_WRITE, raw.hex()], stdin=content, timeout=60))
-            else:
-                sb.files.write(real, data, parents=True)
-            return f"Wrote {len(data)} bytes to {_abs(path)}", {
-                "path": _abs(path),
-                "size": len(data),
-                "sandbox_id": sb.id,
-            }
-
-        return self._file_op(config, runtime, "write_file", path, op)
+        return self._file_op(config, runtime, "write_file", path, lambda sb: self._write_steps(path, content, sb.id))
 
     async def _awrite_file(
         self,
@@ -806,30 +821,9 @@ class ThreadboxToolkit(BaseToolkit):
         config: RunnableConfig,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        data = content.encode("utf-8")
-        real, raw = path, raw_path(path)
-
-        async def op(sb: AsyncSandbox) -> ToolResult:
-            if raw is not None:
-                _raw_check(path, await sb.exec(["python3", "-c", RAW_WRITE, raw.hex()], stdin=content, timeout=60))
-            else:
-                await sb.files.write(real, data, parents=True)
-            return f"Wrote {len(data)} bytes to {_abs(path)}", {
-                "path": _abs(path),
-                "size": len(data),
-                "sandbox_id": sb.id,
-            }
-
-        return await self._afile_op(config, runtime, "write_file", path, op)
-
-    def _list_result(self, path: str, entries: Sequence[FileEntry], raw: list[bytes] | None, sb_id: str) -> ToolResult:
-        if raw is not None:
-            entries = _with_raw_names(entries, raw)
-        return _format_entries(_abs(path), entries, self.max_output_chars), {
-            "path": _abs(path),
-            "count": len(entries),
-            "sandbox_id": sb_id,
-        }
+        return await self._afile_op(
+            config, runtime, "write_file", path, lambda sb: self._write_steps(path, content, sb.id)
+        )
 
     def _list_files(
         self,
@@ -837,16 +831,7 @@ class ThreadboxToolkit(BaseToolkit):
         path: str = ".",
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real = _plain_dir(path)
-
-        def op(sb: Sandbox) -> ToolResult:
-            entries = sb.files.list(real)
-            raw = None
-            if any("\ufffd" in e.name for e in entries):
-                raw = _raw_names(sb.exec(["python3", "-c", _RAW_NAMES, real], timeout=30))
-            return self._list_result(path, entries, raw, sb.id)
-
-        return self._file_op(config, runtime, "list_files", path, op)
+        return self._file_op(config, runtime, "list_files", path, lambda sb: self._list_steps(path, sb.id))
 
     async def _alist_files(
         self,
@@ -854,16 +839,7 @@ class ThreadboxToolkit(BaseToolkit):
         path: str = ".",
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
-        real = _plain_dir(path)
-
-        async def op(sb: AsyncSandbox) -> ToolResult:
-            entries = await sb.files.list(real)
-            raw = None
-            if any("\ufffd" in e.name for e in entries):
-                raw = _raw_names(await sb.exec(["python3", "-c", _RAW_NAMES, real], timeout=30))
-            return self._list_result(path, entries, raw, sb.id)
-
-        return await self._afile_op(config, runtime, "list_files", path, op)
+        return await self._afile_op(config, runtime, "list_files", path, lambda sb: self._list_steps(path, sb.id))
 
     # -- tools ----------------------------------------------------------------
 
@@ -980,67 +956,8 @@ class ThreadboxToolkit(BaseToolkit):
         return [getattr(self, n) for n in wanted]
 
 
-def _result(end: Any, out: list[bytes], err: list[bytes]) -> ExecResult:
-    if end is None:
-        raise ThreadboxError("exec stream ended without an end event", code="protocol")
-    return ExecResult(
-        exit_code=end.exit_code,
-        signal=end.signal,
-        stdout_bytes=b"".join(out),
-        stderr_bytes=b"".join(err),
-        timed_out=end.timed_out,
-        truncated=end.truncated,
-        stdout_truncated=end.truncated,
-        stderr_truncated=end.truncated,
-        duration_ms=end.duration_ms,
-        oom_killed=end.oom_killed,
-        memory_limit_bytes=end.memory_limit_bytes,
-    )
-
-
-_RAW_MAX = 4 << 20
-
-
-def _raw_check(path: str, r: ExecResult) -> None:
-    code = RAW_EXIT_CODES.get(r.exit_code or 0)
-    if code == "is_directory":
-        raise _FileError(f"Error: {path}: is a directory (use list_files)")
-    if code is not None:
-        raise _file_error(ThreadboxError(code, code=code), path)
-    if r.exit_code != 0:
-        raise _FileError(f"Error: {path}: {r.stderr.strip()[-300:] or 'failed'}")
-
-
-def _plain_dir(path: str) -> str:
-    if raw_path(path) is not None:
-        raise _FileError(
-            f"Error: {path}: listing a directory whose own name is not UTF-8 is not supported; use run_shell (ls)"
-        )
-    return path
-
-
-# Lists a directory's raw names (hex), for names the files API can only show lossily.
-_RAW_NAMES = "import os, sys\nfor n in os.listdir(os.fsencode(sys.argv[1])): print(n.hex())"
-
-
-def _raw_names(r: ExecResult) -> list[bytes] | None:
-    if r.exit_code != 0:
-        return None
-    try:
-        return [bytes.fromhex(line) for line in r.stdout.split()]
-    except ValueError:
-        return None
-
-
-def _with_raw_names(entries: Sequence[FileEntry], raw: list[bytes]) -> list[FileEntry]:
-    """Replaces lossy names (with U+FFFD) by their escaped raw form."""
+def _with_escaped_names(entries: Sequence[FileEntry]) -> list[FileEntry]:
+    """Names that are not UTF-8 shown as ``caf\\xe9.txt``, which the tools take back."""
     from dataclasses import replace
 
-    lossy = {
-        n.decode("utf-8", "replace"): n for n in raw if n.decode("utf-8", "replace") != n.decode("utf-8", "ignore")
-    }
-    out = []
-    for e in entries:
-        b = lossy.get(e.name)
-        out.append(replace(e, name=escape_name(b)) if b is not None else e)
-    return out
+    return [replace(e, name=escape_name(e.raw_name)) if e.name_b64 else e for e in entries]

@@ -10,7 +10,7 @@ import builtins
 import json
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
@@ -40,6 +40,7 @@ from ._models import (
     ProcessLogs,
     SandboxInfo,
     SelftestReport,
+    exec_result,
     parse_event,
 )
 
@@ -475,29 +476,17 @@ class AsyncExecStream(AsyncIterator[ExecEvent]):
         if self._resp is not None:
             await self._resp.aclose()
 
-    async def collect(self) -> ExecResult:
-        """Consumes the stream and returns the accumulated result."""
+    async def collect(self, on_output: Callable[[OutputEvent], object] | None = None) -> ExecResult:
+        """Consumes the stream and returns the accumulated result; ``on_output`` sees
+        each output event as it comes (to show progress)."""
         out: builtins.list[bytes] = []
         err: builtins.list[bytes] = []
         async for ev in self:
             if isinstance(ev, OutputEvent):
                 (out if ev.stream == "stdout" else err).append(ev.data)
-        end = self.end
-        if end is None:  # pragma: no cover
-            raise ProtocolError("exec stream ended without an end event")
-        return ExecResult(
-            exit_code=end.exit_code,
-            signal=end.signal,
-            stdout_bytes=b"".join(out),
-            stderr_bytes=b"".join(err),
-            timed_out=end.timed_out,
-            truncated=end.truncated,
-            stdout_truncated=end.truncated,
-            stderr_truncated=end.truncated,
-            duration_ms=end.duration_ms,
-            oom_killed=end.oom_killed,
-            memory_limit_bytes=end.memory_limit_bytes,
-        )
+                if on_output is not None:
+                    on_output(ev)
+        return exec_result(self.end, out, err)
 
 
 class AsyncProcess:
@@ -609,8 +598,17 @@ class AsyncFiles:
     def _files(self, *rest: str) -> str:
         return self._sb._path("files", *rest)
 
-    async def read(self, path: str, *, user: Literal["user", "root"] | None = None) -> bytes:
-        resp = await self._sb.client._send("GET", self._files(), params=c.file_params(path, user))
+    async def read(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
+    ) -> bytes:
+        """Reads a file, or ``length`` bytes of it from byte ``offset`` (only those are sent)."""
+        params = c.read_params(path, user, offset, length)
+        resp = await self._sb.client._send("GET", self._files(), params=params)
         return resp.content
 
     async def read_text(
@@ -619,10 +617,17 @@ class AsyncFiles:
         return (await self.read(path, user=user)).decode(encoding)
 
     async def read_stream(
-        self, path: str, *, chunk_size: int = _CHUNK, user: Literal["user", "root"] | None = None
+        self,
+        path: str,
+        *,
+        chunk_size: int = _CHUNK,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
     ) -> AsyncIterator[bytes]:
-        """Streams a file in chunks."""
-        resp = await self._sb.client._send("GET", self._files(), params=c.file_params(path, user), stream=True)
+        """Streams a file (or ``length`` bytes from ``offset``) in chunks."""
+        params = c.read_params(path, user, offset, length)
+        resp = await self._sb.client._send("GET", self._files(), params=params, stream=True)
         try:
             async for chunk in resp.aiter_bytes(chunk_size):
                 yield chunk

@@ -229,12 +229,29 @@ def list_params(labels: Mapping[str, str] | None, state: str | None) -> list[tup
     return params
 
 
-def file_params(path: str, user: str | None = None, **extra: str) -> dict[str, str]:
-    p = {"path": path}
+def file_params(path: str | bytes, user: str | None = None, **extra: str) -> dict[str, str]:
+    """Query of a file route. A path that is not UTF-8 (bytes, or a ``str`` holding
+    ``surrogateescape`` code points, as ``os.fsdecode`` and the SDK's listings make
+    them) goes as ``path_b64``."""
+    raw = path if isinstance(path, bytes) else path.encode("utf-8", "surrogateescape")
+    try:
+        p = {"path": raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        p = {"path_b64": base64.b64encode(raw).decode("ascii")}
     if user is not None:
         p["user"] = user
     p.update(extra)
     return p
+
+
+def read_params(path: str | bytes, user: str | None, offset: int, length: int | None) -> dict[str, str]:
+    """Query of a file read; ``offset``/``length`` only when they narrow it (the daemon checks them)."""
+    extra: dict[str, str] = {}
+    if offset:
+        extra["offset"] = str(offset)
+    if length is not None:
+        extra["length"] = str(length)
+    return file_params(path, user, **extra)
 
 
 def is_success(status: int) -> bool:

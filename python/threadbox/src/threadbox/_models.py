@@ -320,6 +320,16 @@ class FileEntry:
     gid: int
     modified_at: str
     symlink_target: str | None
+    name_b64: str | None = None
+    """The name's bytes (base64) when they are not UTF-8; ``name`` then decodes them with
+    ``surrogateescape`` (as ``os.fsdecode`` does), so passing it back names this file."""
+    path_b64: str | None = None
+    """The path's bytes (base64) when they are not UTF-8 (``path`` decodes them likewise)."""
+
+    @property
+    def raw_name(self) -> bytes:
+        """The name's bytes as the kernel has them."""
+        return self.name.encode("utf-8", "surrogateescape")
 
     @property
     def is_dir(self) -> bool:
@@ -331,9 +341,10 @@ class FileEntry:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FileEntry:
+        name_b64, path_b64 = d.get("name_b64"), d.get("path_b64")
         return cls(
-            name=str(d.get("name", "")),
-            path=str(d.get("path", "")),
+            name=_fs_text(name_b64) if name_b64 else str(d.get("name", "")),
+            path=_fs_text(path_b64) if path_b64 else str(d.get("path", "")),
             kind=d.get("kind", "other"),
             size=int(d.get("size") or 0),
             mode=int(d.get("mode") or 0),
@@ -341,7 +352,14 @@ class FileEntry:
             gid=int(d.get("gid") or 0),
             modified_at=str(d.get("modified_at", "")),
             symlink_target=d.get("symlink_target"),
+            name_b64=name_b64,
+            path_b64=path_b64,
         )
+
+
+def _fs_text(b64: str) -> str:
+    """Bytes of a name as ``str`` the way ``os.fsdecode`` makes them (``surrogateescape``)."""
+    return base64.b64decode(b64).decode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True)
@@ -369,3 +387,22 @@ class SelftestReport:
                 for c in d.get("checks") or []
             ],
         )
+
+
+def exec_result(end: EndEvent | None, out: list[bytes], err: list[bytes]) -> ExecResult:
+    """The result of a streamed exec: its output chunks and its end event."""
+    if end is None:
+        raise ProtocolError("exec stream ended without an end event")
+    return ExecResult(
+        exit_code=end.exit_code,
+        signal=end.signal,
+        stdout_bytes=b"".join(out),
+        stderr_bytes=b"".join(err),
+        timed_out=end.timed_out,
+        truncated=end.truncated,
+        stdout_truncated=end.truncated,
+        stderr_truncated=end.truncated,
+        duration_ms=end.duration_ms,
+        oom_killed=end.oom_killed,
+        memory_limit_bytes=end.memory_limit_bytes,
+    )

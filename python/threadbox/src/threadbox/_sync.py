@@ -7,7 +7,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal
@@ -36,6 +36,7 @@ from ._models import (
     ProcessLogs,
     SandboxInfo,
     SelftestReport,
+    exec_result,
     parse_event,
 )
 
@@ -578,29 +579,17 @@ class ExecStream(Iterator[ExecEvent]):
         if self._resp is not None:
             self._resp.close()
 
-    def collect(self) -> ExecResult:
-        """Consumes the stream and returns the accumulated result."""
+    def collect(self, on_output: Callable[[OutputEvent], object] | None = None) -> ExecResult:
+        """Consumes the stream and returns the accumulated result; ``on_output`` sees
+        each output event as it comes (to show progress)."""
         out: builtins.list[bytes] = []
         err: builtins.list[bytes] = []
         for ev in self:
             if isinstance(ev, OutputEvent):
                 (out if ev.stream == "stdout" else err).append(ev.data)
-        end = self.end
-        if end is None:  # pragma: no cover - __next__ raises first
-            raise ProtocolError("exec stream ended without an end event")
-        return ExecResult(
-            exit_code=end.exit_code,
-            signal=end.signal,
-            stdout_bytes=b"".join(out),
-            stderr_bytes=b"".join(err),
-            timed_out=end.timed_out,
-            truncated=end.truncated,
-            stdout_truncated=end.truncated,
-            stderr_truncated=end.truncated,
-            duration_ms=end.duration_ms,
-            oom_killed=end.oom_killed,
-            memory_limit_bytes=end.memory_limit_bytes,
-        )
+                if on_output is not None:
+                    on_output(ev)
+        return exec_result(self.end, out, err)
 
 
 class Process:
@@ -719,9 +708,19 @@ class Files:
     def _files(self, *rest: str) -> str:
         return self._sb._path("files", *rest)
 
-    def read(self, path: str, *, user: Literal["user", "root"] | None = None) -> bytes:
-        """Reads a whole file."""
-        resp = self._sb.client._send("GET", self._files(), params=c.file_params(path, user))
+    def read(
+        self,
+        path: str,
+        *,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
+    ) -> bytes:
+        """Reads a file, or ``length`` bytes of it from byte ``offset`` (only those are sent).
+
+        A range that starts at or past the end of the file reads as ``b""``.
+        """
+        resp = self._sb.client._send("GET", self._files(), params=c.read_params(path, user, offset, length))
         return resp.content
 
     def read_text(self, path: str, *, encoding: str = "utf-8", user: Literal["user", "root"] | None = None) -> str:
@@ -729,10 +728,17 @@ class Files:
         return self.read(path, user=user).decode(encoding)
 
     def read_stream(
-        self, path: str, *, chunk_size: int = _CHUNK, user: Literal["user", "root"] | None = None
+        self,
+        path: str,
+        *,
+        chunk_size: int = _CHUNK,
+        offset: int = 0,
+        length: int | None = None,
+        user: Literal["user", "root"] | None = None,
     ) -> Iterator[bytes]:
-        """Streams a file in chunks (for files too large to hold in memory)."""
-        resp = self._sb.client._send("GET", self._files(), params=c.file_params(path, user), stream=True)
+        """Streams a file (or ``length`` bytes from ``offset``) in chunks, for files too large to hold."""
+        params = c.read_params(path, user, offset, length)
+        resp = self._sb.client._send("GET", self._files(), params=params, stream=True)
         try:
             yield from resp.iter_bytes(chunk_size)
         finally:
