@@ -290,9 +290,6 @@ impl Manager {
 }
 
 impl Run for CreateContext {
-    fn validate(&self) -> Result<()> {
-        validate_create(&self.request)
-    }
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Context> {
         m.create_context(caller, &self.sandbox, self.request).await
     }
@@ -325,10 +322,6 @@ impl Run for InterruptContext {
 }
 
 impl Run for ExecuteCode {
-    fn validate(&self) -> Result<()> {
-        validate_context_key(&self.context)?;
-        validate_execute(&self.request)
-    }
     async fn run(self, m: &Manager, caller: &Caller) -> Result<CodeExecution> {
         m.execute_code(caller, &self.sandbox, &self.context, self.request)
             .await
