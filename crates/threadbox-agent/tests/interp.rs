@@ -116,6 +116,20 @@ fn state_persists_and_last_expression_is_the_result() {
         Some("'2'".into()),
         "seccomp filter in the worker"
     );
+    // The control socket is private: not in the cell's environment, not inherited by
+    // the programs a cell starts (only their stdio and the listing's own fd).
+    let e = run(
+        &mut c,
+        cell(
+            "main",
+            "import os, subprocess\nfds = subprocess.run(['ls', '/proc/self/fd'], capture_output=True, text=True, close_fds=False).stdout.split()\n(sorted(fds, key=int), 'THREADBOX_CTL_FD' in os.environ)",
+        ),
+    );
+    assert_eq!(
+        text_result(&e),
+        Some("(['0', '1', '2', '3'], False)".into()),
+        "{e:?}"
+    );
 }
 
 #[test]
