@@ -30,6 +30,8 @@ pub enum ErrorCode {
     PayloadTooLarge,
     Unavailable,
     Internal,
+    /// `If-Match` named a generation that is no longer the current one; nothing changed.
+    PreconditionFailed,
 }
 
 impl ErrorCode {
@@ -45,6 +47,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::PreconditionFailed => "precondition_failed",
         }
     }
 
@@ -61,6 +64,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => 413,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
+            ErrorCode::PreconditionFailed => 412,
         }
     }
 }

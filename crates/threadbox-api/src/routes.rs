@@ -29,6 +29,7 @@ pub const CONTEXT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}";
 pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/restart";
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
+pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
 
 pub const IMAGES: &str = "/v1/images";
 pub const KEYS: &str = "/v1/keys";
@@ -65,6 +66,7 @@ pub const ALL: &[&str] = &[
     CONTEXT_RESTART,
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
+    SANDBOX_NETWORK,
     IMAGES,
     KEYS,
     KEY,

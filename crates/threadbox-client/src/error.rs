@@ -64,6 +64,7 @@ pub(crate) fn code_for_status(status: StatusCode) -> ErrorCode {
         403 => ErrorCode::PermissionDenied,
         404 => ErrorCode::NotFound,
         409 => ErrorCode::Conflict,
+        412 => ErrorCode::PreconditionFailed,
         413 => ErrorCode::PayloadTooLarge,
         429 => ErrorCode::QuotaExceeded,
         502..=504 => ErrorCode::Unavailable,

@@ -100,6 +100,17 @@ pub trait Driver: Send + Sync {
     /// Whether the sandbox's agent, host pid `pid`, is still alive in the sandbox (it may
     /// be alive and not answering yet).
     async fn agent_alive(&self, id: &str, pid: i32) -> bool;
+    /// The sandbox's own network namespace, where the daemon makes its egress listeners
+    /// (issue 13, ADR 0061), or `None` for a tier without one (the fake runs in the host's:
+    /// listeners there would be the host's). Checked against what was recorded at boot, so a
+    /// reused pid is never entered.
+    async fn egress_netns(
+        &self,
+        _id: &str,
+        _agent_pid: i32,
+    ) -> Result<Option<threadbox_sys::net::NetNs>> {
+        Ok(None)
+    }
 }
 
 /// Runs blocking driver work on tokio's blocking pool.

@@ -43,6 +43,9 @@ pub enum CoreError {
     Io(#[from] std::io::Error),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A conditional change (`If-Match`) found another generation; nothing changed.
+    #[error("{0}")]
+    PreconditionFailed(String),
 }
 
 impl CoreError {
@@ -52,6 +55,7 @@ impl CoreError {
             CoreError::NotFound(_) | CoreError::NotFoundOther(_) => ErrorCode::NotFound,
             CoreError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             CoreError::Conflict(_) => ErrorCode::Conflict,
+            CoreError::PreconditionFailed(_) => ErrorCode::PreconditionFailed,
             CoreError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
             CoreError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             CoreError::Unauthenticated(_) => ErrorCode::Unauthenticated,

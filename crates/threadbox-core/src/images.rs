@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use threadbox_sys::jail::Bind;
 
 pub const HOST_IMAGE: &str = "host";
-const HOST_IMAGE_VERSION: &str = "2";
+const HOST_IMAGE_VERSION: &str = "3";
 
 /// How to assemble a sandbox root from an image.
 #[derive(Debug, Clone)]
@@ -142,14 +142,17 @@ fn build_host_skeleton(dir: &Path) -> Result<()> {
         etc.join("hosts"),
         "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n",
     )?;
-    // No network by default: an empty resolver config makes lookups fail fast.
+    // DNS is the daemon's (issue 13, ADR 0065): the sandbox's fixed table sends port 53 to
+    // 127.0.0.53, where the daemon answers only names the policy allows. With no policy
+    // nothing listens there and a lookup fails at once (port unreachable).
     fs::write(
         etc.join("resolv.conf"),
-        "# threadbox: no DNS inside the sandbox\n",
+        "# threadbox: answered by the daemon by the sandbox's network policy\n\
+         nameserver 127.0.0.53\noptions timeout:2 attempts:2\n",
     )?;
     fs::write(
         etc.join("nsswitch.conf"),
-        "passwd: files\ngroup: files\nhosts: files\n",
+        "passwd: files\ngroup: files\nhosts: files dns\n",
     )?;
     for f in ETC_FILES {
         let src = Path::new("/etc").join(f);

@@ -16,6 +16,7 @@ pub mod manager;
 pub mod ops;
 pub mod range;
 pub mod store;
+pub mod store_network;
 pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
@@ -54,6 +55,15 @@ pub struct Config {
     /// Pre-booted sandboxes (default image, default limits) kept ready for `create`;
     /// 0 = no warm pool (ADR 0010).
     pub warm_pool: usize,
+    /// Private ranges the operator opens to egress (`serve --egress-allow-private`); the
+    /// floor refuses them otherwise, whatever a tenant's policy says.
+    pub egress_allow_private: Vec<ipnet::IpNet>,
+    /// Static names (`serve --egress-hosts FILE`), answered before any upstream resolver.
+    pub egress_hosts: Vec<(String, Vec<std::net::Ipv4Addr>)>,
+    /// The resolvers the daemon asks for allowed names (default: the host's resolv.conf).
+    pub egress_dns: Option<Vec<std::net::SocketAddr>>,
+    /// The daemon's own ports, refused on any loopback or host address whatever is excepted.
+    pub egress_daemon_ports: Vec<u16>,
 }
 
 impl Config {
@@ -68,6 +78,10 @@ impl Config {
             reaper_interval: std::time::Duration::from_secs(1),
             meter_interval: std::time::Duration::from_secs(2),
             warm_pool: 0,
+            egress_allow_private: Vec::new(),
+            egress_hosts: Vec::new(),
+            egress_dns: None,
+            egress_daemon_ports: Vec::new(),
         }
     }
 }

@@ -1,6 +1,10 @@
 //! The `jail` tier: namespaces + seccomp + Landlock + cgroups, our own code in
 //! `threadbox-sys`. It owns everything jail-shaped: each sandbox's uid range (from the
 //! spec's index), its cgroup, its overlay paths and the launch helper.
+//!
+//! (Over 600 lines: the `Driver` impl and the jail's host-side bookkeeping it needs — paths,
+//! disk images, the helper run with its deadline — read as one unit; the kernel work itself
+//! is in threadbox-sys.)
 
 #![forbid(unsafe_code)]
 
@@ -16,7 +20,8 @@ use threadbox_core::error::{CoreError, Result};
 use threadbox_core::images::ImageSpec;
 use threadbox_core::store::ImageRow;
 use threadbox_sys::cgroup::{Layout, SandboxCgroup};
-use threadbox_sys::jail::{JailSpec, LaunchReport, SANDBOX_USER_ID};
+use threadbox_sys::jail::{JailSpec, LaunchReport, LaunchSpec, SANDBOX_USER_ID};
+use threadbox_sys::net::EgressConfig;
 use uid_range::UidRange;
 
 /// What the jail tier needs of the daemon's configuration.
@@ -81,6 +86,9 @@ pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
 /// Levels below a sandbox's cgroup: a call's cgroup, and one more for what a call may
 /// group (contexts).
 pub const CGROUP_MAX_DEPTH: u32 = 2;
+
+/// Where the identity of a sandbox's netns is recorded at boot (in its `run/`).
+const NETNS_FILE: &str = "netns.json";
 
 /// Most directory entries one disk-usage walk reads (a sandbox without a disk image).
 const MAX_DU_ENTRIES: usize = 2_000_000;
@@ -400,6 +408,16 @@ impl Jail {
             #[cfg(not(feature = "insecure-test-hooks"))]
             test_weaken: Vec::new(),
         };
+        // Every sandbox boots with the fixed egress table (ADR 0061): a policy can then be set
+        // live, and a pooled sandbox gets one at adoption, without a reboot. With no policy
+        // the daemon opens no listener in the netns and the kernel refuses everything.
+        // `shared-netns` (a test weakening) has no netns of its own to hold the table.
+        #[cfg(feature = "insecure-test-hooks")]
+        let egress = (!weaken.has("shared-netns")).then(EgressConfig::default);
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let egress = Some(EgressConfig::default());
+        let spec = LaunchSpec { jail: spec, egress };
+        let egress = spec.egress;
         let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
         let child = std::process::Command::new(&self.config.helper_path)
             .arg("__jail-launch")
@@ -432,7 +450,22 @@ impl Jail {
                 ))
             })?;
         match (report.ok, report.agent_pid) {
-            (true, Some(pid)) => Ok(pid),
+            (true, Some(pid)) => {
+                if egress.is_some() {
+                    // Recorded at boot, checked on every later open (a reused pid is refused).
+                    let recorded = threadbox_sys::net::netns_inode(pid)
+                        .map_err(CoreError::from)
+                        .and_then(|ns| {
+                            serde_json::to_vec(&ns).map_err(|e| CoreError::Internal(e.to_string()))
+                        })
+                        .and_then(|b| Ok(std::fs::write(p.run.join(NETNS_FILE), b)?));
+                    if let Err(e) = recorded {
+                        let _ = self.stop(&req.id);
+                        return Err(e);
+                    }
+                }
+                Ok(pid)
+            }
             _ if report.refused => {
                 let _ = self.stop(&req.id);
                 Err(CoreError::Unavailable(
@@ -492,6 +525,30 @@ impl Jail {
                 p.dir.display()
             ))),
         }
+    }
+
+    /// The sandbox's network namespace if it booted with the egress table, checked against
+    /// the identity recorded at boot and against the host's own.
+    pub fn egress_netns(&self, id: &str, pid: i32) -> Result<Option<threadbox_sys::net::NetNs>> {
+        let path = self.paths(id).run.join(NETNS_FILE);
+        let recorded: threadbox_sys::net::NetnsId = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| CoreError::Internal(format!("{}: {e}", path.display())))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if !self.agent_alive(id, pid) {
+            return Err(CoreError::Unavailable(format!(
+                "the agent of sandbox {id} is not running"
+            )));
+        }
+        let ns = threadbox_sys::net::NetNs::open_pid_checked(pid, recorded)?;
+        if ns.id() == threadbox_sys::net::NetNs::current()?.id() {
+            return Err(CoreError::Internal(format!(
+                "sandbox {id} shares the daemon's network namespace"
+            )));
+        }
+        Ok(Some(ns))
     }
 
     pub fn socket_path(&self, id: &str) -> PathBuf {
@@ -684,5 +741,14 @@ impl Driver for JailDriver {
         self.run(move |j| Ok(j.agent_alive(&id, pid)))
             .await
             .unwrap_or(false)
+    }
+
+    async fn egress_netns(
+        &self,
+        id: &str,
+        agent_pid: i32,
+    ) -> Result<Option<threadbox_sys::net::NetNs>> {
+        let id = id.to_string();
+        self.run(move |j| j.egress_netns(&id, agent_pid)).await
     }
 }

@@ -1,4 +1,9 @@
 //! The REST routes: thin translators from HTTP to one [`Manager`] call each.
+//!
+//! (Over 600 lines: one short handler per route, each parsing HTTP into one operation
+//! (`threadbox_api::ops`) and answering its output, plus the router's own tests. The
+//! handlers still repeat one shape (duplicates D38); a generic handler over `Operation`
+//! for the path-only routes is the next step.)
 
 use crate::auth::{self, Auth};
 use crate::error::ApiError;
@@ -166,6 +171,10 @@ fn router(shared: Shared) -> Router {
             post(context_routes::interrupt_context),
         )
         .route(routes::CONTEXT_EXECUTE, post(context_routes::execute_code))
+        .route(
+            routes::SANDBOX_NETWORK,
+            get(crate::net_routes::get_network).put(crate::net_routes::set_network),
+        )
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(
             routes::KEYS,

@@ -37,6 +37,10 @@ pub struct ServeOptions {
     pub warm_pool: usize,
     /// Largest `limits.disk_bytes` one sandbox may ask for (`--max-disk-bytes`).
     pub max_disk_bytes: u64,
+    /// Egress (issue 13): private ranges the operator opens, static names, upstream DNS.
+    pub egress_allow_private: Vec<ipnet::IpNet>,
+    pub egress_hosts: Vec<(String, Vec<std::net::Ipv4Addr>)>,
+    pub egress_dns: Option<Vec<SocketAddr>>,
 }
 
 impl ServeOptions {
@@ -50,6 +54,9 @@ impl ServeOptions {
             insecure_no_auth: false,
             warm_pool: 0,
             max_disk_bytes: threadbox_core::DEFAULT_MAX_DISK_BYTES,
+            egress_allow_private: Vec::new(),
+            egress_hosts: Vec::new(),
+            egress_dns: None,
         }
     }
 }
@@ -122,6 +129,11 @@ pub async fn serve(
     let mut config = Config::new(opts.root.clone());
     config.warm_pool = opts.warm_pool;
     config.max_disk_bytes = opts.max_disk_bytes;
+    config.egress_allow_private = opts.egress_allow_private.clone();
+    config.egress_hosts = opts.egress_hosts.clone();
+    config.egress_dns = opts.egress_dns.clone();
+    // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
+    config.egress_daemon_ports = vec![tcp_addr.port()];
     let opened = match tiers() {
         Ok(drivers) => Manager::open(config, drivers).await,
         Err(e) => Err(e),

@@ -117,6 +117,17 @@ pub struct ServeArgs {
     /// create they satisfy returns at once (hostname = sandbox id) [default: 0].
     #[arg(long, value_name = "N")]
     pub warm_pool: Option<usize>,
+    /// Open a private range to sandbox egress (repeatable), e.g. 10.1.0.0/16 for a LAN
+    /// service; a tenant's policy must still allow it. The daemon's ports stay closed.
+    #[arg(long, value_name = "CIDR")]
+    pub egress_allow_private: Vec<String>,
+    /// Static names for sandbox DNS: lines `IP NAME...` (hosts(5) format), asked first.
+    #[arg(long, value_name = "FILE")]
+    pub egress_hosts: Option<PathBuf>,
+    /// Upstream DNS servers the daemon asks for allowed names (repeatable, IP:PORT)
+    /// [default: the host's /etc/resolv.conf].
+    #[arg(long, value_name = "ADDR")]
+    pub egress_dns: Vec<String>,
     /// Serve TCP WITHOUT API keys: every TCP client acts as the operator. Loopback
     /// addresses only; logged loudly at start. Without it, TCP requires a key.
     #[arg(long)]

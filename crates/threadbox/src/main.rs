@@ -6,6 +6,7 @@ mod code_cmd;
 mod commands;
 mod gov_cmd;
 mod mcp_cmd;
+mod net_cmd;
 mod parse;
 mod serve_cmd;
 mod term;

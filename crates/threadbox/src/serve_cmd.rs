@@ -126,6 +126,26 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     opts.warm_pool = args.warm_pool.or(config.warm_pool).unwrap_or(0);
+    for c in &args.egress_allow_private {
+        let net: ipnet::IpNet = c
+            .parse()
+            .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            .map_err(|_| anyhow::anyhow!("--egress-allow-private {c:?}: not a CIDR"))?;
+        opts.egress_allow_private.push(net);
+    }
+    if let Some(path) = &args.egress_hosts {
+        opts.egress_hosts = crate::net_cmd::read_hosts(path)?;
+    }
+    if !args.egress_dns.is_empty() {
+        let mut servers = Vec::new();
+        for a in &args.egress_dns {
+            servers.push(
+                a.parse()
+                    .map_err(|_| anyhow::anyhow!("--egress-dns {a:?}: expected IP:PORT"))?,
+            );
+        }
+        opts.egress_dns = Some(servers);
+    }
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");
     }

@@ -35,6 +35,7 @@ impl Manager {
         match AgentConn::connect(driver.as_ref(), &row.id, AGENT_CONNECT_TIMEOUT).await {
             Ok(conn) => {
                 Self::set_conn(live, Some(conn));
+                self.attach_network(row, pid).await;
                 Ok(pid)
             }
             Err(e) => {

@@ -65,6 +65,7 @@ impl Manager {
             Step::Halt => {
                 self.meter(row, false).await;
                 Self::take_conn(live);
+                self.detach_network(&row.id);
                 self.driver_for(row)?.stop(&row.id).await?;
                 self.store
                     .transition(&row.id, from, State::Stopped, None)
@@ -80,6 +81,7 @@ impl Manager {
                     .transition(&row.id, from, State::Deleting, None)
                     .await?;
                 Self::take_conn(live);
+                self.detach_network(&row.id);
                 if let Err(e) = self.driver_for(row)?.destroy(&row.id).await {
                     // Its processes are gone (destroy stops first) but something of it is
                     // left: visible again as stopped, so the delete can be retried (F3).

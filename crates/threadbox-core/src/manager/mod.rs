@@ -23,6 +23,7 @@ mod files;
 mod governance;
 mod images;
 mod lifecycle;
+mod network;
 mod pool;
 mod processes;
 mod reaper;
@@ -101,6 +102,8 @@ pub struct Manager {
     /// Wakes the warm pool's refill task (an adoption, a discarded pooled sandbox).
     pool_wake: Arc<tokio::sync::Notify>,
     pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Egress data planes attached to running sandboxes (issue 13).
+    net: network::NetState,
 }
 
 impl Manager {
@@ -148,6 +151,7 @@ impl Manager {
             gov: GovState::default(),
             pool_wake: Arc::new(tokio::sync::Notify::new()),
             pool_task: Mutex::new(None),
+            net: Default::default(),
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());

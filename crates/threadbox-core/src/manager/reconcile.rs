@@ -16,6 +16,10 @@ impl Manager {
             let _g = live.lifecycle.lock().await;
             let found = self.probe(&row, &live).await?;
             let step = self.apply(&row, &live, Op::Recover(found)).await?;
+            if let (Step::Adopt { .. }, Some(pid)) = (step, row.agent_pid) {
+                // The policy outlives the daemon: listeners come back in the same netns.
+                self.attach_network(&row, pid).await;
+            }
             match (step, found) {
                 (Step::Keep, _) => {}
                 (Step::Destroy, _) => {
