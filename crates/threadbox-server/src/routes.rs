@@ -7,13 +7,13 @@
 
 use crate::auth::{self, Auth};
 use crate::error::ApiError;
-use crate::gov_routes;
 use crate::mcp::{
     self, Backend, BackendError, ManagerBackend, McpOptions, ResolveBackend, ThreadboxMcp,
 };
 use crate::metrics::{self, Metrics};
 use crate::openapi;
 use crate::origin;
+use crate::{context_routes, gov_routes};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -154,6 +154,23 @@ fn router(shared: Shared) -> Router {
         .route(routes::FILES_STAT, get(stat_file))
         .route(routes::FILES_MKDIR, post(mkdir))
         .route(routes::SANDBOX_SELFTEST, get(selftest))
+        .route(
+            routes::CONTEXTS,
+            post(context_routes::create_context).get(context_routes::list_contexts),
+        )
+        .route(
+            routes::CONTEXT,
+            axum::routing::delete(context_routes::delete_context),
+        )
+        .route(
+            routes::CONTEXT_RESTART,
+            post(context_routes::restart_context),
+        )
+        .route(
+            routes::CONTEXT_INTERRUPT,
+            post(context_routes::interrupt_context),
+        )
+        .route(routes::CONTEXT_EXECUTE, post(context_routes::execute_code))
         .route(
             routes::SANDBOX_NETWORK,
             get(crate::net_routes::get_network).put(crate::net_routes::set_network),

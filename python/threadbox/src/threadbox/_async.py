@@ -17,8 +17,8 @@ from typing import IO, Any, Literal, TypeVar, cast
 import httpx
 
 from . import _common as c
+from . import _interp, _tracing
 from . import _ops as ops
-from . import _tracing
 from ._errors import FileNotFound, ThreadboxError
 from ._models import (
     EndEvent,
@@ -224,6 +224,7 @@ class AsyncSandbox(SandboxView):
         self._init_view(info, created, on_exit)
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
+        self.contexts = _interp.AsyncContexts(self)
 
     async def refresh(self) -> SandboxInfo:
         """Reloads the metadata from the daemon."""
@@ -284,6 +285,12 @@ class AsyncSandbox(SandboxView):
             except ThreadboxError as e:
                 if e.code != "not_found":
                     raise
+
+    async def run_code(
+        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+    ) -> _interp.Execution:
+        """Runs ``code`` in a persistent context (``python``, made on first use)."""
+        return await _interp.run_code_async(self, code, context=context, timeout=timeout, env=env)
 
     async def exec(
         self,

@@ -14,8 +14,8 @@ from typing import IO, Any, Literal, TypeVar
 import httpx
 
 from . import _common as c
+from . import _interp, _tracing
 from . import _ops as ops
-from . import _tracing
 from ._errors import FileNotFound, ThreadboxError
 from ._models import (
     EndEvent,
@@ -256,6 +256,8 @@ class Sandbox(SandboxView):
         self._init_view(info, created, on_exit)
         self.files = Files(self)
         self.processes = Processes(self)
+        self.contexts = _interp.Contexts(self)
+        """Persistent interpreter contexts (variables survive between calls)."""
 
     # -- class-level constructors (default client) ----------------------------
 
@@ -346,6 +348,12 @@ class Sandbox(SandboxView):
             except ThreadboxError as e:
                 if e.code != "not_found":
                     raise
+
+    def run_code(
+        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+    ) -> _interp.Execution:
+        """Runs ``code`` in a persistent context (``python``, made on first use)."""
+        return _interp.run_code(self, code, context=context, timeout=timeout, env=env)
 
     # -- exec -----------------------------------------------------------------
 
