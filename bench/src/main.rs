@@ -9,6 +9,9 @@
 //! threadbox-bench figures                       # create, exec, pause/resume only
 //! threadbox-bench all --url unix:///var/lib/threadbox/threadbox.sock
 //! ```
+//!
+//! (Over 600 lines: one program whose figures share the same sampling, interleaving and
+//! report code; each figure is a short function.)
 #![forbid(unsafe_code)]
 
 mod baselines;

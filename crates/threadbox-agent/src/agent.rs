@@ -103,6 +103,8 @@ pub struct Agent {
     leftover_cgroups: RefCell<Vec<String>>,
     pub background: RefCell<BTreeMap<u64, Rc<RefCell<Background>>>>,
     pub next_bg: Cell<u64>,
+    /// Interpreter contexts (`interp/`).
+    pub contexts: RefCell<crate::interp::Registry>,
 }
 
 impl Agent {
@@ -116,6 +118,7 @@ impl Agent {
             leftover_cgroups: RefCell::new(Vec::new()),
             background: RefCell::new(BTreeMap::new()),
             next_bg: Cell::new(1),
+            contexts: RefCell::new(Default::default()),
         }
     }
 

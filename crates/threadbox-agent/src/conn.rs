@@ -4,7 +4,7 @@
 
 use crate::agent::Agent;
 use crate::error::AgentError;
-use crate::{background, exec, files, log, selftest};
+use crate::{background, exec, files, interp, log, selftest};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -13,7 +13,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
-pub const CAPABILITIES: &[&str] = &["exec", "stream", "background", "files", "selftest"];
+pub const CAPABILITIES: &[&str] = &[
+    "exec",
+    "stream",
+    "background",
+    "files",
+    "selftest",
+    "interpreter",
+];
 
 /// Frames queued for the writer; producers wait when it is full (flow control).
 const OUTBOX: usize = 64;
@@ -179,6 +186,12 @@ async fn handle(
         Request::Stats => Response::Stats {
             processes: selftest::count_processes(),
         },
+        Request::ContextCreate(spec) => done(interp::create(&agent, spec).await),
+        Request::ContextList => interp::list(&agent),
+        Request::ContextDelete { ctx } => done(interp::delete(&agent, &ctx)),
+        Request::ContextRestart { ctx } => done(interp::restart(&agent, &ctx).await),
+        Request::ContextInterrupt { ctx } => done(interp::interrupt(&agent, &ctx)),
+        Request::ContextExecute(spec) => interp::execute(agent, id, spec, tx, cancel).await,
         #[allow(unreachable_patterns)]
         _ => AgentError::new(
             ErrorKind::InvalidArgument,

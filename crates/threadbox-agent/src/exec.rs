@@ -189,6 +189,18 @@ pub(crate) fn spawn(
     cgroup_prefix: &str,
     with_stdin: bool,
 ) -> Result<Spawned> {
+    spawn_passing(agent, prepared, program, cgroup_prefix, with_stdin, None)
+}
+
+/// [`spawn`], the child inheriting `pass` (an interpreter worker's control socket).
+pub(crate) fn spawn_passing(
+    agent: &Agent,
+    prepared: agent::Prepared,
+    program: &str,
+    cgroup_prefix: &str,
+    with_stdin: bool,
+    pass: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<Spawned> {
     let cg = agent.new_cgroup(cgroup_prefix)?;
     let cgroup = cg.as_ref().map(|c: &CallCgroup| c.name.clone());
     let release = |agent: &Agent| {
@@ -214,8 +226,13 @@ pub(crate) fn spawn(
     // there), the child writes itself into the cgroup after a plain fork.
     let direct = match &cg {
         Some(c) => {
-            match syschild::spawn_in_cgroup(&prepared.cmd, Some(c.dir.as_fd()), &policy, with_stdin)
-            {
+            match syschild::spawn_in_cgroup_passing(
+                &prepared.cmd,
+                Some(c.dir.as_fd()),
+                &policy,
+                with_stdin,
+                pass,
+            ) {
                 Err(e) if syschild::clone3_unavailable(&e) => None,
                 other => Some(other),
             }
@@ -234,7 +251,7 @@ pub(crate) fn spawn(
                     }
                 };
             }
-            syschild::spawn_in_cgroup(&prepared.cmd, None, &policy, with_stdin)
+            syschild::spawn_in_cgroup_passing(&prepared.cmd, None, &policy, with_stdin, pass)
         }
     };
     drop(policy);
@@ -280,7 +297,7 @@ const FROZEN_GAP: Duration = Duration::from_secs(1);
 
 /// Moves `deadline` by the time since `last_seen` when that is a freeze; records now.
 /// True when it moved.
-fn credit_frozen(
+pub(crate) fn credit_frozen(
     deadline: &mut Option<tokio::time::Instant>,
     last_seen: &mut tokio::time::Instant,
 ) -> bool {

@@ -15,6 +15,7 @@ mod conn;
 mod error;
 mod exec;
 mod files;
+mod interp;
 mod own_filter;
 mod selftest;
 mod testhooks;

@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 
 mod gov_ops;
 mod governance;
+pub mod interp;
 pub mod network;
 pub mod ops;
 pub mod routes;

@@ -24,6 +24,11 @@ pub const FILES: &str = "/v1/sandboxes/{sandbox}/files";
 pub const FILES_LIST: &str = "/v1/sandboxes/{sandbox}/files/list";
 pub const FILES_STAT: &str = "/v1/sandboxes/{sandbox}/files/stat";
 pub const FILES_MKDIR: &str = "/v1/sandboxes/{sandbox}/files/mkdir";
+pub const CONTEXTS: &str = "/v1/sandboxes/{sandbox}/contexts";
+pub const CONTEXT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}";
+pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/restart";
+pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
+pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
 
 pub const IMAGES: &str = "/v1/images";
@@ -56,6 +61,11 @@ pub const ALL: &[&str] = &[
     FILES_LIST,
     FILES_STAT,
     FILES_MKDIR,
+    CONTEXTS,
+    CONTEXT,
+    CONTEXT_RESTART,
+    CONTEXT_INTERRUPT,
+    CONTEXT_EXECUTE,
     SANDBOX_NETWORK,
     IMAGES,
     KEYS,

@@ -1,6 +1,10 @@
 //! The `jail` tier: namespaces + seccomp + Landlock + cgroups, our own code in
 //! `threadbox-sys`. It owns everything jail-shaped: each sandbox's uid range (from the
 //! spec's index), its cgroup, its overlay paths and the launch helper.
+//!
+//! (Over 600 lines: the `Driver` impl and the jail's host-side bookkeeping it needs — paths,
+//! disk images, the helper run with its deadline — read as one unit; the kernel work itself
+//! is in threadbox-sys.)
 
 #![forbid(unsafe_code)]
 

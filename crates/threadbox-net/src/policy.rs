@@ -1,5 +1,8 @@
 //! The checked network policy: rules by host name, CIDR and ports, first match wins, and the
 //! operator floor that no tenant rule can widen (research/network.md §8.3).
+//!
+//! (Over 600 lines: roughly half is the unit tests of the matcher and the floor, which belong
+//! next to the tables they prove.)
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::collections::HashSet;

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub mod codec;
+pub mod interp;
 pub use codec::{decode_frame, encode_frame, FrameDecoder};
+pub use interp::{CellSpec, CodeEvent, ContextInfo, ContextSpec, Execution};
 
 /// Protocol version. The major part must match between host and agent.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -212,6 +214,21 @@ pub enum Request {
     /// Sum of CPU time etc. is read by the host from cgroups; this is what only the
     /// inside can tell.
     Stats,
+    /// Get-or-create an interpreter context by name (`interp.rs`).
+    ContextCreate(ContextSpec),
+    ContextList,
+    ContextDelete {
+        ctx: String,
+    },
+    /// Replaces the worker: the context's state is lost, `generation` increases.
+    ContextRestart {
+        ctx: String,
+    },
+    /// SIGINT to the running cell; answered `Interrupted { interrupted: false }` when idle.
+    ContextInterrupt {
+        ctx: String,
+    },
+    ContextExecute(CellSpec),
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -348,6 +365,17 @@ pub enum Response {
     Stats {
         processes: u32,
     },
+    Context(ContextInfo),
+    Contexts {
+        contexts: Vec<ContextInfo>,
+    },
+    Interrupted {
+        interrupted: bool,
+    },
+    /// Streamed: one event of an execution (in stream mode).
+    Cell(CodeEvent),
+    /// Final frame of a `ContextExecute`.
+    Executed(Execution),
     Error {
         kind: ErrorKind,
         message: String,
@@ -357,7 +385,10 @@ pub enum Response {
 impl Response {
     /// Whether this frame ends the exchange for its request id.
     pub fn is_final(&self) -> bool {
-        !matches!(self, Response::Started { .. } | Response::Output { .. })
+        !matches!(
+            self,
+            Response::Started { .. } | Response::Output { .. } | Response::Cell(_)
+        )
     }
 }
 

@@ -1,7 +1,8 @@
 //! The OpenAPI document, generated from the handlers and the `threadbox-api` types.
 
-use crate::{gov_routes, routes};
+use crate::{context_routes, gov_routes, routes};
 use std::sync::OnceLock;
+use threadbox_api::interp::*;
 use threadbox_api::*;
 use utoipa::OpenApi;
 
@@ -39,6 +40,12 @@ use utoipa::OpenApi;
         routes::selftest,
         routes::list_images,
         routes::add_image,
+        context_routes::create_context,
+        context_routes::list_contexts,
+        context_routes::delete_context,
+        context_routes::restart_context,
+        context_routes::interrupt_context,
+        context_routes::execute_code,
         crate::net_routes::get_network,
         crate::net_routes::set_network,
         gov_routes::create_key,
@@ -63,6 +70,8 @@ use utoipa::OpenApi;
         Scope, CreateKeyRequest, CreatedKey, ApiKeyInfo, ApiKeyList, Quota, QuotaUse,
         TenantQuota, SandboxUsage, TenantUsage, UsageReport, AuditEntry, AuditList,
         AuditVerification,
+        CreateContextRequest, Context, ContextState, ContextList, InterruptResult,
+        ExecuteCodeRequest, CodeStatus, CodeException, CodeOutput, CodeExecution,
     )),
     tags(
         (name = "meta", description = "Health and this document"),
@@ -70,6 +79,7 @@ use utoipa::OpenApi;
         (name = "exec", description = "Run commands to completion"),
         (name = "processes", description = "Background processes"),
         (name = "files", description = "Files inside a sandbox"),
+        (name = "contexts", description = "Persistent code interpreter contexts"),
         (name = "images", description = "Root filesystem images"),
         (name = "governance", description = "API keys, quotas, usage, the audit log"),
     )

@@ -1,14 +1,19 @@
 //! The REST routes: thin translators from HTTP to one [`Manager`] call each.
+//!
+//! (Over 600 lines: one short handler per route, each parsing HTTP into one operation
+//! (`threadbox_api::ops`) and answering its output, plus the router's own tests. The
+//! handlers still repeat one shape (duplicates D38); a generic handler over `Operation`
+//! for the path-only routes is the next step.)
 
 use crate::auth::{self, Auth};
 use crate::error::ApiError;
-use crate::gov_routes;
 use crate::mcp::{
     self, Backend, BackendError, ManagerBackend, McpOptions, ResolveBackend, ThreadboxMcp,
 };
 use crate::metrics::{self, Metrics};
 use crate::openapi;
 use crate::origin;
+use crate::{context_routes, gov_routes};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -149,6 +154,23 @@ fn router(shared: Shared) -> Router {
         .route(routes::FILES_STAT, get(stat_file))
         .route(routes::FILES_MKDIR, post(mkdir))
         .route(routes::SANDBOX_SELFTEST, get(selftest))
+        .route(
+            routes::CONTEXTS,
+            post(context_routes::create_context).get(context_routes::list_contexts),
+        )
+        .route(
+            routes::CONTEXT,
+            axum::routing::delete(context_routes::delete_context),
+        )
+        .route(
+            routes::CONTEXT_RESTART,
+            post(context_routes::restart_context),
+        )
+        .route(
+            routes::CONTEXT_INTERRUPT,
+            post(context_routes::interrupt_context),
+        )
+        .route(routes::CONTEXT_EXECUTE, post(context_routes::execute_code))
         .route(
             routes::SANDBOX_NETWORK,
             get(crate::net_routes::get_network).put(crate::net_routes::set_network),

@@ -36,6 +36,9 @@ pub enum Command {
     Info(SandboxJson),
     /// Run a command in a sandbox and wait for it; exits with its exit code.
     Exec(ExecArgs),
+    /// Run code in a persistent interpreter context of a sandbox (variables survive
+    /// between calls); prints output, the last expression's value, images as files.
+    RunCode(crate::code_cmd::RunCodeArgs),
     /// Freeze a sandbox: its processes keep their memory but use no CPU.
     Pause(SandboxJson),
     /// Thaw a paused sandbox.

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod cli;
+mod code_cmd;
 mod commands;
 mod gov_cmd;
 mod mcp_cmd;

@@ -1,6 +1,7 @@
 //! The tool handlers through rmcp's own client (in-memory transport), over a fake
 //! backend: schemas, results, structured content, and which failures are `isError`.
 //! The real daemon behind both doors is covered by python/tests/test_mcp*.py.
+//! (A test module: one test per tool behaviour, kept beside the tools.)
 
 use super::*;
 use async_trait::async_trait;

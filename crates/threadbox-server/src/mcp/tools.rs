@@ -5,6 +5,9 @@
 //! Input and output schemas are derived (schemars) from the Rust types below, which reuse
 //! the REST API's types (`CreateSandboxRequest`, `User`, `Encoding`, `Sandbox`,
 //! `ExecResponse`, `FileList`): no schema is written by hand.
+//!
+//! (Over 600 lines: one argument type and one handler per tool; the tool set is read and
+//! reviewed as one list, the way a model sees it.)
 
 use super::backend::{Backend, BackendError, BackendResult};
 use rmcp::model::{

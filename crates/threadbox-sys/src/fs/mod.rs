@@ -128,6 +128,17 @@ impl DirFd {
         )
     }
 
+    /// Opens `rel` (no symlinks followed) for reading.
+    pub fn open_read(&self, rel: &str) -> io::Result<OwnedFd> {
+        openat2(
+            Some(self.0.as_fd()),
+            Path::new(rel),
+            libc::O_RDONLY,
+            0,
+            RESOLVE_NO_SYMLINKS,
+        )
+    }
+
     /// Opens `rel` (no symlinks followed) for writing.
     pub fn open_write(&self, rel: &str) -> io::Result<OwnedFd> {
         openat2(

@@ -15,4 +15,6 @@ pub use ids::{
 pub use policy::{ChildPolicy, Weaken};
 pub use probe::{probe_fsopen, probe_mount_tmpfs, probe_unshare};
 pub use reap::{kill, kill_group, reap_any, reap_pid, WaitStatus};
-pub use spawn::{clone3_unavailable, run_forked, spawn_in_cgroup, Spawned};
+pub use spawn::{
+    clone3_unavailable, run_forked, spawn_in_cgroup, spawn_in_cgroup_passing, Spawned,
+};

@@ -51,6 +51,23 @@ pub fn spawn_in_cgroup(
     policy: &ChildPolicy,
     with_stdin: bool,
 ) -> io::Result<Spawned> {
+    spawn_in_cgroup_passing(cmd, cgroup_dir, policy, with_stdin, None)
+}
+
+/// [`spawn_in_cgroup`], and the child inherits `pass` (at the same fd number, which must
+/// be ≥ 3): the private control socket of an interpreter worker. Every other fd of the
+/// agent is closed in the child as usual.
+pub fn spawn_in_cgroup_passing(
+    cmd: &Command,
+    cgroup_dir: Option<BorrowedFd<'_>>,
+    policy: &ChildPolicy,
+    with_stdin: bool,
+    pass: Option<BorrowedFd<'_>>,
+) -> io::Result<Spawned> {
+    let pass = pass.map(|fd| fd.as_raw_fd());
+    if matches!(pass, Some(fd) if fd < 3) {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
     // Everything the child touches is allocated here, before the fork.
     let program = cmd.get_program().as_bytes();
     let mut argv = vec![cstring(program)?];
@@ -136,6 +153,7 @@ pub fn spawn_in_cgroup(
                     stderr_child.as_raw_fd(),
                 ],
                 status_w.as_raw_fd(),
+                pass,
                 policy,
                 &candidates,
                 &argv_p,
@@ -199,6 +217,7 @@ fn child_exec<'a>(
     ignored: u64,
     stdio: [RawFd; 3],
     status: RawFd,
+    pass: Option<RawFd>,
     policy: &ChildPolicy,
     candidates: &'a [CString],
     argv: &CStrArray<'_>,
@@ -219,7 +238,17 @@ fn child_exec<'a>(
             return e.raw_os_error().unwrap_or(libc::EBADF);
         }
     }
-    if let Err(e) = policy.enter_keeping(&[status]) {
+    let keep = match pass {
+        Some(fd) => {
+            // The agent's copy is close-on-exec; the child's must survive the exec.
+            if let Err(e) = raw::fd::set_fd_flags(fd, 0) {
+                return e.raw_os_error().unwrap_or(libc::EBADF);
+            }
+            [status, fd]
+        }
+        None => [status, status],
+    };
+    if let Err(e) = policy.enter_keeping(&keep) {
         return e.raw_os_error().unwrap_or(libc::EPERM);
     }
     let (mut err, mut denied) = (libc::ENOENT, false);

@@ -27,6 +27,7 @@ from threadbox import (
     ThreadboxError,
 )
 
+from ._code import format_execution
 from ._output import DEFAULT_MAX_OUTPUT_CHARS, NEW_SANDBOX_NOTE, cut_middle, format_exec, safe_text
 from ._paths import escape_name, sdk_path
 from ._tracing import tool_span
@@ -365,6 +366,8 @@ class ThreadboxToolkit(BaseToolkit):
     max_read_bytes: int = 16 << 20
     name_prefix: str = ""
     handle_errors: Any = False
+    stateful: bool = False
+    images: str = "content"
 
     def __init__(
         self,
@@ -384,6 +387,8 @@ class ThreadboxToolkit(BaseToolkit):
         name_prefix: str = "",
         handle_errors: bool | str | Callable[[ToolException], str] = False,
         binding: SandboxBinding | None = None,
+        stateful: bool = False,
+        images: Literal["content", "none"] = "content",
     ) -> None:
         if binding is None:
             factory = ClientFactory(client, url=url, api_key=api_key)
@@ -400,6 +405,8 @@ class ThreadboxToolkit(BaseToolkit):
             "max_image_bytes": max_image_bytes,
             "name_prefix": name_prefix,
             "handle_errors": handle_errors,
+            "stateful": stateful,
+            "images": images,
         }
         super().__init__(**fields)
 
@@ -588,7 +595,47 @@ class ThreadboxToolkit(BaseToolkit):
         timeout: float | None = None,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
+        if self.stateful:
+            return self._run_code(config, runtime, code, timeout)
         return self._exec(config, runtime, "run_python", ["python3", "-"], code, self._PY_ENV, timeout)
+
+    def _finish_code(self, sb: Sandbox | AsyncSandbox, ex: Any, t: float, runtime: ToolRuntime | None) -> ToolResult:
+        images: Any = self.images
+        content, artifact = format_execution(ex, max_chars=self.max_output_chars, timeout=t, images=images)
+        artifact["sandbox_id"] = sb.id
+        return self._new_sandbox(sb, runtime, (content, artifact))
+
+    def _run_code(
+        self, config: RunnableConfig | None, runtime: ToolRuntime | None, code: str, requested: float | None
+    ) -> ToolResult:
+        sb = self._resolve(config, "run_python")
+        t, _ = self._timeout(requested)
+        with tool_span("run_python", runtime.tool_call_id if runtime is not None else None):
+            try:
+                try:
+                    ex = sb.run_code(code, context="python", timeout=t)
+                except SandboxNotRunning:
+                    sb.ensure_running()
+                    ex = sb.run_code(code, context="python", timeout=t)
+            except ThreadboxError as e:
+                raise _infra(e, "run_python") from e
+            return self._finish_code(sb, ex, t, runtime)
+
+    async def _arun_code(
+        self, config: RunnableConfig | None, runtime: ToolRuntime | None, code: str, requested: float | None
+    ) -> ToolResult:
+        sb = await self._aresolve(config, "run_python")
+        t, _ = self._timeout(requested)
+        with tool_span("run_python", runtime.tool_call_id if runtime is not None else None):
+            try:
+                try:
+                    ex = await sb.run_code(code, context="python", timeout=t)
+                except SandboxNotRunning:
+                    await sb.ensure_running()
+                    ex = await sb.run_code(code, context="python", timeout=t)
+            except ThreadboxError as e:
+                raise _infra(e, "run_python") from e
+            return self._finish_code(sb, ex, t, runtime)
 
     async def _arun_python(
         self,
@@ -597,6 +644,8 @@ class ThreadboxToolkit(BaseToolkit):
         timeout: float | None = None,
         runtime: ToolRuntime = None,  # type: ignore[assignment]
     ) -> ToolResult:
+        if self.stateful:
+            return await self._arun_code(config, runtime, code, timeout)
         return await self._aexec(config, runtime, "run_python", ["python3", "-"], code, self._PY_ENV, timeout)
 
     def _run_shell(
@@ -821,7 +870,21 @@ class ThreadboxToolkit(BaseToolkit):
 
     @property
     def run_python(self) -> StructuredTool:
-        """Runs a whole Python 3 program per call (the CodeAct pattern)."""
+        """Runs a whole Python 3 program per call (the CodeAct pattern), or, with
+        ``stateful=True``, a cell in the thread's persistent Python context."""
+        if self.stateful:
+            return self._tool(
+                "run_python",
+                "Run Python 3 code in your sandbox's persistent Python session. Variables, imports "
+                "and open files persist between calls, like cells of a notebook. The value of the last "
+                "expression is shown (end it with `;` to hide it), print() output too, and matplotlib "
+                "figures or objects with _repr_png_ come back as images. The working directory is "
+                f"/home/user; there is no network access. {self._timeout_text()} A call that runs too "
+                "long is interrupted and the session keeps its variables.",
+                RunPythonInput,
+                self._run_python,
+                self._arun_python,
+            )
         return self._tool(
             "run_python",
             "Run a complete Python 3 program in your sandbox and get back its stdout, stderr "

@@ -39,6 +39,16 @@ from ._errors import (
     Unauthenticated,
     Unavailable,
 )
+from ._interp import (
+    AsyncCodeContext,
+    AsyncContexts,
+    CodeContext,
+    CodeError,
+    ContextInfo,
+    Contexts,
+    Execution,
+    Output,
+)
 from ._models import (
     EndEvent,
     ExecEvent,
@@ -60,6 +70,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_URL",
+    "AsyncCodeContext",
+    "AsyncContexts",
+    "CodeContext",
+    "CodeError",
+    "ContextInfo",
+    "Contexts",
+    "Execution",
+    "Output",
     "AsyncExecStream",
     "AsyncFiles",
     "AsyncProcess",

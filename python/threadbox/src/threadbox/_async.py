@@ -7,30 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import os
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar, cast
 
 import httpx
 
 from . import _common as c
-from . import _tracing
-from ._errors import (
-    DaemonUnreachable,
-    FileNotFound,
-    ProcessNotFound,
-    ProtocolError,
-    ThreadboxError,
-    error_from_code,
-    error_from_response,
-)
+from . import _interp, _tracing
+from . import _ops as ops
+from ._errors import FileNotFound, ThreadboxError
 from ._models import (
     EndEvent,
-    ErrorEvent,
     ExecEvent,
     ExecResult,
     FileEntry,
@@ -40,9 +31,8 @@ from ._models import (
     ProcessLogs,
     SandboxInfo,
     SelftestReport,
-    exec_result,
-    parse_event,
 )
+from ._views import ProcessView, SandboxView
 
 __all__ = [
     "AsyncExecStream",
@@ -54,6 +44,7 @@ __all__ = [
 ]
 
 _CHUNK = 1 << 16
+T = TypeVar("T")
 
 
 class AsyncThreadbox:
@@ -75,15 +66,11 @@ class AsyncThreadbox:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self._config = c.resolve_config(url, api_key)
-        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._timeout = c.client_timeout(timeout)
         if transport is None and self._config.uds:
             transport = httpx.AsyncHTTPTransport(uds=self._config.uds)
         self._http = httpx.AsyncClient(
-            base_url=self._config.base_url,
-            headers=self._config.headers(headers),
-            timeout=self._timeout,
-            transport=transport,
-            event_hooks={"request": [_tracing.async_request_hook]},
+            transport=transport, **c.client_options(self._config, self._timeout, headers, _tracing.async_request_hook)
         )
 
     @property
@@ -91,53 +78,28 @@ class AsyncThreadbox:
         """The daemon URL this client talks to."""
         return self._config.display_url
 
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        params: Any = None,
-        content: Any = None,
-        timeout: httpx.Timeout | None = None,
-        stream: bool = False,
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        req = self._http.build_request(
-            method,
-            path,
-            json=json_body,
-            params=params,
-            content=content,
-            timeout=timeout or self._timeout,
-            headers=headers,
-        )
+    async def _send(self, method: str, path: str, *, stream: bool = False, **kw: Any) -> httpx.Response:
+        """Sends one request; raises the typed error of a failed answer."""
+        return await self._open(ops.Op(method, path, **kw), stream=stream)
+
+    async def _open(self, op: ops.Op[Any], *, stream: bool = False) -> httpx.Response:
         try:
-            resp = await self._http.send(req, stream=stream)
-        except httpx.TimeoutException as e:
-            raise DaemonUnreachable(f"timed out talking to threadbox at {self.url}: {e!r}") from e
+            resp = await self._http.send(self._http.build_request(**op.request_args(self._timeout)), stream=stream)
         except httpx.TransportError as e:
-            raise DaemonUnreachable(f"cannot reach threadbox at {self.url}: {e}") from e
+            raise ops.unreachable(self.url, e) from e
         if not c.is_success(resp.status_code):
             try:
                 body = await resp.aread()
             finally:
                 await resp.aclose()
-            err = error_from_response(resp.status_code, body, path)
-            if err.code == "not_found":
-                err.message = c.route_hint(self._config, err.message)
-                err.args = (err.message,)
-            raise err
+            raise ops.error_for(self._config, resp.status_code, body, op.path)
         return resp
 
+    async def _call(self, op: ops.Op[T]) -> T:
+        return op.parse(await self._open(op))
+
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self._send(method, path, **kw)
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError as e:
-            raise ProtocolError(f"invalid JSON from {method} {path}: {resp.text[:200]!r}") from e
+        return ops.parse_json(method, path, await self._send(method, path, **kw))
 
     async def aclose(self) -> None:
         """Closes the connection pool."""
@@ -151,7 +113,7 @@ class AsyncThreadbox:
 
     async def health(self) -> Health:
         """``GET /healthz``."""
-        return Health.from_dict(await self._json("GET", "/healthz"))
+        return await self._call(ops.health())
 
     async def create(
         self,
@@ -185,12 +147,8 @@ class AsyncThreadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
         )
-        resp = await self._send("POST", "/v1/sandboxes", json_body=body)
-        data = resp.json()
-        created = c.created_from(resp.status_code, data)
-        return AsyncSandbox(
-            self, SandboxInfo.from_dict(data), created=created, on_exit=c.effective_on_exit(on_exit, created)
-        )
+        info, created = await self._call(ops.create(body))
+        return AsyncSandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
 
     async def get_or_create(
         self,
@@ -212,10 +170,8 @@ class AsyncThreadbox:
         ``async with await tb.get_or_create(name) as sb:`` deletes it at the end only
         when this call created it, never a sandbox that already existed.
         """
-        if not name:
-            raise ValueError("get_or_create needs a name")
         return await self.create(
-            name,
+            ops.require_name(name),
             labels=labels,
             image=image,
             memory=memory,
@@ -230,8 +186,7 @@ class AsyncThreadbox:
 
     async def get(self, sandbox: str, *, on_exit: c.OnExit = "none") -> AsyncSandbox:
         """Fetches a sandbox by id or name; raises :class:`SandboxNotFound`."""
-        info = SandboxInfo.from_dict(await self._json("GET", c.sandbox_path(sandbox)))
-        return AsyncSandbox(self, info, on_exit=on_exit)
+        return AsyncSandbox(self, await self._call(ops.get(sandbox)), on_exit=on_exit)
 
     async def list(
         self,
@@ -240,20 +195,18 @@ class AsyncThreadbox:
         state: Literal["creating", "running", "paused", "stopped"] | None = None,
     ) -> builtins.list[AsyncSandbox]:
         """Lists sandboxes having all of ``labels`` (and in ``state``, if given)."""
-        data = await self._json("GET", "/v1/sandboxes", params=c.list_params(labels, state))
-        return [AsyncSandbox(self, SandboxInfo.from_dict(d), on_exit="none") for d in data.get("sandboxes", [])]
+        return [AsyncSandbox(self, info) for info in await self._call(ops.list_sandboxes(labels, state))]
 
     async def delete(self, sandbox: str, *, force: bool = True, missing_ok: bool = False) -> None:
         """Deletes a sandbox by id or name."""
-        params = {"force": "true"} if force else None
         try:
-            await self._send("DELETE", c.sandbox_path(sandbox), params=params)
+            await self._call(ops.delete(sandbox, force))
         except ThreadboxError as e:
-            if not (missing_ok and e.code == "not_found"):
+            if not ops.ignore_missing(e, missing_ok):
                 raise
 
 
-class AsyncSandbox:
+class AsyncSandbox(SandboxView):
     """Asyncio handle on one sandbox (see :class:`threadbox.Sandbox`).
 
     ``async with sandbox:`` deletes, stops or leaves it at the end per ``on_exit``.
@@ -268,41 +221,18 @@ class AsyncSandbox:
         on_exit: c.OnExit = "none",
     ) -> None:
         self.client = client
-        self.info = info
-        self.created = created
-        self.on_exit: c.OnExit = on_exit
+        self._init_view(info, created, on_exit)
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
-
-    def __repr__(self) -> str:
-        return f"AsyncSandbox(id={self.id!r}, name={self.name!r}, state={self.state!r})"
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    @property
-    def name(self) -> str | None:
-        return self.info.name
-
-    @property
-    def state(self) -> str:
-        return self.info.state
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return self.info.labels
-
-    def _path(self, *rest: str) -> str:
-        return c.sandbox_path(self.id, *rest)
+        self.contexts = _interp.AsyncContexts(self)
 
     async def refresh(self) -> SandboxInfo:
         """Reloads the metadata from the daemon."""
-        self.info = SandboxInfo.from_dict(await self.client._json("GET", self._path()))
+        self.info = await self.client._call(ops.get(self.id))
         return self.info
 
     async def _lifecycle(self, action: str) -> SandboxInfo:
-        self.info = SandboxInfo.from_dict(await self.client._json("POST", self._path(action)))
+        self.info = await self.client._call(ops.lifecycle(self.id, action))
         return self.info
 
     async def pause(self) -> SandboxInfo:
@@ -336,7 +266,7 @@ class AsyncSandbox:
 
     async def selftest(self) -> SelftestReport:
         """Runs the isolation self-test inside the sandbox."""
-        return SelftestReport.from_dict(await self.client._json("GET", self._path("selftest")))
+        return await self.client._call(ops.selftest(self.id))
 
     async def __aenter__(self) -> AsyncSandbox:
         return self
@@ -356,6 +286,12 @@ class AsyncSandbox:
                 if e.code != "not_found":
                     raise
 
+    async def run_code(
+        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+    ) -> _interp.Execution:
+        """Runs ``code`` in a persistent context (``python``, made on first use)."""
+        return await _interp.run_code_async(self, code, context=context, timeout=timeout, env=env)
+
     async def exec(
         self,
         cmd: c.Command,
@@ -371,13 +307,7 @@ class AsyncSandbox:
         body = c.exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes
         )
-        data = await self.client._json(
-            "POST",
-            self._path("exec"),
-            json_body=body,
-            timeout=c.exec_http_timeout(self.client._timeout, timeout),
-        )
-        return ExecResult.from_dict(data)
+        return await self.client._call(ops.exec_op(self.id, body, timeout, self.client._timeout))
 
     def exec_stream(
         self,
@@ -394,34 +324,33 @@ class AsyncSandbox:
         body = c.exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes
         )
-        return AsyncExecStream(
-            self.client, self._path("exec", "stream"), body, c.exec_http_timeout(self.client._timeout, timeout)
-        )
+        return AsyncExecStream(self.client, ops.exec_stream_op(self.id, body, timeout, self.client._timeout))
 
 
 class AsyncExecStream(AsyncIterator[ExecEvent]):
     """Async iterator over the events of a streamed exec."""
 
-    def __init__(self, client: AsyncThreadbox, path: str, body: dict[str, Any], timeout: httpx.Timeout) -> None:
+    def __init__(self, client: AsyncThreadbox, op: ops.Op[None]) -> None:
         self._client = client
-        self._path = path
-        self._body = body
-        self._timeout = timeout
+        self._op = op
+        self._decoder = ops.StreamDecoder(op.path)
         self._resp: httpx.Response | None = None
         self._lines: AsyncIterator[str] | None = None
         self._done = False
-        self.end: EndEvent | None = None
 
-    async def _open(self) -> AsyncIterator[str]:
+    @property
+    def end(self) -> EndEvent | None:
+        """The :class:`EndEvent`, once the stream reached it."""
+        return self._decoder.end
+
+    async def _start(self) -> AsyncIterator[str]:
         if self._lines is None:
-            self._resp = await self._client._send(
-                "POST", self._path, json_body=self._body, timeout=self._timeout, stream=True
-            )
+            self._resp = await self._client._open(self._op, stream=True)
             self._lines = self._resp.aiter_lines()
         return self._lines
 
     async def __aenter__(self) -> AsyncExecStream:
-        await self._open()
+        await self._start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -433,32 +362,19 @@ class AsyncExecStream(AsyncIterator[ExecEvent]):
     async def __anext__(self) -> ExecEvent:
         if self._done:
             raise StopAsyncIteration
-        lines = await self._open()
+        lines = await self._start()
         try:
-            while True:
-                try:
-                    line = await lines.__anext__()
-                except StopAsyncIteration:
-                    await self.aclose()
-                    if self.end is None:
-                        raise ProtocolError("exec stream ended without an end event") from None
-                    raise
-                except httpx.TransportError as e:
-                    raise DaemonUnreachable(f"exec stream interrupted: {e}") from e
-                if not line.strip():
-                    continue
-                try:
-                    ev = parse_event(json.loads(line))
-                except ValueError as e:
-                    raise ProtocolError(f"invalid exec stream line: {line[:200]!r}") from e
-                if ev is None:
-                    continue
-                if isinstance(ev, ErrorEvent):
-                    raise error_from_code(ev.code, ev.message, path=self._path)
-                if isinstance(ev, EndEvent):
-                    self.end = ev
-                    await self.aclose()
-                return ev
+            async for line in lines:
+                ev = self._decoder.feed(line)
+                if ev is not None:
+                    if self.end is not None:
+                        await self.aclose()
+                    return ev
+            self._decoder.finish()
+            raise StopAsyncIteration
+        except httpx.TransportError as e:
+            await self.aclose()
+            raise ops.StreamDecoder.interrupted(e) from e
         except BaseException:
             await self.aclose()
             raise
@@ -472,49 +388,23 @@ class AsyncExecStream(AsyncIterator[ExecEvent]):
     async def collect(self, on_output: Callable[[OutputEvent], object] | None = None) -> ExecResult:
         """Consumes the stream and returns the accumulated result; ``on_output`` sees
         each output event as it comes (to show progress)."""
-        out: builtins.list[bytes] = []
-        err: builtins.list[bytes] = []
+        acc = ops.Collector(on_output)
         async for ev in self:
-            if isinstance(ev, OutputEvent):
-                (out if ev.stream == "stdout" else err).append(ev.data)
-                if on_output is not None:
-                    on_output(ev)
-        return exec_result(self.end, out, err)
+            acc.add(ev)
+        return acc.result(self.end)
 
 
-class AsyncProcess:
+class AsyncProcess(ProcessView):
     """A background process of a sandbox (async)."""
 
     def __init__(self, sandbox: AsyncSandbox, info: ProcessInfo) -> None:
         self.sandbox = sandbox
         self.info = info
 
-    def __repr__(self) -> str:
-        return f"AsyncProcess(id={self.id}, pid={self.info.pid}, running={self.info.running})"
-
-    @property
-    def id(self) -> int:
-        return self.info.id
-
-    @property
-    def pid(self) -> int:
-        return self.info.pid
-
-    @property
-    def running(self) -> bool:
-        return self.info.running
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.info.exit_code
-
     async def refresh(self) -> ProcessInfo:
         """Reloads the process's state."""
-        for p in await self.sandbox.processes.list():
-            if p.id == self.id:
-                self.info = p.info
-                return self.info
-        raise ProcessNotFound(f"process {self.id} not found", code="not_found")
+        self.info = ops.find_process(await self.sandbox.client._call(ops.process_list(self.sandbox.id)), self.id)
+        return self.info
 
     async def logs(self) -> ProcessLogs:
         return await self.sandbox.processes.logs(self.id)
@@ -548,30 +438,17 @@ class AsyncProcesses:
         cwd: str | None = None,
         user: Literal["user", "root"] | None = None,
     ) -> AsyncProcess:
-        data = await self._sb.client._json(
-            "POST", self._sb._path("processes"), json_body=c.process_body(cmd, env=env, cwd=cwd, user=user)
-        )
-        return AsyncProcess(self._sb, ProcessInfo.from_dict(data))
+        body = c.process_body(cmd, env=env, cwd=cwd, user=user)
+        return AsyncProcess(self._sb, await self._sb.client._call(ops.process_start(self._sb.id, body)))
 
     async def list(self) -> builtins.list[AsyncProcess]:
-        data = await self._sb.client._json("GET", self._sb._path("processes"))
-        return [AsyncProcess(self._sb, ProcessInfo.from_dict(d)) for d in data.get("processes", [])]
+        return [AsyncProcess(self._sb, p) for p in await self._sb.client._call(ops.process_list(self._sb.id))]
 
     async def logs(self, process_id: int) -> ProcessLogs:
-        return ProcessLogs.from_dict(
-            await self._sb.client._json("GET", self._sb._path("processes", str(process_id), "logs"))
-        )
+        return await self._sb.client._call(ops.process_logs(self._sb.id, process_id))
 
     async def kill(self, process_id: int, *, signal: int | None = None) -> None:
-        body: dict[str, Any] = {} if signal is None else {"signal": int(signal)}
-        await self._sb.client._send("POST", self._sb._path("processes", str(process_id), "kill"), json_body=body)
-
-
-def _parent(path: str) -> str | None:
-    p = path.rstrip("/")
-    if "/" not in p:
-        return None
-    return p.rsplit("/", 1)[0] or None
+        await self._sb.client._call(ops.process_kill(self._sb.id, process_id, signal))
 
 
 async def _aiter_io(f: IO[bytes], chunk_size: int = _CHUNK) -> AsyncIterator[bytes]:
@@ -588,9 +465,6 @@ class AsyncFiles:
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sb = sandbox
 
-    def _files(self, *rest: str) -> str:
-        return self._sb._path("files", *rest)
-
     async def read(
         self,
         path: str,
@@ -600,9 +474,7 @@ class AsyncFiles:
         user: Literal["user", "root"] | None = None,
     ) -> bytes:
         """Reads a file, or ``length`` bytes of it from byte ``offset`` (only those are sent)."""
-        params = c.read_params(path, user, offset, length)
-        resp = await self._sb.client._send("GET", self._files(), params=params)
-        return resp.content
+        return await self._sb.client._call(ops.file_read(self._sb.id, path, user, offset, length))
 
     async def read_text(
         self, path: str, *, encoding: str = "utf-8", user: Literal["user", "root"] | None = None
@@ -619,8 +491,7 @@ class AsyncFiles:
         user: Literal["user", "root"] | None = None,
     ) -> AsyncIterator[bytes]:
         """Streams a file (or ``length`` bytes from ``offset``) in chunks."""
-        params = c.read_params(path, user, offset, length)
-        resp = await self._sb.client._send("GET", self._files(), params=params, stream=True)
+        resp = await self._sb.client._open(ops.file_read(self._sb.id, path, user, offset, length), stream=True)
         try:
             async for chunk in resp.aiter_bytes(chunk_size):
                 yield chunk
@@ -636,20 +507,20 @@ class AsyncFiles:
         parents: bool = True,
     ) -> None:
         """Writes a file (bytes, text, sync/async chunk iterables or a binary file)."""
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        if isinstance(data, (bytes, bytearray, memoryview)):
-            body = bytes(data)
+        client = self._sb.client
+        body = ops.whole_body(data)
+        if body is not None:
+            op = ops.file_write(self._sb.id, path, user, body, streamed=False)
             try:
-                await self._sb.client._send("PUT", self._files(), params=c.file_params(path, user), content=body)
+                await client._call(op)
             except FileNotFound:
-                parent = _parent(path)
+                parent = ops.parent_dir(path)
                 if not parents or parent is None:
                     raise
                 await self.mkdir(parent, parents=True)
-                await self._sb.client._send("PUT", self._files(), params=c.file_params(path, user), content=body)
+                await client._call(op)
             return
-        if parents and (parent := _parent(path)) is not None:
+        if parents and (parent := ops.parent_dir(path)) is not None:
             await self.mkdir(parent, parents=True)
         content: Any
         if hasattr(data, "read"):
@@ -657,20 +528,14 @@ class AsyncFiles:
         elif isinstance(data, AsyncIterable):
             content = data
         else:
-            sync_iter = iter(data)
+            sync_iter = iter(cast("Iterable[bytes]", data))
 
             async def _wrap() -> AsyncIterator[bytes]:
                 for chunk in sync_iter:
                     yield chunk
 
             content = _wrap()
-        await self._sb.client._send(
-            "PUT",
-            self._files(),
-            params=c.file_params(path, user),
-            content=content,
-            headers={"Content-Type": "application/octet-stream"},
-        )
+        await client._call(ops.file_write(self._sb.id, path, user, content, streamed=True))
 
     async def upload(
         self, local_path: str | os.PathLike[str], remote_path: str, *, user: Literal["user", "root"] | None = None
@@ -702,11 +567,10 @@ class AsyncFiles:
         return n
 
     async def list(self, path: str = ".") -> builtins.list[FileEntry]:
-        data = await self._sb.client._json("GET", self._files("list"), params=c.file_params(path))
-        return [FileEntry.from_dict(d) for d in data.get("entries", [])]
+        return await self._sb.client._call(ops.file_list(self._sb.id, path))
 
     async def stat(self, path: str) -> FileEntry:
-        return FileEntry.from_dict(await self._sb.client._json("GET", self._files("stat"), params=c.file_params(path)))
+        return await self._sb.client._call(ops.file_stat(self._sb.id, path))
 
     async def exists(self, path: str) -> bool:
         try:
@@ -716,13 +580,11 @@ class AsyncFiles:
         return True
 
     async def mkdir(self, path: str, *, parents: bool = True) -> None:
-        params = c.file_params(path, None, parents="true" if parents else "false")
-        await self._sb.client._send("POST", self._files("mkdir"), params=params)
+        await self._sb.client._call(ops.file_mkdir(self._sb.id, path, parents))
 
     async def remove(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
-        params = c.file_params(path, None, recursive="true" if recursive else "false")
         try:
-            await self._sb.client._send("DELETE", self._files(), params=params)
+            await self._sb.client._call(ops.file_remove(self._sb.id, path, recursive))
         except FileNotFound:
             if not missing_ok:
                 raise

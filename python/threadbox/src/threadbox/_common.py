@@ -60,6 +60,23 @@ def resolve_config(url: str | None, api_key: str | None) -> ClientConfig:
     return ClientConfig(base_url=raw.rstrip("/"), uds=None, api_key=key, display_url=raw)
 
 
+def client_timeout(timeout: float) -> httpx.Timeout:
+    """The default HTTP timeout of a client; connecting never waits more than 10 s."""
+    return httpx.Timeout(timeout, connect=min(timeout, 10.0))
+
+
+def client_options(
+    config: ClientConfig, timeout: httpx.Timeout, headers: Mapping[str, str] | None, hook: Any
+) -> dict[str, Any]:
+    """Arguments of ``httpx.Client``/``httpx.AsyncClient`` besides the transport."""
+    return {
+        "base_url": config.base_url,
+        "headers": config.headers(headers),
+        "timeout": timeout,
+        "event_hooks": {"request": [hook]},
+    }
+
+
 def route_hint(config: ClientConfig, message: str) -> str:
     """``message``, with a hint when the daemon knows no such route because the URL
     has a path (``THREADBOX_URL=http://host:7420/v1`` is the usual mistake)."""

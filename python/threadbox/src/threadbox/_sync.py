@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 import httpx
 
 from . import _common as c
-from . import _tracing
-from ._errors import (
-    DaemonUnreachable,
-    FileNotFound,
-    ProtocolError,
-    ThreadboxError,
-    error_from_code,
-    error_from_response,
-)
+from . import _interp, _tracing
+from . import _ops as ops
+from ._errors import FileNotFound, ThreadboxError
 from ._models import (
     EndEvent,
-    ErrorEvent,
     ExecEvent,
     ExecResult,
     FileEntry,
@@ -36,13 +28,13 @@ from ._models import (
     ProcessLogs,
     SandboxInfo,
     SelftestReport,
-    exec_result,
-    parse_event,
 )
+from ._views import ProcessView, SandboxView
 
 __all__ = ["ExecStream", "Files", "Process", "Processes", "Sandbox", "Threadbox", "default_client"]
 
 _CHUNK = 1 << 16
+T = TypeVar("T")
 
 
 class Threadbox:
@@ -76,15 +68,11 @@ class Threadbox:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._config = c.resolve_config(url, api_key)
-        self._timeout = httpx.Timeout(timeout, connect=min(timeout, 10.0))
+        self._timeout = c.client_timeout(timeout)
         if transport is None and self._config.uds:
             transport = httpx.HTTPTransport(uds=self._config.uds)
         self._http = httpx.Client(
-            base_url=self._config.base_url,
-            headers=self._config.headers(headers),
-            timeout=self._timeout,
-            transport=transport,
-            event_hooks={"request": [_tracing.request_hook]},
+            transport=transport, **c.client_options(self._config, self._timeout, headers, _tracing.request_hook)
         )
 
     @property
@@ -94,53 +82,28 @@ class Threadbox:
 
     # -- plumbing -------------------------------------------------------------
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        params: Any = None,
-        content: Any = None,
-        timeout: httpx.Timeout | None = None,
-        stream: bool = False,
-        headers: Mapping[str, str] | None = None,
-    ) -> httpx.Response:
-        req = self._http.build_request(
-            method,
-            path,
-            json=json_body,
-            params=params,
-            content=content,
-            timeout=timeout or self._timeout,
-            headers=headers,
-        )
+    def _send(self, method: str, path: str, *, stream: bool = False, **kw: Any) -> httpx.Response:
+        """Sends one request; raises the typed error of a failed answer."""
+        return self._open(ops.Op(method, path, **kw), stream=stream)
+
+    def _open(self, op: ops.Op[Any], *, stream: bool = False) -> httpx.Response:
         try:
-            resp = self._http.send(req, stream=stream)
-        except httpx.TimeoutException as e:
-            raise DaemonUnreachable(f"timed out talking to threadbox at {self.url}: {e!r}") from e
+            resp = self._http.send(self._http.build_request(**op.request_args(self._timeout)), stream=stream)
         except httpx.TransportError as e:
-            raise DaemonUnreachable(f"cannot reach threadbox at {self.url}: {e}") from e
+            raise ops.unreachable(self.url, e) from e
         if not c.is_success(resp.status_code):
             try:
                 body = resp.read()
             finally:
                 resp.close()
-            err = error_from_response(resp.status_code, body, path)
-            if err.code == "not_found":
-                err.message = c.route_hint(self._config, err.message)
-                err.args = (err.message,)
-            raise err
+            raise ops.error_for(self._config, resp.status_code, body, op.path)
         return resp
 
+    def _call(self, op: ops.Op[T]) -> T:
+        return op.parse(self._open(op))
+
     def _json(self, method: str, path: str, **kw: Any) -> Any:
-        resp = self._send(method, path, **kw)
-        if not resp.content:
-            return None
-        try:
-            return resp.json()
-        except ValueError as e:
-            raise ProtocolError(f"invalid JSON from {method} {path}: {resp.text[:200]!r}") from e
+        return ops.parse_json(method, path, self._send(method, path, **kw))
 
     def close(self) -> None:
         """Closes the connection pool."""
@@ -156,17 +119,9 @@ class Threadbox:
 
     def health(self) -> Health:
         """``GET /healthz``."""
-        return Health.from_dict(self._json("GET", "/healthz"))
+        return self._call(ops.health())
 
     # -- sandboxes ------------------------------------------------------------
-
-    def _create(self, body: dict[str, Any], on_exit: c.OnExit) -> Sandbox:
-        resp = self._send("POST", "/v1/sandboxes", json_body=body)
-        data = resp.json()
-        created = c.created_from(resp.status_code, data)
-        return Sandbox(
-            self, SandboxInfo.from_dict(data), created=created, on_exit=c.effective_on_exit(on_exit, created)
-        )
 
     def create(
         self,
@@ -203,7 +158,8 @@ class Threadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
         )
-        return self._create(body, on_exit)
+        info, created = self._call(ops.create(body))
+        return Sandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
 
     def get_or_create(
         self,
@@ -226,10 +182,8 @@ class Threadbox:
         ``with tb.get_or_create("thread-42") as sb:`` deletes the sandbox at the end
         of the block only when this call created it, never one that already existed.
         """
-        if not name:
-            raise ValueError("get_or_create needs a name")
         return self.create(
-            name,
+            ops.require_name(name),
             labels=labels,
             image=image,
             memory=memory,
@@ -244,8 +198,7 @@ class Threadbox:
 
     def get(self, sandbox: str, *, on_exit: c.OnExit = "none") -> Sandbox:
         """Fetches a sandbox by id or name; raises :class:`SandboxNotFound`."""
-        info = SandboxInfo.from_dict(self._json("GET", c.sandbox_path(sandbox)))
-        return Sandbox(self, info, on_exit=on_exit)
+        return Sandbox(self, self._call(ops.get(sandbox)), on_exit=on_exit)
 
     def list(
         self,
@@ -254,16 +207,14 @@ class Threadbox:
         state: Literal["creating", "running", "paused", "stopped"] | None = None,
     ) -> builtins.list[Sandbox]:
         """Lists sandboxes having all of ``labels`` (and in ``state``, if given)."""
-        data = self._json("GET", "/v1/sandboxes", params=c.list_params(labels, state))
-        return [Sandbox(self, SandboxInfo.from_dict(d), on_exit="none") for d in data.get("sandboxes", [])]
+        return [Sandbox(self, info) for info in self._call(ops.list_sandboxes(labels, state))]
 
     def delete(self, sandbox: str, *, force: bool = True, missing_ok: bool = False) -> None:
         """Deletes a sandbox by id or name (``force`` stops it first if running)."""
-        params = {"force": "true"} if force else None
         try:
-            self._send("DELETE", c.sandbox_path(sandbox), params=params)
+            self._call(ops.delete(sandbox, force))
         except ThreadboxError as e:
-            if not (missing_ok and e.code == "not_found"):
+            if not ops.ignore_missing(e, missing_ok):
                 raise
 
 
@@ -280,7 +231,7 @@ def default_client() -> Threadbox:
         return _default
 
 
-class Sandbox:
+class Sandbox(SandboxView):
     """A handle on one sandbox.
 
     Obtain one with :meth:`Threadbox.create`, :meth:`Threadbox.get_or_create`,
@@ -302,15 +253,11 @@ class Sandbox:
         on_exit: c.OnExit = "none",
     ) -> None:
         self.client = client
-        self.info = info
-        self.created = created
-        """True when the call that returned this handle created the sandbox."""
-        self.on_exit: c.OnExit = on_exit
+        self._init_view(info, created, on_exit)
         self.files = Files(self)
         self.processes = Processes(self)
-
-    def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, name={self.name!r}, state={self.state!r})"
+        self.contexts = _interp.Contexts(self)
+        """Persistent interpreter contexts (variables survive between calls)."""
 
     # -- class-level constructors (default client) ----------------------------
 
@@ -340,37 +287,15 @@ class Sandbox:
         """Like :meth:`Threadbox.list`."""
         return (client or default_client()).list(labels, state=state)
 
-    # -- metadata -------------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    @property
-    def name(self) -> str | None:
-        return self.info.name
-
-    @property
-    def state(self) -> str:
-        """State as of the last call that returned metadata (see :meth:`refresh`)."""
-        return self.info.state
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return self.info.labels
-
-    def _path(self, *rest: str) -> str:
-        return c.sandbox_path(self.id, *rest)
-
     def refresh(self) -> SandboxInfo:
         """Reloads the metadata from the daemon."""
-        self.info = SandboxInfo.from_dict(self.client._json("GET", self._path()))
+        self.info = self.client._call(ops.get(self.id))
         return self.info
 
     # -- lifecycle ------------------------------------------------------------
 
     def _lifecycle(self, action: str) -> SandboxInfo:
-        self.info = SandboxInfo.from_dict(self.client._json("POST", self._path(action)))
+        self.info = self.client._call(ops.lifecycle(self.id, action))
         return self.info
 
     def pause(self) -> SandboxInfo:
@@ -404,7 +329,7 @@ class Sandbox:
 
     def selftest(self) -> SelftestReport:
         """Runs the isolation self-test inside the sandbox."""
-        return SelftestReport.from_dict(self.client._json("GET", self._path("selftest")))
+        return self.client._call(ops.selftest(self.id))
 
     def __enter__(self) -> Sandbox:
         return self
@@ -423,6 +348,12 @@ class Sandbox:
             except ThreadboxError as e:
                 if e.code != "not_found":
                     raise
+
+    def run_code(
+        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+    ) -> _interp.Execution:
+        """Runs ``code`` in a persistent context (``python``, made on first use)."""
+        return _interp.run_code(self, code, context=context, timeout=timeout, env=env)
 
     # -- exec -----------------------------------------------------------------
 
@@ -456,13 +387,7 @@ class Sandbox:
         body = c.exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes
         )
-        data = self.client._json(
-            "POST",
-            self._path("exec"),
-            json_body=body,
-            timeout=c.exec_http_timeout(self.client._timeout, timeout),
-        )
-        return ExecResult.from_dict(data)
+        return self.client._call(ops.exec_op(self.id, body, timeout, self.client._timeout))
 
     def exec_stream(
         self,
@@ -489,9 +414,7 @@ class Sandbox:
         body = c.exec_body(
             cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes
         )
-        return ExecStream(
-            self.client, self._path("exec", "stream"), body, c.exec_http_timeout(self.client._timeout, timeout)
-        )
+        return ExecStream(self.client, ops.exec_stream_op(self.id, body, timeout, self.client._timeout))
 
 
 class ExecStream(Iterator[ExecEvent]):
@@ -501,26 +424,27 @@ class ExecStream(Iterator[ExecEvent]):
     After the iteration ends, ``end`` holds the :class:`EndEvent`.
     """
 
-    def __init__(self, client: Threadbox, path: str, body: dict[str, Any], timeout: httpx.Timeout) -> None:
+    def __init__(self, client: Threadbox, op: ops.Op[None]) -> None:
         self._client = client
-        self._path = path
-        self._body = body
-        self._timeout = timeout
+        self._op = op
+        self._decoder = ops.StreamDecoder(op.path)
         self._resp: httpx.Response | None = None
         self._lines: Iterator[str] | None = None
         self._done = False
-        self.end: EndEvent | None = None
 
-    def _open(self) -> Iterator[str]:
+    @property
+    def end(self) -> EndEvent | None:
+        """The :class:`EndEvent`, once the stream reached it."""
+        return self._decoder.end
+
+    def _start(self) -> Iterator[str]:
         if self._lines is None:
-            self._resp = self._client._send(
-                "POST", self._path, json_body=self._body, timeout=self._timeout, stream=True
-            )
+            self._resp = self._client._open(self._op, stream=True)
             self._lines = self._resp.iter_lines()
         return self._lines
 
     def __enter__(self) -> ExecStream:
-        self._open()
+        self._start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -532,35 +456,19 @@ class ExecStream(Iterator[ExecEvent]):
     def __next__(self) -> ExecEvent:
         if self._done:
             raise StopIteration
-        lines = self._open()
+        lines = self._start()
         try:
-            while True:
-                try:
-                    line = next(lines)
-                except StopIteration:
-                    self.close()
-                    if self.end is None:
-                        raise ProtocolError("exec stream ended without an end event") from None
-                    raise
-                except httpx.TransportError as e:
-                    self.close()
-                    raise DaemonUnreachable(f"exec stream interrupted: {e}") from e
-                if not line.strip():
-                    continue
-                try:
-                    ev = parse_event(json.loads(line))
-                except ValueError as e:
-                    self.close()
-                    raise ProtocolError(f"invalid exec stream line: {line[:200]!r}") from e
-                if ev is None:
-                    continue
-                if isinstance(ev, ErrorEvent):
-                    self.close()
-                    raise error_from_code(ev.code, ev.message, path=self._path)
-                if isinstance(ev, EndEvent):
-                    self.end = ev
-                    self.close()
-                return ev
+            for line in lines:
+                ev = self._decoder.feed(line)
+                if ev is not None:
+                    if self.end is not None:
+                        self.close()
+                    return ev
+            self._decoder.finish()
+            raise StopIteration
+        except httpx.TransportError as e:
+            self.close()
+            raise ops.StreamDecoder.interrupted(e) from e
         except BaseException:
             self.close()
             raise
@@ -574,51 +482,23 @@ class ExecStream(Iterator[ExecEvent]):
     def collect(self, on_output: Callable[[OutputEvent], object] | None = None) -> ExecResult:
         """Consumes the stream and returns the accumulated result; ``on_output`` sees
         each output event as it comes (to show progress)."""
-        out: builtins.list[bytes] = []
-        err: builtins.list[bytes] = []
+        acc = ops.Collector(on_output)
         for ev in self:
-            if isinstance(ev, OutputEvent):
-                (out if ev.stream == "stdout" else err).append(ev.data)
-                if on_output is not None:
-                    on_output(ev)
-        return exec_result(self.end, out, err)
+            acc.add(ev)
+        return acc.result(self.end)
 
 
-class Process:
+class Process(ProcessView):
     """A background process of a sandbox."""
 
     def __init__(self, sandbox: Sandbox, info: ProcessInfo) -> None:
         self.sandbox = sandbox
         self.info = info
 
-    def __repr__(self) -> str:
-        return f"Process(id={self.id}, pid={self.info.pid}, running={self.info.running})"
-
-    @property
-    def id(self) -> int:
-        return self.info.id
-
-    @property
-    def pid(self) -> int:
-        return self.info.pid
-
-    @property
-    def running(self) -> bool:
-        return self.info.running
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.info.exit_code
-
     def refresh(self) -> ProcessInfo:
         """Reloads the process's state."""
-        for p in self.sandbox.processes.list():
-            if p.id == self.id:
-                self.info = p.info
-                return self.info
-        from ._errors import ProcessNotFound
-
-        raise ProcessNotFound(f"process {self.id} not found", code="not_found")
+        self.info = ops.find_process(self.sandbox.client._call(ops.process_list(self.sandbox.id)), self.id)
+        return self.info
 
     def logs(self) -> ProcessLogs:
         """Its captured output so far."""
@@ -655,24 +535,20 @@ class Processes:
         user: Literal["user", "root"] | None = None,
     ) -> Process:
         """Starts a process that keeps running after the call returns."""
-        data = self._sb.client._json(
-            "POST", self._sb._path("processes"), json_body=c.process_body(cmd, env=env, cwd=cwd, user=user)
-        )
-        return Process(self._sb, ProcessInfo.from_dict(data))
+        body = c.process_body(cmd, env=env, cwd=cwd, user=user)
+        return Process(self._sb, self._sb.client._call(ops.process_start(self._sb.id, body)))
 
     def list(self) -> builtins.list[Process]:
         """Every background process started through the API."""
-        data = self._sb.client._json("GET", self._sb._path("processes"))
-        return [Process(self._sb, ProcessInfo.from_dict(d)) for d in data.get("processes", [])]
+        return [Process(self._sb, p) for p in self._sb.client._call(ops.process_list(self._sb.id))]
 
     def logs(self, process_id: int) -> ProcessLogs:
         """Captured output of a process."""
-        return ProcessLogs.from_dict(self._sb.client._json("GET", self._sb._path("processes", str(process_id), "logs")))
+        return self._sb.client._call(ops.process_logs(self._sb.id, process_id))
 
     def kill(self, process_id: int, *, signal: int | None = None) -> None:
         """Sends ``signal`` (default SIGKILL) to a process."""
-        body: dict[str, Any] = {} if signal is None else {"signal": int(signal)}
-        self._sb.client._send("POST", self._sb._path("processes", str(process_id), "kill"), json_body=body)
+        self._sb.client._call(ops.process_kill(self._sb.id, process_id, signal))
 
 
 def _iter_io(f: IO[bytes], chunk_size: int = _CHUNK) -> Iterator[bytes]:
@@ -683,22 +559,11 @@ def _iter_io(f: IO[bytes], chunk_size: int = _CHUNK) -> Iterator[bytes]:
         yield b
 
 
-def _parent(path: str) -> str | None:
-    p = path.rstrip("/")
-    if "/" not in p:
-        return None
-    parent = p.rsplit("/", 1)[0]
-    return parent or None
-
-
 class Files:
     """Files of a sandbox (``sandbox.files``). Relative paths resolve against ``/home/user``."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sb = sandbox
-
-    def _files(self, *rest: str) -> str:
-        return self._sb._path("files", *rest)
 
     def read(
         self,
@@ -712,8 +577,7 @@ class Files:
 
         A range that starts at or past the end of the file reads as ``b""``.
         """
-        resp = self._sb.client._send("GET", self._files(), params=c.read_params(path, user, offset, length))
-        return resp.content
+        return self._sb.client._call(ops.file_read(self._sb.id, path, user, offset, length))
 
     def read_text(self, path: str, *, encoding: str = "utf-8", user: Literal["user", "root"] | None = None) -> str:
         """Reads a whole file as text."""
@@ -729,8 +593,7 @@ class Files:
         user: Literal["user", "root"] | None = None,
     ) -> Iterator[bytes]:
         """Streams a file (or ``length`` bytes from ``offset``) in chunks, for files too large to hold."""
-        params = c.read_params(path, user, offset, length)
-        resp = self._sb.client._send("GET", self._files(), params=params, stream=True)
+        resp = self._sb.client._open(ops.file_read(self._sb.id, path, user, offset, length), stream=True)
         try:
             yield from resp.iter_bytes(chunk_size)
         finally:
@@ -750,29 +613,23 @@ class Files:
         a binary file object (both streamed). With ``parents`` the missing parent
         directories are created.
         """
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        if isinstance(data, (bytes, bytearray, memoryview)):
-            body = bytes(data)
+        client = self._sb.client
+        body = ops.whole_body(data)
+        if body is not None:
+            op = ops.file_write(self._sb.id, path, user, body, streamed=False)
             try:
-                self._sb.client._send("PUT", self._files(), params=c.file_params(path, user), content=body)
+                client._call(op)
             except FileNotFound:
-                parent = _parent(path)
+                parent = ops.parent_dir(path)
                 if not parents or parent is None:
                     raise
                 self.mkdir(parent, parents=True)
-                self._sb.client._send("PUT", self._files(), params=c.file_params(path, user), content=body)
+                client._call(op)
             return
-        if parents and (parent := _parent(path)) is not None:
+        if parents and (parent := ops.parent_dir(path)) is not None:
             self.mkdir(parent, parents=True)
-        content: Iterable[bytes] = _iter_io(data) if hasattr(data, "read") else data  # type: ignore[arg-type]
-        self._sb.client._send(
-            "PUT",
-            self._files(),
-            params=c.file_params(path, user),
-            content=content,
-            headers={"Content-Type": "application/octet-stream"},
-        )
+        content: Iterable[bytes] = _iter_io(data) if hasattr(data, "read") else data  # type: ignore[arg-type,assignment]
+        client._call(ops.file_write(self._sb.id, path, user, content, streamed=True))
 
     def upload(
         self, local_path: str | os.PathLike[str], remote_path: str, *, user: Literal["user", "root"] | None = None
@@ -799,12 +656,11 @@ class Files:
 
     def list(self, path: str = ".") -> builtins.list[FileEntry]:
         """Lists a directory."""
-        data = self._sb.client._json("GET", self._files("list"), params=c.file_params(path))
-        return [FileEntry.from_dict(d) for d in data.get("entries", [])]
+        return self._sb.client._call(ops.file_list(self._sb.id, path))
 
     def stat(self, path: str) -> FileEntry:
         """Metadata of one path; raises :class:`FileNotFound`."""
-        return FileEntry.from_dict(self._sb.client._json("GET", self._files("stat"), params=c.file_params(path)))
+        return self._sb.client._call(ops.file_stat(self._sb.id, path))
 
     def exists(self, path: str) -> bool:
         """True when ``path`` exists."""
@@ -816,14 +672,12 @@ class Files:
 
     def mkdir(self, path: str, *, parents: bool = True) -> None:
         """Creates a directory (and its parents with ``parents``)."""
-        params = c.file_params(path, None, parents="true" if parents else "false")
-        self._sb.client._send("POST", self._files("mkdir"), params=params)
+        self._sb.client._call(ops.file_mkdir(self._sb.id, path, parents))
 
     def remove(self, path: str, *, recursive: bool = False, missing_ok: bool = False) -> None:
         """Removes a file, or a directory tree with ``recursive``."""
-        params = c.file_params(path, None, recursive="true" if recursive else "false")
         try:
-            self._sb.client._send("DELETE", self._files(), params=params)
+            self._sb.client._call(ops.file_remove(self._sb.id, path, recursive))
         except FileNotFound:
             if not missing_ok:
                 raise

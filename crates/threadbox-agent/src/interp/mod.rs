@@ -1,0 +1,830 @@
+//! Interpreter contexts (issue 15, ADR 0080): one standard-library Python worker per
+//! context, started through the exec spawn path (its own child cgroup `ctx-<n>`, the
+//! sandbox's seccomp, Landlock and user) and spoken to over a private socketpair with
+//! NDJSON. fds 1/2 of the worker are pipes to the agent, so subprocess and C-level output
+//! is captured; Python-level output comes on the control socket, ordered with displays.
+
+use crate::agent::{self, Agent};
+use crate::error::{AgentError, Result};
+use crate::exec::{credit_frozen, spawn_passing, Spawned};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd};
+use std::rc::Rc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use threadbox_proto::interp::{
+    CellEnd, CellOutput, CellStatus, ContextState, ExceptionInfo, MAX_CODE, MAX_CONTEXTS,
+};
+use threadbox_proto::{
+    CellSpec, CodeEvent, Command as ProtoCommand, ContextInfo, ContextSpec, ErrorKind, Execution,
+    Frame, Response, CHUNK, MAX_OUTPUT_LIMIT,
+};
+use threadbox_sys::child::{self as syschild, WaitStatus};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::time::sleep_until;
+
+const WORKER: &str = include_str!("worker.py");
+const BOOTSTRAP: &str = include_str!("bootstrap.py");
+/// How long a new worker has to say `ready`.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// After SIGINT, how long the cell has to stop before the worker is killed (its state
+/// is then lost, and the result says so).
+const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+/// Longest line the worker may send (a display value is bounded at 8 MiB before base64).
+const MAX_LINE: usize = 24 * 1024 * 1024;
+const FROZEN_TICK: Duration = Duration::from_millis(200);
+
+/// A running worker and its channels; held by the context while idle, by the execution
+/// while a cell runs.
+struct Worker {
+    pid: i32,
+    cgroup: Option<String>,
+    ctl: UnixStream,
+    buf: Vec<u8>,
+    p: Spawned,
+}
+
+pub struct Ctx {
+    info: RefCell<ContextInfo>,
+    spec: ContextSpec,
+    worker: RefCell<Option<Worker>>,
+    /// The worker's pid and cgroup, also while a cell holds the worker.
+    pid: Cell<Option<i32>>,
+    cgroup: RefCell<Option<String>>,
+    running: RefCell<Option<String>>,
+    interrupt: Notify,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    contexts: BTreeMap<String, Rc<Ctx>>,
+    next: u64,
+    next_exec: u64,
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn find(agent: &Agent, key: &str) -> Option<Rc<Ctx>> {
+    let reg = agent.contexts.borrow();
+    reg.contexts.get(key).cloned().or_else(|| {
+        reg.contexts
+            .values()
+            .find(|c| c.info.borrow().name == key)
+            .cloned()
+    })
+}
+
+fn not_found(key: &str) -> AgentError {
+    AgentError::new(ErrorKind::NotFound, format!("no context {key:?}"))
+}
+
+impl Ctx {
+    fn snapshot(&self) -> ContextInfo {
+        let mut i = self.info.borrow().clone();
+        i.pid = self.pid.get();
+        i.state = if self.running.borrow().is_some() {
+            ContextState::Busy
+        } else if self.pid.get().is_some() {
+            ContextState::Idle
+        } else {
+            ContextState::Dead
+        };
+        i.created = false;
+        i
+    }
+}
+
+/// Reads the next NDJSON line of the worker (None at EOF). A line beyond [`MAX_LINE`]
+/// is an error: the worker (or a cell writing on its socket) is misbehaving.
+async fn read_line(
+    ctl: &mut UnixStream,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<serde_json::Value>> {
+    loop {
+        if let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            return match serde_json::from_slice(&line) {
+                Ok(v) => Ok(Some(v)),
+                Err(_) => Err(std::io::Error::other("malformed line from the worker")),
+            };
+        }
+        if buf.len() > MAX_LINE {
+            return Err(std::io::Error::other("the worker sent an oversized line"));
+        }
+        let mut chunk = vec![0u8; CHUNK];
+        let n = ctl.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn start_worker(agent: &Rc<Agent>, spec: &ContextSpec) -> Result<Worker> {
+    if spec.language != "python" {
+        return Err(AgentError::invalid(format!(
+            "language {:?} is not available (only \"python\" for now)",
+            spec.language
+        )));
+    }
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| AgentError::internal(format!("socketpair: {e}")))?;
+    let mut env = spec.env.clone();
+    env.insert("THREADBOX_CTL_FD".into(), theirs.as_raw_fd().to_string());
+    let cmd = ProtoCommand::Argv(vec!["python3".into(), "-c".into(), BOOTSTRAP.into()]);
+    let prepared = agent::prepare(&agent.root, &cmd, &env, spec.cwd.as_deref(), spec.user)?;
+    let p = spawn_passing(
+        agent,
+        prepared,
+        "python3",
+        "ctx",
+        false,
+        Some(theirs.as_fd()),
+    )
+    .map_err(|e| {
+        if e.kind == ErrorKind::NotFound {
+            AgentError::new(
+                ErrorKind::NotFound,
+                "language_unavailable: python3 is not installed in this sandbox",
+            )
+        } else {
+            e
+        }
+    })?;
+    drop(theirs);
+    let kill = |p: &Spawned| agent.kill_tree(p.cgroup.as_deref(), p.pid);
+    let ctl = ours
+        .set_nonblocking(true)
+        .and_then(|()| UnixStream::from_std(ours));
+    let ctl = match ctl {
+        Ok(c) => c,
+        Err(e) => {
+            kill(&p);
+            return Err(AgentError::internal(format!("control socket: {e}")));
+        }
+    };
+    let mut w = Worker {
+        pid: p.pid,
+        cgroup: p.cgroup.clone(),
+        ctl,
+        buf: Vec::new(),
+        p,
+    };
+    let mut hello = format!("{}\n", WORKER.len()).into_bytes();
+    hello.extend_from_slice(WORKER.as_bytes());
+    let ready = tokio::time::timeout(START_TIMEOUT, async {
+        w.ctl.write_all(&hello).await?;
+        read_line(&mut w.ctl, &mut w.buf).await
+    })
+    .await;
+    match ready {
+        Ok(Ok(Some(v))) if v["ev"] == "ready" => Ok(w),
+        other => {
+            kill(&w.p);
+            let mut err = vec![0u8; 4096];
+            let n =
+                match tokio::time::timeout(Duration::from_millis(500), w.p.stderr.read(&mut err))
+                    .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => 0,
+                };
+            Err(AgentError::internal(format!(
+                "the python worker did not start ({}): {}",
+                match other {
+                    Err(_) => "timed out".to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "it exited".to_string(),
+                },
+                String::from_utf8_lossy(&err[..n]).trim()
+            )))
+        }
+    }
+}
+
+fn install(ctx: &Ctx, w: Worker) {
+    ctx.pid.set(Some(w.pid));
+    *ctx.cgroup.borrow_mut() = w.cgroup.clone();
+    *ctx.worker.borrow_mut() = Some(w);
+}
+
+/// Kills the current worker (its whole cgroup) and forgets it.
+fn kill_worker(agent: &Agent, ctx: &Ctx) {
+    if let Some(pid) = ctx.pid.take() {
+        let cg = ctx.cgroup.borrow_mut().take();
+        agent.kill_tree(cg.as_deref(), pid);
+        if let Some(name) = cg {
+            agent.release_cgroup(name);
+        }
+    }
+    ctx.worker.borrow_mut().take();
+}
+
+pub async fn create(agent: &Rc<Agent>, spec: ContextSpec) -> Result<Response> {
+    if let Some(name) = &spec.name {
+        if name.is_empty() || name.len() > 128 {
+            return Err(AgentError::invalid(
+                "a context name has 1 to 128 characters",
+            ));
+        }
+        if let Some(c) = find(agent, name) {
+            return Ok(Response::Context(c.snapshot()));
+        }
+    }
+    if agent.contexts.borrow().contexts.len() >= MAX_CONTEXTS {
+        return Err(AgentError::invalid(format!(
+            "too_many_contexts: a sandbox has at most {MAX_CONTEXTS} contexts"
+        )));
+    }
+    let w = start_worker(agent, &spec).await?;
+    // Another create of the same name may have won while the worker started.
+    if let Some(name) = &spec.name {
+        if let Some(c) = find(agent, name) {
+            agent.kill_tree(w.cgroup.as_deref(), w.pid);
+            return Ok(Response::Context(c.snapshot()));
+        }
+    }
+    let id = {
+        let mut reg = agent.contexts.borrow_mut();
+        reg.next += 1;
+        format!("ctx-{}", reg.next)
+    };
+    let ctx = Rc::new(Ctx {
+        info: RefCell::new(ContextInfo {
+            id: id.clone(),
+            name: spec.name.clone().unwrap_or_else(|| id.clone()),
+            language: spec.language.clone(),
+            cwd: spec.cwd.clone(),
+            user: spec.user,
+            state: ContextState::Idle,
+            execution_count: 0,
+            generation: 1,
+            pid: None,
+            created_at: now_secs(),
+            reason: None,
+            created: true,
+        }),
+        spec,
+        worker: RefCell::new(None),
+        pid: Cell::new(None),
+        cgroup: RefCell::new(None),
+        running: RefCell::new(None),
+        interrupt: Notify::new(),
+    });
+    install(&ctx, w);
+    agent.contexts.borrow_mut().contexts.insert(id, ctx.clone());
+    let mut info = ctx.snapshot();
+    info.created = true;
+    Ok(Response::Context(info))
+}
+
+pub fn list(agent: &Agent) -> Response {
+    Response::Contexts {
+        contexts: agent
+            .contexts
+            .borrow()
+            .contexts
+            .values()
+            .map(|c| c.snapshot())
+            .collect(),
+    }
+}
+
+pub fn delete(agent: &Agent, key: &str) -> Result<Response> {
+    let ctx = find(agent, key).ok_or_else(|| not_found(key))?;
+    kill_worker(agent, &ctx);
+    let id = ctx.info.borrow().id.clone();
+    agent.contexts.borrow_mut().contexts.remove(&id);
+    Ok(Response::Done)
+}
+
+pub async fn restart(agent: &Rc<Agent>, key: &str) -> Result<Response> {
+    let ctx = find(agent, key).ok_or_else(|| not_found(key))?;
+    kill_worker(agent, &ctx);
+    {
+        let mut i = ctx.info.borrow_mut();
+        i.generation += 1;
+        i.execution_count = 0;
+        i.reason = None;
+    }
+    let w = start_worker(agent, &ctx.spec).await?;
+    install(&ctx, w);
+    Ok(Response::Context(ctx.snapshot()))
+}
+
+pub fn interrupt(agent: &Agent, key: &str) -> Result<Response> {
+    let ctx = find(agent, key).ok_or_else(|| not_found(key))?;
+    let busy = ctx.running.borrow().is_some();
+    if busy {
+        ctx.interrupt.notify_one();
+    }
+    Ok(Response::Interrupted { interrupted: busy })
+}
+
+/// Collects the events of one execution: sends them in stream mode, folds them always.
+struct Fold {
+    id: u64,
+    stream: bool,
+    tx: mpsc::Sender<Frame>,
+    ex: Execution,
+    limit: usize,
+    out_bytes: usize,
+    err_bytes: usize,
+}
+
+impl Fold {
+    async fn emit(&mut self, ev: CodeEvent) {
+        match &ev {
+            CodeEvent::Stdout { text } | CodeEvent::Stderr { text } => {
+                let is_out = matches!(ev, CodeEvent::Stdout { .. });
+                let used = if is_out {
+                    &mut self.out_bytes
+                } else {
+                    &mut self.err_bytes
+                };
+                let room = self.limit.saturating_sub(*used);
+                if room == 0 {
+                    self.ex.truncated = true;
+                    return;
+                }
+                let mut text = text.clone();
+                if text.len() > room {
+                    let mut cut = room;
+                    while !text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    text.truncate(cut);
+                    self.ex.truncated = true;
+                }
+                *used += text.len();
+                if self.stream {
+                    let ev = if is_out {
+                        CodeEvent::Stdout { text }
+                    } else {
+                        CodeEvent::Stderr { text }
+                    };
+                    self.send(ev).await;
+                } else if is_out {
+                    self.ex.stdout.push_str(&text);
+                } else {
+                    self.ex.stderr.push_str(&text);
+                }
+                return;
+            }
+            CodeEvent::Display(o) => self.ex.outputs.push(o.clone()),
+            CodeEvent::Result(o) => self.ex.result = Some(o.clone()),
+            CodeEvent::Exception(e) => self.ex.exception = Some(e.clone()),
+            _ => {}
+        }
+        if self.stream {
+            self.send(ev).await;
+        }
+    }
+
+    async fn send(&self, ev: CodeEvent) {
+        let _ = self
+            .tx
+            .send(Frame::Response {
+                id: self.id,
+                resp: Response::Cell(ev),
+            })
+            .await;
+    }
+}
+
+fn output(v: &serde_json::Value) -> CellOutput {
+    CellOutput {
+        data: v["data"].as_object().cloned().unwrap_or_default(),
+        metadata: v["metadata"].as_object().cloned().unwrap_or_default(),
+    }
+}
+
+fn death_reason(
+    agent: &Agent,
+    status: Option<WaitStatus>,
+    oom_before: Option<u64>,
+    cg: Option<&str>,
+) -> String {
+    if let (Some(before), Some(after)) = (oom_before, cg.and_then(|c| oom_kills(agent, c))) {
+        if after > before {
+            return "oom".into();
+        }
+    }
+    match status {
+        Some(WaitStatus::Exited(c)) => format!("exited:{c}"),
+        Some(WaitStatus::Signaled(libc::SIGKILL)) => "killed".into(),
+        Some(WaitStatus::Signaled(s)) => format!("signal:{s}"),
+        None => "killed".into(),
+    }
+}
+
+/// `oom_kill` of the context cgroup's `memory.events`, where readable.
+fn oom_kills(agent: &Agent, cgroup: &str) -> Option<u64> {
+    let dir = agent.cgroup.as_ref()?;
+    let fd = dir.open_read(&format!("{cgroup}/memory.events")).ok()?;
+    let mut f = std::fs::File::from(fd);
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut f, &mut s).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+enum Stop {
+    Interrupted,
+    TimedOut,
+}
+
+pub async fn execute(
+    agent: Rc<Agent>,
+    id: u64,
+    spec: CellSpec,
+    tx: mpsc::Sender<Frame>,
+    mut cancel: oneshot::Receiver<()>,
+) -> Response {
+    match execute_inner(&agent, id, spec, tx, &mut cancel).await {
+        Ok(ex) => Response::Executed(ex),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn execute_inner(
+    agent: &Rc<Agent>,
+    id: u64,
+    spec: CellSpec,
+    tx: mpsc::Sender<Frame>,
+    cancel: &mut oneshot::Receiver<()>,
+) -> Result<Execution> {
+    if spec.code.len() > MAX_CODE {
+        return Err(AgentError::invalid(format!(
+            "the code is larger than {MAX_CODE} bytes"
+        )));
+    }
+    for k in spec.env.keys() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(AgentError::invalid(format!(
+                "invalid environment variable name {k:?}"
+            )));
+        }
+    }
+    let started = Instant::now();
+    let mut context_created = false;
+    let ctx = match find(agent, &spec.ctx) {
+        Some(c) => c,
+        // The language names are get-or-create on execute.
+        None if spec.ctx == "python" => {
+            let r = create(
+                agent,
+                ContextSpec {
+                    name: Some("python".into()),
+                    language: "python".into(),
+                    cwd: None,
+                    env: BTreeMap::new(),
+                    user: Default::default(),
+                },
+            )
+            .await?;
+            context_created = matches!(r, Response::Context(ref i) if i.created);
+            find(agent, "python").ok_or_else(|| not_found("python"))?
+        }
+        None => return Err(not_found(&spec.ctx)),
+    };
+    if let Some(running) = ctx.running.borrow().as_ref() {
+        return Err(AgentError::new(
+            ErrorKind::AlreadyExists,
+            format!("context_busy: the context is running {running}"),
+        ));
+    }
+    let execution_id = {
+        let mut reg = agent.contexts.borrow_mut();
+        reg.next_exec += 1;
+        format!("exe-{}", reg.next_exec)
+    };
+    *ctx.running.borrow_mut() = Some(execution_id.clone());
+    let r = run_cell(
+        agent,
+        &ctx,
+        id,
+        spec,
+        tx,
+        cancel,
+        execution_id,
+        context_created,
+        started,
+    )
+    .await;
+    *ctx.running.borrow_mut() = None;
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_cell(
+    agent: &Rc<Agent>,
+    ctx: &Rc<Ctx>,
+    id: u64,
+    spec: CellSpec,
+    tx: mpsc::Sender<Frame>,
+    cancel: &mut oneshot::Receiver<()>,
+    execution_id: String,
+    mut context_created: bool,
+    started: Instant,
+) -> Result<Execution> {
+    // A worker that died while idle (or in an earlier cell) is replaced, and the answer
+    // says the context is new.
+    let idle = ctx.worker.borrow_mut().take();
+    let mut w = match idle {
+        Some(w) => w,
+        None => {
+            let w = start_worker(agent, &ctx.spec).await?;
+            context_created = true;
+            let mut i = ctx.info.borrow_mut();
+            if i.execution_count > 0 || i.reason.is_some() {
+                i.generation += 1;
+            }
+            i.execution_count = 0;
+            i.reason = None;
+            ctx.pid.set(Some(w.pid));
+            *ctx.cgroup.borrow_mut() = w.cgroup.clone();
+            w
+        }
+    };
+    if w.p.exit.try_recv().is_ok() {
+        // Died while idle: start over.
+        agent.kill_tree(w.cgroup.as_deref(), w.pid);
+        w = start_worker(agent, &ctx.spec).await?;
+        context_created = true;
+        let mut i = ctx.info.borrow_mut();
+        i.generation += 1;
+        i.execution_count = 0;
+        ctx.pid.set(Some(w.pid));
+        *ctx.cgroup.borrow_mut() = w.cgroup.clone();
+    }
+    let generation = ctx.info.borrow().generation;
+    let count = {
+        let mut i = ctx.info.borrow_mut();
+        i.execution_count += 1;
+        i.execution_count
+    };
+    let context_id = ctx.info.borrow().id.clone();
+    let mut f = Fold {
+        id,
+        stream: spec.stream,
+        tx,
+        ex: Execution {
+            execution_id: execution_id.clone(),
+            context_id: context_id.clone(),
+            execution_count: count,
+            context_created,
+            ..Default::default()
+        },
+        limit: spec.max_output.min(MAX_OUTPUT_LIMIT) as usize,
+        out_bytes: 0,
+        err_bytes: 0,
+    };
+    f.emit(CodeEvent::Start {
+        execution_id,
+        context_id,
+        execution_count: count,
+        context_created,
+    })
+    .await;
+    let oom_before = w.cgroup.as_deref().and_then(|c| oom_kills(agent, c));
+    let req = serde_json::json!({
+        "op": "execute", "code": spec.code, "env": spec.env, "execution_count": count,
+    });
+    let mut line = req.to_string().into_bytes();
+    line.push(b'\n');
+    let mut status = CellStatus::Ok;
+    let mut stop: Option<Stop> = None;
+    let mut escalate_at: Option<tokio::time::Instant> = None;
+    let mut died: Option<Option<WaitStatus>> = None;
+    let mut worker_truncated = false;
+    let mut timeout_at = spec
+        .timeout_ms
+        .map(|ms| tokio::time::Instant::from_std(started) + Duration::from_millis(ms));
+    let mut last_seen = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(FROZEN_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let far = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+    let mut obuf = vec![0u8; CHUNK];
+    let mut ebuf = vec![0u8; CHUNK];
+    let (mut out_eof, mut err_eof) = (false, false);
+    let mut cancel_open = true;
+
+    if let Err(e) = w.ctl.write_all(&line).await {
+        died = Some(None);
+        f.ex.reason = Some(format!("the worker's socket failed: {e}"));
+    }
+    // SIGINT is sent once the worker said the cell runs (before, its handler ignores it).
+    let mut cell_running = false;
+    let signal_int = |pid: i32, cell_running: bool| {
+        if cell_running {
+            let _ = syschild::kill(pid, libc::SIGINT);
+        }
+    };
+    while died.is_none() {
+        credit_frozen(&mut timeout_at, &mut last_seen);
+        tokio::select! {
+            biased;
+            r = &mut *cancel, if cancel_open => {
+                cancel_open = false;
+                // The client went away: interrupt the cell (a lost connection without a
+                // Cancel leaves it running under its timeout).
+                if r.is_ok() && stop.is_none() {
+                    signal_int(w.pid, cell_running);
+                    stop = Some(Stop::Interrupted);
+                    escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                }
+            }
+            _ = ctx.interrupt.notified(), if stop.is_none() => {
+                signal_int(w.pid, cell_running);
+                stop = Some(Stop::Interrupted);
+                escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+            }
+            _ = tick.tick(), if timeout_at.is_some() || escalate_at.is_some() => {}
+            _ = sleep_until(timeout_at.unwrap_or_else(far)), if timeout_at.is_some() && stop.is_none() => {
+                if credit_frozen(&mut timeout_at, &mut last_seen) {
+                    continue;
+                }
+                signal_int(w.pid, cell_running);
+                stop = Some(Stop::TimedOut);
+                escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+            }
+            _ = sleep_until(escalate_at.unwrap_or_else(far)), if escalate_at.is_some() => {
+                let mut e = escalate_at;
+                if credit_frozen(&mut e, &mut last_seen) {
+                    escalate_at = e;
+                    continue;
+                }
+                // The cell did not stop: the worker goes, and its state with it.
+                agent.kill_tree(w.cgroup.as_deref(), w.pid);
+                escalate_at = None;
+                died = Some(None);
+                f.ex.context_restarted = true;
+            }
+            st = &mut w.p.exit => {
+                died = Some(st.ok());
+            }
+            r = w.p.stdout.read(&mut obuf), if !out_eof => match r {
+                Ok(n) if n > 0 => {
+                    let text = String::from_utf8_lossy(&obuf[..n]).into_owned();
+                    f.emit(CodeEvent::Stdout { text }).await;
+                }
+                _ => out_eof = true,
+            },
+            r = w.p.stderr.read(&mut ebuf), if !err_eof => match r {
+                Ok(n) if n > 0 => {
+                    let text = String::from_utf8_lossy(&ebuf[..n]).into_owned();
+                    f.emit(CodeEvent::Stderr { text }).await;
+                }
+                _ => err_eof = true,
+            },
+            l = read_line(&mut w.ctl, &mut w.buf) => match l {
+                Ok(Some(v)) => match v["ev"].as_str().unwrap_or("") {
+                    "started" => {
+                        cell_running = true;
+                        if stop.is_some() {
+                            signal_int(w.pid, cell_running);
+                        }
+                    }
+                    "stream" => {
+                        let text = v["text"].as_str().unwrap_or("").to_string();
+                        let ev = if v["name"] == "stderr" {
+                            CodeEvent::Stderr { text }
+                        } else {
+                            CodeEvent::Stdout { text }
+                        };
+                        f.emit(ev).await;
+                    }
+                    "display" => f.emit(CodeEvent::Display(output(&v))).await,
+                    "result" => f.emit(CodeEvent::Result(output(&v))).await,
+                    "exception" => {
+                        let e = ExceptionInfo {
+                            name: v["name"].as_str().unwrap_or("").into(),
+                            value: v["value"].as_str().unwrap_or("").into(),
+                            traceback: v["traceback"].as_str().unwrap_or("").into(),
+                            frames: v["frames"].as_array().cloned().unwrap_or_default(),
+                        };
+                        f.emit(CodeEvent::Exception(e)).await;
+                    }
+                    "done" => {
+                        worker_truncated = v["truncated"] == true;
+                        if v["status"] == "exception" {
+                            status = CellStatus::Exception;
+                        }
+                        break;
+                    }
+                    _ => {}
+                },
+                Ok(None) | Err(_) => {
+                    // The socket closed or carried garbage: the worker is not usable.
+                    agent.kill_tree(w.cgroup.as_deref(), w.pid);
+                    let st = tokio::time::timeout(Duration::from_secs(5), &mut w.p.exit).await;
+                    died = Some(st.ok().and_then(|s| s.ok()));
+                }
+            },
+        }
+    }
+    // Output of the cell's subprocesses written before the worker answered is in the
+    // pipes already: take what is there without waiting.
+    for (is_out, buf) in [(true, &mut obuf), (false, &mut ebuf)] {
+        loop {
+            let pipe = if is_out { &w.p.stdout } else { &w.p.stderr };
+            match pipe.try_read(buf) {
+                Ok(n) if n > 0 => {
+                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let ev = if is_out {
+                        CodeEvent::Stdout { text }
+                    } else {
+                        CodeEvent::Stderr { text }
+                    };
+                    f.emit(ev).await;
+                }
+                _ => break,
+            }
+        }
+    }
+    if let Some(st) = died {
+        let cg = w.cgroup.clone();
+        agent.kill_tree(cg.as_deref(), w.pid);
+        let st = match st {
+            Some(s) => Some(s),
+            None => tokio::time::timeout(Duration::from_secs(5), &mut w.p.exit)
+                .await
+                .ok()
+                .and_then(|s| s.ok()),
+        };
+        if let Some(name) = cg {
+            agent.release_cgroup(name);
+        }
+        let reason = death_reason(agent, st, oom_before, w.cgroup.as_deref());
+        let restarted = f.ex.context_restarted;
+        status = match (&stop, restarted) {
+            (Some(Stop::TimedOut), _) => CellStatus::TimedOut,
+            (Some(Stop::Interrupted), _) => CellStatus::Interrupted,
+            _ => CellStatus::ContextDied,
+        };
+        f.ex.reason = Some(if restarted {
+            "the cell did not stop after SIGINT; the worker was killed and its state lost".into()
+        } else {
+            reason.clone()
+        });
+        ctx.pid.set(None);
+        ctx.cgroup.borrow_mut().take();
+        {
+            let mut i = ctx.info.borrow_mut();
+            i.reason = Some(reason);
+        }
+        if restarted && ctx.info.borrow().generation == generation {
+            // A fresh worker now, so the context answers at once; its state is empty.
+            if let Ok(nw) = start_worker(agent, &ctx.spec).await {
+                let mut i = ctx.info.borrow_mut();
+                i.generation += 1;
+                i.execution_count = 0;
+                i.reason = None;
+                drop(i);
+                install(ctx, nw);
+            }
+        }
+    } else {
+        if let Some(s) = &stop {
+            let interrupted =
+                f.ex.exception
+                    .as_ref()
+                    .is_some_and(|e| e.name == "KeyboardInterrupt");
+            if interrupted {
+                status = match s {
+                    Stop::TimedOut => CellStatus::TimedOut,
+                    Stop::Interrupted => CellStatus::Interrupted,
+                };
+            }
+        }
+        if ctx.info.borrow().generation == generation {
+            *ctx.worker.borrow_mut() = Some(w);
+        } else {
+            agent.kill_tree(w.cgroup.as_deref(), w.pid);
+        }
+    }
+    f.ex.status = status;
+    f.ex.truncated |= worker_truncated;
+    f.ex.duration_ms = started.elapsed().as_millis() as u64;
+    let end = CellEnd {
+        status,
+        execution_count: count,
+        duration_ms: f.ex.duration_ms,
+        truncated: f.ex.truncated,
+        context_restarted: f.ex.context_restarted,
+        reason: f.ex.reason.clone(),
+    };
+    if f.stream {
+        f.send(CodeEvent::End(end)).await;
+    }
+    Ok(f.ex)
+}

@@ -1,0 +1,221 @@
+//! Interpreter contexts (issue 15, ADR 0080): persistent Python contexts in a sandbox and
+//! the executions of code in them.
+
+use crate::ops::{HttpMethod, Operation};
+use crate::{routes, Scope, User};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// A MIME bundle: MIME type → value (text; base64 for binary types such as `image/png`;
+/// JSON for `application/json`).
+pub type MimeBundle = serde_json::Map<String, serde_json::Value>;
+
+fn python() -> String {
+    "python".into()
+}
+
+/// Body of `POST /v1/sandboxes/{sandbox}/contexts`: get-or-create by `name`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+pub struct CreateContextRequest {
+    /// Unique within the sandbox; an existing context of that name is returned as is.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Only `python` for now.
+    #[serde(default = "python")]
+    pub language: String,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub user: User,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextState {
+    Idle,
+    Busy,
+    /// The worker ended; the next execution starts a new one (`context_created: true`).
+    Dead,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+pub struct Context {
+    /// `ctx-<n>`.
+    pub id: String,
+    pub name: String,
+    pub language: String,
+    pub cwd: Option<String>,
+    pub user: User,
+    pub state: ContextState,
+    pub execution_count: u64,
+    /// Increases whenever the worker is replaced (restart, a cell that would not stop,
+    /// a worker that died): the variables of an earlier generation are gone.
+    pub generation: u64,
+    pub pid: Option<i32>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// Why the worker died, when `state` is `dead`: `oom`, `killed`, `exited:<code>`.
+    pub reason: Option<String>,
+    /// True when this call made the context.
+    #[serde(default)]
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+pub struct ContextList {
+    pub contexts: Vec<Context>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+pub struct InterruptResult {
+    /// False when the context was idle (nothing to interrupt).
+    pub interrupted: bool,
+}
+
+/// Body of `POST .../contexts/{context}/execute`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+pub struct ExecuteCodeRequest {
+    pub code: String,
+    /// Set for this cell only, restored afterwards.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Running time (time paused excluded) before the cell is interrupted; default 300.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    /// Bound on stdout and stderr, each (default 1 MiB).
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
+}
+
+#[derive(
+    Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema, JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum CodeStatus {
+    #[default]
+    Ok,
+    /// The code raised; `exception` says what (a result, not an API error).
+    Exception,
+    Interrupted,
+    TimedOut,
+    /// The worker ended during the cell (`reason`); the context's state is lost.
+    ContextDied,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema, JsonSchema)]
+pub struct CodeException {
+    pub name: String,
+    pub value: String,
+    /// The traceback's text, user frames only, with the cells' source lines.
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+pub struct CodeOutput {
+    /// MIME type → value (base64 for binary types, JSON for `application/json`).
+    #[schema(value_type = Object)]
+    pub data: MimeBundle,
+    #[schema(value_type = Object)]
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The outcome of one execution.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default, ToSchema, JsonSchema)]
+pub struct CodeExecution {
+    pub execution_id: String,
+    pub context_id: String,
+    pub execution_count: u64,
+    /// The context was made (or remade after its worker died) by this execution.
+    pub context_created: bool,
+    pub status: CodeStatus,
+    pub stdout: String,
+    pub stderr: String,
+    /// `display()` outputs and figures, in order.
+    pub outputs: Vec<CodeOutput>,
+    /// The value of the last expression.
+    pub result: Option<CodeOutput>,
+    pub exception: Option<CodeException>,
+    pub duration_ms: u64,
+    /// Some output was cut (a stream over its bound, a value or a display dropped).
+    pub truncated: bool,
+    /// The worker was replaced during the call: every variable is gone.
+    pub context_restarted: bool,
+    pub reason: Option<String>,
+}
+
+/// Get-or-create a context in a sandbox.
+#[derive(Debug, Clone)]
+pub struct CreateContext {
+    pub sandbox: String,
+    pub request: CreateContextRequest,
+}
+
+/// The contexts of a sandbox.
+#[derive(Debug, Clone)]
+pub struct ListContexts {
+    pub sandbox: String,
+}
+
+/// A context by id or name: delete, restart, interrupt.
+#[derive(Debug, Clone)]
+pub struct DeleteContext {
+    pub sandbox: String,
+    pub context: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct RestartContext {
+    pub sandbox: String,
+    pub context: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct InterruptContext {
+    pub sandbox: String,
+    pub context: String,
+}
+
+/// Run code in a context (`python` is get-or-create).
+#[derive(Debug, Clone)]
+pub struct ExecuteCode {
+    pub sandbox: String,
+    pub context: String,
+    pub request: ExecuteCodeRequest,
+}
+
+macro_rules! ctx_op {
+    ($name:ident => $out:ty, $audit:literal, $scope:ident, $method:ident, $path:expr, $($field:ident),* ; $body:expr) => {
+        impl Operation for $name {
+            type Output = $out;
+            const NAME: &'static str = $audit;
+            const SCOPE: Scope = Scope::$scope;
+            const METHOD: HttpMethod = HttpMethod::$method;
+            const PATH: &'static str = $path;
+            fn path_values(&self) -> Vec<String> {
+                vec![$(self.$field.clone()),*]
+            }
+            fn body(&self) -> Option<serde_json::Value> {
+                let f: fn(&Self) -> Option<serde_json::Value> = $body;
+                f(self)
+            }
+        }
+    };
+}
+
+ctx_op!(CreateContext => Context, "context.create", SandboxesWrite, Post, routes::CONTEXTS, sandbox;
+    |s| serde_json::to_value(&s.request).ok());
+ctx_op!(ListContexts => ContextList, "context.list", SandboxesRead, Get, routes::CONTEXTS, sandbox;
+    |_| None);
+ctx_op!(DeleteContext => (), "context.delete", SandboxesWrite, Delete, routes::CONTEXT, sandbox, context;
+    |_| None);
+ctx_op!(RestartContext => Context, "context.restart", SandboxesWrite, Post, routes::CONTEXT_RESTART, sandbox, context;
+    |_| None);
+ctx_op!(InterruptContext => InterruptResult, "context.interrupt", SandboxesWrite, Post, routes::CONTEXT_INTERRUPT, sandbox, context;
+    |_| None);
+ctx_op!(ExecuteCode => CodeExecution, "code.execute", SandboxesWrite, Post, routes::CONTEXT_EXECUTE, sandbox, context;
+    |s| serde_json::to_value(&s.request).ok());
