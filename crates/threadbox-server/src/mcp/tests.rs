@@ -318,6 +318,7 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "idle_pause_secs",
         "idle_stop_secs",
         "ttl_secs",
+        "network",
     ] {
         assert!(props.get(field).is_some(), "sandbox_create lacks {field}");
     }
