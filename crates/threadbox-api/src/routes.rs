@@ -149,7 +149,10 @@ mod tests {
             assert!(seen.insert(*t), "{t} is listed twice");
             for name in placeholders(t) {
                 assert!(
-                    matches!(name, "sandbox" | "process_id" | "key_id" | "tenant"),
+                    matches!(
+                        name,
+                        "sandbox" | "process_id" | "key_id" | "tenant" | "context"
+                    ),
                     "{t}: unexpected placeholder {name}"
                 );
             }
