@@ -1,6 +1,6 @@
 //! Egress end to end (issue 13), with a real daemon and real sandboxes. Loopback upstreams
 //! cannot work (a sandbox's 127/8 is its own), so the test makes its own netns
-//! `tbt-up-<pid>` joined to the host by a veth pair (host `10.250.N.1/30`, netns
+//! (`common/upstream.rs`) joined to the host by a veth pair (host `10.250.N.1/30`, netns
 //! `10.250.N.2/30`) and runs there an HTTP server, a TCP sink that records every byte, and a
 //! stub DNS resolver that records every name asked (`tests/network/upstream.py`). Verdicts
 //! are judged by what reached those upstreams, never by a `connect()` that appeared to work.
@@ -8,132 +8,8 @@
 
 mod common;
 
+use common::upstream::{daemon, Upstream, DEADLINE};
 use common::{require_root, serial, wait_for, Daemon};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
-const DEADLINE: Duration = Duration::from_secs(30);
-
-/// The upstream netns, its veth and the servers in it.
-struct Upstream {
-    ns: String,
-    host_if: String,
-    server: Option<Child>,
-    dir: tempfile::TempDir,
-    /// `10.250.N`
-    net: String,
-}
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-impl Upstream {
-    fn start() -> Upstream {
-        let pid = std::process::id();
-        let n = pid % 250 + 1;
-        let mut up = Upstream {
-            ns: format!("tbt-up-{pid}"),
-            host_if: format!("tbth{pid}"),
-            server: None,
-            dir: tempfile::Builder::new()
-                .prefix("tbt-up-")
-                .tempdir()
-                .expect("temp dir"),
-            net: format!("10.250.{n}"),
-        };
-        let peer = format!("tbtp{pid}");
-        let (host_addr, ns_addr) = (format!("{}.1/30", up.net), format!("{}.2/30", up.net));
-        // `up` is built first so that its Drop cleans up whatever part of this was made.
-        for args in [
-            vec!["netns", "add", &up.ns],
-            vec![
-                "link",
-                "add",
-                &up.host_if,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &peer,
-            ],
-            vec!["link", "set", &peer, "netns", &up.ns],
-            vec!["addr", "add", &host_addr, "dev", &up.host_if],
-            vec!["link", "set", &up.host_if, "up"],
-            vec!["-n", &up.ns, "addr", "add", &ns_addr, "dev", &peer],
-            vec!["-n", &up.ns, "link", "set", &peer, "up"],
-            vec!["-n", &up.ns, "link", "set", "lo", "up"],
-        ] {
-            assert!(ip(&args), "ip {args:?} failed");
-        }
-        let script = up.dir.path().join("upstream.py");
-        std::fs::write(&script, include_str!("network/upstream.py")).expect("write script");
-        let server = Command::new("ip")
-            .args(["netns", "exec", &up.ns, "python3"])
-            .arg(&script)
-            .arg(up.addr())
-            .arg(up.dir.path())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start the upstream servers");
-        up.server = Some(server);
-        let ready = up.dir.path().join("ready");
-        wait_for("the upstream servers", DEADLINE, || ready.exists());
-        up
-    }
-
-    /// The upstream's address (netns side).
-    fn addr(&self) -> String {
-        format!("{}.2", self.net)
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read(self.dir.path().join(name))
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default()
-    }
-
-    fn hosts_file(&self) -> PathBuf {
-        let p = self.dir.path().join("hosts");
-        std::fs::write(&p, format!("{} api.test\n", self.addr())).expect("write hosts");
-        p
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.server.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // Deleting the netns also deletes its end of the veth, and with it the host end;
-        // the host end is deleted on its own too, in case the netns was never made.
-        let _ = ip(&["netns", "del", &self.ns]);
-        let _ = ip(&["link", "del", &self.host_if]);
-    }
-}
-
-fn daemon(up: &Upstream, allow_private: bool) -> Daemon {
-    let hosts = up.hosts_file();
-    let private = format!("{}.0/30", up.net);
-    let dns = format!("{}:53", up.addr());
-    let mut args = vec![
-        "--egress-hosts",
-        hosts.to_str().expect("utf-8 path"),
-        "--egress-dns",
-        &dns,
-    ];
-    if allow_private {
-        args.extend(["--egress-allow-private", &private]);
-    }
-    Daemon::start_with(&args)
-}
 
 /// Runs `script` with bash in sandbox `sb`; its exit code and stdout.
 fn sh(d: &Daemon, sb: &str, script: &str) -> (i32, String) {
