@@ -39,6 +39,17 @@ command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftabl
 # done-means graph (python/tests/test_interpreter_graph.py) loads a CSV and draws a chart.
 /usr/bin/python3 -c 'import pandas, matplotlib' 2>/dev/null || {
     apt-get update -q && apt-get install -y -q --no-install-recommends python3-pandas python3-matplotlib; }
+# promtool: `tests/metrics.rs` lints `/metrics` with it. Taken out of Debian's `prometheus`
+# package rather than installing it, whose postinst would start a Prometheus server.
+PROMTOOL="$PWD/target/tools/promtool"
+if [ ! -x "$PROMTOOL" ]; then
+    tmp="$(mktemp -d)"
+    (cd "$tmp" && apt-get download -q prometheus) \
+        || { apt-get update -q && (cd "$tmp" && apt-get download -q prometheus); }
+    dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+    mkdir -p "$(dirname "$PROMTOOL")" && cp "$tmp/x/usr/bin/promtool" "$PROMTOOL"
+    rm -rf "$tmp"
+fi
 
 echo "== rust tests"
 cargo test --workspace -- --test-threads=2
