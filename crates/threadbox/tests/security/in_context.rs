@@ -241,16 +241,17 @@ for n in fds:
 print("END")
 "#;
 
-#[test]
-fn the_control_channel_is_out_of_reach_of_other_processes() {
-    require_root!();
-    let _s = serial();
-    let d = Daemon::start(&normal_bins(), None);
+/// Starts a context per user, probes each worker's channel from another process as the
+/// user and as sandbox root; the probes' outputs, then whether each context still
+/// answers with its variables.
+fn probe_channels(d: &Daemon) -> (Vec<String>, Vec<String>) {
     let id = d.create(LimitsRequest::default());
+    d.write(&id, "/tmp/probe.py", User::Root, CHANNEL_PROBE.as_bytes());
+    let (mut outs, mut broken) = (Vec::new(), Vec::new());
     for (user, name) in [(User::User, "u"), (User::Root, "r")] {
-        context(&d, &id, name, user).expect("context");
+        context(d, &id, name, user).expect("context");
         let x = cell(
-            &d,
+            d,
             &id,
             name,
             "secret = 41\nimport os; os.getpid()",
@@ -258,13 +259,7 @@ fn the_control_channel_is_out_of_reach_of_other_processes() {
             None,
         );
         assert_eq!(x.status, CodeStatus::Ok, "{x:?}");
-        let pid = x.result.as_ref().and_then(|r| r.data.get("text/plain"));
-        let pid = pid
-            .and_then(|p| p.as_str())
-            .expect("the worker's pid")
-            .to_string();
-        d.write(&id, "/tmp/probe.py", User::Root, CHANNEL_PROBE.as_bytes());
-        // The probe as the sandbox's user and as its root: neither may reach the channel.
+        let pid = plain(&x).expect("the worker's pid").to_string();
         for prober in [User::User, User::Root] {
             let r = d.exec(
                 &id,
@@ -276,17 +271,47 @@ fn the_control_channel_is_out_of_reach_of_other_processes() {
                 },
             );
             let out = format!("{}{}", r.stdout, r.stderr);
+            eprintln!("probe as {prober:?} against the {user:?} worker:\n{out}");
             assert!(out.contains("END"), "the probe did not run: {out}");
-            assert!(
-                !out.contains("ESCAPE"),
-                "{prober:?} reached the {user:?} worker: {out}"
-            );
+            outs.push(format!("{prober:?} -> {user:?} worker: {out}"));
         }
-        // And the channel still works: the context keeps its variables.
-        let x = cell(&d, &id, name, "secret + 1", 30, None);
-        let v = x.result.as_ref().and_then(|r| r.data.get("text/plain"));
-        assert_eq!(v.and_then(|v| v.as_str()), Some("42"), "{x:?}");
+        let x = cell(d, &id, name, "secret + 1", 30, None);
+        if plain(&x) != Some("42") {
+            broken.push(format!("the {user:?} context lost its state: {x:?}"));
+        }
     }
+    (outs, broken)
+}
+
+fn plain(x: &CodeExecution) -> Option<&str> {
+    x.result.as_ref()?.data.get("text/plain")?.as_str()
+}
+
+#[test]
+fn the_control_channel_is_out_of_reach_of_other_processes() {
+    require_root!();
+    let _s = serial();
+    let d = Daemon::start(&normal_bins(), None);
+    let (outs, broken) = probe_channels(&d);
+    let escapes: Vec<&String> = outs.iter().filter(|o| o.contains("ESCAPE")).collect();
+    assert!(escapes.is_empty(), "{escapes:#?}");
+    assert!(broken.is_empty(), "{broken:#?}");
+}
+
+/// Positive control: without the seccomp filter, `pidfd_getfd` takes the worker's
+/// socket, and the probe says so.
+#[test]
+fn the_control_channel_probe_detects_a_weakened_jail() {
+    require_root!();
+    let weak = weakened_bins();
+    let _s = serial();
+    let d = Daemon::start(&weak, Some("no-seccomp"));
+    let (outs, _) = probe_channels(&d);
+    assert!(
+        outs.iter()
+            .any(|o| o.starts_with("User -> User") && o.contains("ESCAPE pidfd_getfd")),
+        "the probe missed the weakened jail: {outs:#?}"
+    );
 }
 
 #[test]
