@@ -19,6 +19,14 @@ use threadbox_api::{
     Sandbox, SandboxState, TtlAction, User,
 };
 
+/// One `run_code` call: sandbox, context, the get-or-create asked for, the request.
+type Cell = (
+    String,
+    String,
+    Option<CreateContextRequest>,
+    ExecuteCodeRequest,
+);
+
 /// An in-memory stand-in for the manager: sandboxes by name, files in a map, and an
 /// `exec` that understands just enough to be told apart.
 #[derive(Default)]
@@ -27,14 +35,7 @@ struct Fake {
     files: Mutex<BTreeMap<(String, String), Vec<u8>>>,
     execs: Mutex<Vec<(String, ExecRequest)>>,
     /// `run_code` calls: sandbox, context, the get-or-create asked for, the request.
-    cells: Mutex<
-        Vec<(
-            String,
-            String,
-            Option<CreateContextRequest>,
-            ExecuteCodeRequest,
-        )>,
-    >,
+    cells: Mutex<Vec<Cell>>,
 }
 
 fn sandbox(name: &str) -> Sandbox {
@@ -932,8 +933,7 @@ async fn run_code_sends_figures_as_image_content_once() {
     );
     assert!(!s.to_string().contains("iVBORw0KGgo"), "{s}");
     // Bounded like exec: the tool sets the cell's timeout and output bound.
-    let cells = fake.cells.lock().unwrap();
-    let (_, ctx, create, req) = &cells[0];
+    let (_, ctx, create, req) = fake.cells.lock().unwrap()[0].clone();
     assert_eq!(ctx, "python");
     assert!(
         create.is_none(),
@@ -941,7 +941,6 @@ async fn run_code_sends_figures_as_image_content_once() {
     );
     assert_eq!(req.timeout_secs, Some(300));
     assert_eq!(req.max_output_bytes, Some(1 << 20));
-    drop(cells);
     client.cancel().await.unwrap();
 }
 
