@@ -22,6 +22,11 @@ pub const IN_CONTEXT: &[&str] = &[
     "A1", "A2", "A4", "A5", "A6", "B4", "B6", "C6", "D1", "E2", "G1", "I3",
 ];
 
+/// Cases whose weakening does not reach a context: `no-output-cap` turns off the exec
+/// path's output bound, while a cell's streams are bounded by the interpreter's own code
+/// (checked, without a weakening, by `bombs_in_one_context_leave_the_neighbours_answering`).
+const NO_CONTROL_IN_CONTEXT: &[&str] = &["G1"];
+
 /// The cell that runs a case's argv inside the context and reports its exit status on
 /// the last line of stdout.
 const RUNNER: &str = r#"
@@ -183,6 +188,9 @@ fn chosen_cases_detect_escapes_inside_a_context_when_weakened() {
     let _s = serial();
     let mut groups: BTreeMap<&str, Vec<Case>> = BTreeMap::new();
     for c in in_context_cases() {
+        if NO_CONTROL_IN_CONTEXT.contains(&c.id) {
+            continue;
+        }
         if let Some(w) = c.control {
             groups.entry(w).or_default().push(c);
         }
@@ -298,14 +306,15 @@ fn the_control_channel_is_out_of_reach_of_other_processes() {
     assert!(broken.is_empty(), "{broken:#?}");
 }
 
-/// Positive control: without the seccomp filter, `pidfd_getfd` takes the worker's
-/// socket, and the probe says so.
+/// Positive control: without the seccomp filter and Landlock (each exec and each worker
+/// is its own Landlock domain, which scopes ptrace-like access to siblings out),
+/// `pidfd_getfd` takes the worker's socket, and the probe says so.
 #[test]
 fn the_control_channel_probe_detects_a_weakened_jail() {
     require_root!();
     let weak = weakened_bins();
     let _s = serial();
-    let d = Daemon::start(&weak, Some("no-seccomp"));
+    let d = Daemon::start(&weak, Some("no-seccomp,no-landlock"));
     let (outs, _) = probe_channels(&d);
     assert!(
         outs.iter()
