@@ -179,8 +179,26 @@ fn check(
                  from origins named with `threadbox serve --allowed-origin`)"
             )));
         }
+    } else if path != "/healthz" && fetched_by_a_page(headers) {
+        // No Origin, yet a browser says a page made the request: a same-origin GET (a
+        // page of a path-form preview lives on the daemon's origin) or a no-cors load.
+        // No page may call the API without an allowed Origin (ADR 0072).
+        tracing::warn!(%path, "refused a request a web page made without an Origin");
+        return Err(forbidden(
+            "a request made by a web page (Sec-Fetch-Site) without an allowed Origin is \
+             refused: preview pages share the daemon's address but not its API"
+                .into(),
+        ));
     }
     Ok(())
+}
+
+/// `Sec-Fetch-Site` other than `none` (the user's own navigation): a page initiated it.
+fn fetched_by_a_page(headers: &HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().eq_ignore_ascii_case("none"))
 }
 
 /// The middleware: refuses before authentication, so a refused page learns nothing else.
@@ -323,5 +341,25 @@ mod tests {
             Some("http://x"),
             &any
         ));
+    }
+
+    #[test]
+    fn a_page_without_an_origin_is_refused_its_users_navigation_is_not() {
+        let p = McpOptions::default();
+        for (site, passes) in [
+            (None, true),
+            (Some("none"), true),
+            (Some("same-origin"), false),
+            (Some("same-site"), false),
+            (Some("cross-site"), false),
+        ] {
+            let mut h = headers(Some("127.0.0.1:7420"), None);
+            if let Some(s) = site {
+                h.insert("sec-fetch-site", HeaderValue::from_static(s));
+            }
+            let uri: Uri = "/v1/sandboxes".parse().unwrap();
+            let r = check(Door::Tcp, "/v1/sandboxes", &uri, &h, &p);
+            assert_eq!(r.is_ok(), passes, "{site:?}");
+        }
     }
 }

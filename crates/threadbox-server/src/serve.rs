@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub egress_allow_private: Vec<ipnet::IpNet>,
     pub egress_hosts: Vec<(String, Vec<std::net::Ipv4Addr>)>,
     pub egress_dns: Option<Vec<SocketAddr>>,
+    /// Domain of preview URLs (`--preview-domain`; ADR 0072).
+    pub preview_domain: String,
 }
 
 impl ServeOptions {
@@ -57,6 +59,7 @@ impl ServeOptions {
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
             egress_dns: None,
+            preview_domain: "localhost".to_string(),
         }
     }
 }
@@ -134,6 +137,8 @@ pub async fn serve(
     config.egress_dns = opts.egress_dns.clone();
     // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
     config.egress_daemon_ports = vec![tcp_addr.port()];
+    config.preview_domain = opts.preview_domain.clone();
+    config.preview_addr = Some(tcp_addr);
     let opened = match tiers() {
         Ok(drivers) => Manager::open(config, drivers).await,
         Err(e) => Err(e),

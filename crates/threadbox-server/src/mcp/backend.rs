@@ -79,6 +79,17 @@ pub trait Backend: Send + Sync + 'static {
         data: Vec<u8>,
     ) -> BackendResult<()>;
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList>;
+    /// Publishes a port as a URL through the daemon (issue 13, ADR 0072).
+    async fn preview(
+        &self,
+        _sandbox: &str,
+        _req: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        Err(BackendError::new(
+            ErrorCode::Unavailable,
+            "previews are not offered by this backend",
+        ))
+    }
 }
 
 /// Collects at most `limit` bytes from a stream of chunks; `true` when more were left.
@@ -200,6 +211,16 @@ impl<R: RunOps> Backend for R {
 
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
         self.call(ops::ListFiles(target(sandbox, path, user))).await
+    }
+
+    async fn preview(
+        &self,
+        sandbox: &str,
+        request: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        let sandbox = sandbox.to_string();
+        self.call(threadbox_api::previews::CreatePreview { sandbox, request })
+            .await
     }
 }
 
