@@ -13,8 +13,10 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod metrics;
 pub mod ops;
 pub mod range;
+pub mod relay;
 pub mod store;
 pub mod store_network;
 pub mod store_previews;
@@ -70,6 +72,9 @@ pub struct Config {
     pub preview_domain: String,
     /// The daemon's TCP address, for the URLs previews answer with.
     pub preview_addr: Option<std::net::SocketAddr>,
+    /// Where the in-sandbox OTLP endpoint forwards spans (ADR 0091); `None` when the
+    /// daemon exports no traces, and then no sandbox can ask for the relay.
+    pub trace_relay: Option<relay::TraceRelay>,
 }
 
 impl Config {
@@ -90,6 +95,7 @@ impl Config {
             egress_daemon_ports: Vec::new(),
             preview_domain: "localhost".to_string(),
             preview_addr: None,
+            trace_relay: None,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod metrics;
 mod net_routes;
 pub mod openapi;
 mod origin;
+pub mod otlp_relay;
 mod preview_routes;
 pub mod routes;
 pub mod serve;

@@ -43,6 +43,8 @@ pub struct ServeOptions {
     pub egress_dns: Option<Vec<SocketAddr>>,
     /// Domain of preview URLs (`--preview-domain`; ADR 0072).
     pub preview_domain: String,
+    /// Where in-sandbox OTLP endpoints forward (the daemon's own exporter; ADR 0091).
+    pub trace_relay: Option<threadbox_core::relay::TraceRelay>,
 }
 
 impl ServeOptions {
@@ -60,6 +62,7 @@ impl ServeOptions {
             egress_hosts: Vec::new(),
             egress_dns: None,
             preview_domain: "localhost".to_string(),
+            trace_relay: None,
         }
     }
 }
@@ -135,6 +138,7 @@ pub async fn serve(
     config.egress_allow_private = opts.egress_allow_private.clone();
     config.egress_hosts = opts.egress_hosts.clone();
     config.egress_dns = opts.egress_dns.clone();
+    config.trace_relay = opts.trace_relay.clone();
     // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
     config.egress_daemon_ports = vec![tcp_addr.port()];
     config.preview_domain = opts.preview_domain.clone();
