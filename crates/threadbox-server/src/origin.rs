@@ -15,6 +15,10 @@
 //!   The unix socket is included because a local reverse proxy may forward browser
 //!   requests to it.
 //!
+//! - **Pages without an Origin**: a request whose `Sec-Fetch-Site` says a page made it
+//!   (anything but `none`) and that carries no allowed `Origin` is refused (403): pages
+//!   of path-form previews live on the daemon's own origin (ADR 0072).
+//!
 //! The unix socket does not check `Host` (ADR 0030): only the socket's owner can connect,
 //! and clients send whatever they like there (`curl --unix-socket` sends `localhost`).
 //! `/mcp` is checked here and again by rmcp with the same lists; rmcp checks `Host` on the

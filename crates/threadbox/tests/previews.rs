@@ -127,7 +127,7 @@ fn previews_end_to_end() {
         return;
     }
     let _s = serial();
-    let d = Daemon::start();
+    let mut d = Daemon::start();
     let sb = d.create(&[]);
     let other = d.create(&[]);
     start_app(&d, &sb, 8000);
@@ -373,6 +373,13 @@ fn previews_end_to_end() {
     let r = get(&d, &h, "/after-pause", &[("Cookie", &cookie)]);
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(state(&sb), "running");
+
+    // ---- previews, tokens and cookies survive a daemon restart (the store) ----
+    d.terminate();
+    d.restart();
+    let r = get(&d, &h, "/after-restart", &[("Cookie", &cookie)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["path"], "/after-restart");
 
     // ---- unpublished, then deleted: the same 404 as an unknown sandbox ----
     d.cli(&["preview", &sb, "8000", "--delete"]).ok();
