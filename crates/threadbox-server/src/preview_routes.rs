@@ -81,6 +81,11 @@ pub(crate) async fn delete_preview(
 
 // ---- the gateway ----------------------------------------------------------------------
 
+/// How long the app may take to send the head of its answer.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+/// Longest life of an upgraded (WebSocket) connection through a preview.
+const UPGRADED_LIFETIME: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// What the gateway needs: the manager and the preview domain (lowercase, no dots around).
 pub(crate) struct Gateway {
     pub(crate) manager: Arc<Manager>,
@@ -408,9 +413,22 @@ async fn serve_preview(g: &Gateway, t: Target, mut req: Request) -> Response {
         }
         drop(held);
     });
-    let mut resp = match sender.send_request(upstream).await {
-        Ok(r) => r,
-        Err(e) => {
+    // Bounded, so an app that accepts and never answers does not hold the sandbox busy
+    // (no idle pause) for ever; streamed bodies (SSE) are not bounded, only the head.
+    let answered = tokio::time::timeout(ANSWER_TIMEOUT, sender.send_request(upstream)).await;
+    let mut resp = match answered {
+        Err(_) => {
+            return error(
+                StatusCode::GATEWAY_TIMEOUT,
+                ErrorCode::Unavailable,
+                format!(
+                    "the app on port {port} did not answer within {}s",
+                    ANSWER_TIMEOUT.as_secs()
+                ),
+            )
+        }
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             return error(
                 StatusCode::BAD_GATEWAY,
                 ErrorCode::Unavailable,
@@ -425,7 +443,12 @@ async fn serve_preview(g: &Gateway, t: Target, mut req: Request) -> Response {
                 match (client.await, app.await) {
                     (Ok(c), Ok(a)) => {
                         let (mut c, mut a) = (TokioIo::new(c), TokioIo::new(a));
-                        let _ = tokio::io::copy_bidirectional(&mut c, &mut a).await;
+                        let copy = tokio::io::copy_bidirectional(&mut c, &mut a);
+                        if tokio::time::timeout(UPGRADED_LIFETIME, copy).await.is_err() {
+                            tracing::info!(
+                                "a preview WebSocket reached its lifetime and was closed"
+                            );
+                        }
                     }
                     (Err(e), _) | (_, Err(e)) => tracing::debug!("preview upgrade: {e}"),
                 }
