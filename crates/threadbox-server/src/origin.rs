@@ -183,10 +183,11 @@ fn check(
                  from origins named with `threadbox serve --allowed-origin`)"
             )));
         }
-    } else if path != "/healthz" && fetched_by_a_page(headers) {
+    } else if !carries_nothing(path) && fetched_by_a_page(headers) {
         // No Origin, yet a browser says a page made the request: a same-origin GET (a
         // page of a path-form preview lives on the daemon's origin) or a no-cors load.
-        // No page may call the API without an allowed Origin (ADR 0072).
+        // No page may call the API without an allowed Origin (ADR 0072); a link to the
+        // health check or the API description still opens.
         tracing::warn!(%path, "refused a request a web page made without an Origin");
         return Err(forbidden(
             "a request made by a web page (Sec-Fetch-Site) without an allowed Origin is \
@@ -195,6 +196,11 @@ fn check(
         ));
     }
     Ok(())
+}
+
+/// Routes with nothing of anyone's in them.
+fn carries_nothing(path: &str) -> bool {
+    path == threadbox_api::routes::HEALTHZ || path == threadbox_api::routes::OPENAPI
 }
 
 /// `Sec-Fetch-Site` other than `none` (the user's own navigation): a page initiated it.
@@ -367,6 +373,8 @@ mod tests {
             let uri: Uri = "/v1/sandboxes".parse().unwrap();
             let r = check(Door::Tcp, "/v1/sandboxes", &uri, &h, &p);
             assert_eq!(r.is_ok(), passes, "{site:?}");
+            let uri: Uri = "/v1/openapi.json".parse().unwrap();
+            assert!(check(Door::Tcp, "/v1/openapi.json", &uri, &h, &p).is_ok());
         }
     }
 }
