@@ -89,6 +89,17 @@ pub trait Backend: Send + Sync + 'static {
         create: Option<CreateContextRequest>,
         request: ExecuteCodeRequest,
     ) -> BackendResult<CodeExecution>;
+    /// Publishes a port as a URL through the daemon (issue 13, ADR 0072).
+    async fn preview(
+        &self,
+        _sandbox: &str,
+        _req: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        Err(BackendError::new(
+            ErrorCode::Unavailable,
+            "previews are not offered by this backend",
+        ))
+    }
 }
 
 /// Collects at most `limit` bytes from a stream of chunks; `true` when more were left.
@@ -230,6 +241,16 @@ impl<R: RunOps> Backend for R {
             request,
         };
         self.call(op).await
+    }
+
+    async fn preview(
+        &self,
+        sandbox: &str,
+        request: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        let sandbox = sandbox.to_string();
+        self.call(threadbox_api::previews::CreatePreview { sandbox, request })
+            .await
     }
 }
 
