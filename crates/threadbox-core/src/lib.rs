@@ -13,6 +13,7 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod metrics;
 pub mod ops;
 pub mod range;
 pub mod store;
