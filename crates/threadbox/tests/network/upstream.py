@@ -19,6 +19,8 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 addr, out = sys.argv[1], sys.argv[2]
+# Optional: names starting with "rebind" answer this address instead (the rebinding cases).
+rebind = sys.argv[3] if len(sys.argv) > 3 else None
 lock = threading.Lock()
 
 
@@ -140,6 +142,8 @@ class Sink(socketserver.BaseRequestHandler):
 class Threaded(socketserver.ThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
     daemon_threads = True
+    # The connection-exhaustion case opens hundreds at once.
+    request_queue_size = 1024
 
 
 def dns(sock):
@@ -159,17 +163,66 @@ def dns(sock):
         answers = b""
         count = 0
         if qtype == 1:
-            answers = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + ip
+            a = socket.inet_aton(rebind) if rebind and labels[:1] and labels[0].startswith("rebind") else ip
+            answers = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + a
             count = 1
         header = q[:2] + struct.pack("!HHHHH", 0x8180, 1, count, 0, 0)
         sock.sendto(header + question + answers, peer)
+
+
+def sink_on(port, log, family=socket.AF_INET, host=None):
+    """A TCP server on `port` that records every byte it receives in `log`."""
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self):
+            while True:
+                try:
+                    b = self.request.recv(4096)
+                except OSError:
+                    return
+                if not b:
+                    return
+                record(log, b)
+
+    class Server(Threaded):
+        address_family = family
+
+    return Server((host or addr, port), Handler)
+
+
+def udp_recorder(sock, log):
+    while True:
+        b, _ = sock.recvfrom(65535)
+        record(log, b)
+
+
+def icmp_recorder(sock):
+    while True:
+        b, _ = sock.recvfrom(65535)
+        record("icmp.log", b)
 
 
 http = ThreadingHTTPServer((addr, 8080), Http)
 sink = Threaded((addr, 9000), Sink)
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 udp.bind((addr, 53))
-for target in (http.serve_forever, sink.serve_forever, lambda: dns(udp)):
+targets = [http.serve_forever, sink.serve_forever, lambda: dns(udp)]
+# The bypass-class servers (security suite, ADR 0069): each records what reaches it.
+http80 = ThreadingHTTPServer((addr, 80), Http)
+targets.append(http80.serve_forever)
+for port, log in ((53, "dnstcp.log"), (853, "dot.log"), (443, "tls.log")):
+    targets.append(sink_on(port, log).serve_forever)
+udp443 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp443.bind((addr, 443))
+targets.append(lambda: udp_recorder(udp443, "udp.log"))
+udp_other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp_other.bind((addr, 5000))
+targets.append(lambda: udp_recorder(udp_other, "udp.log"))
+icmp = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+targets.append(lambda: icmp_recorder(icmp))
+if len(sys.argv) > 4:
+    targets.append(sink_on(9000, "sink6.log", socket.AF_INET6, sys.argv[4]).serve_forever)
+for target in targets:
     threading.Thread(target=target, daemon=True).start()
 open(f"{out}/ready", "w").close()
 threading.Event().wait()
