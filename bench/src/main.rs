@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod baselines;
+mod egress;
 mod stats;
 
 use anyhow::{bail, Context, Result};
@@ -44,6 +45,12 @@ enum Cmd {
     All(Opts),
     /// Time to interactive, exec round trip and pause/resume only.
     Figures(Opts),
+    /// Egress (issue 13): throughput and new-connection latency through the daemon against
+    /// direct host→upstream, create with and without a policy, memory per sandbox.
+    Egress(egress::EgressOpts),
+    /// Internal: the egress figures' upstream servers (run inside their netns).
+    #[command(hide = true, name = "__egress-upstream")]
+    EgressUpstream { addr: String },
 }
 
 #[derive(Args, Clone)]
@@ -159,6 +166,11 @@ impl Drop for OwnDaemon {
 }
 
 async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
+    start_daemon_with(warm_pool, &[]).await
+}
+
+/// [`start_daemon`] with more `serve` flags (the egress figures' upstream).
+async fn start_daemon_with(warm_pool: usize, extra: &[String]) -> Result<(OwnDaemon, String)> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("no exe dir")?;
     // `cargo test` runs the binary from target/<profile>/ too; deps/ is one level down.
@@ -180,6 +192,7 @@ async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
         .arg(root.path())
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--warm-pool", &warm_pool.to_string()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -989,5 +1002,7 @@ async fn main() -> Result<()> {
         Cmd::Setup => baselines::setup(),
         Cmd::All(o) => run(o, false).await,
         Cmd::Figures(o) => run(o, true).await,
+        Cmd::Egress(o) => egress::run(o).await,
+        Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }
