@@ -74,7 +74,11 @@ impl Manager {
         // Positive control of the rebinding cases (ADR 0009, 0069; test builds only).
         #[cfg(feature = "insecure-test-hooks")]
         if threadbox_sys::testhooks::Weaken::from_env().is_ok_and(|w| w.has("egress-no-floor")) {
-            allow_private.extend(["0.0.0.0/0", "::/0"].iter().filter_map(|n| n.parse().ok()));
+            allow_private.extend(
+                ["0.0.0.0/0", "::/0"]
+                    .iter()
+                    .filter_map(|n| n.parse::<ipnet::IpNet>().ok()),
+            );
         }
         Floor {
             allow_private,
