@@ -42,6 +42,8 @@ const ETC_FILES: &[&str] = &[
     "ca-certificates.conf",
     "magic",
     "login.defs",
+    // Debian's matplotlib reads its defaults from here and refuses to import without it.
+    "matplotlibrc",
 ];
 /// Directories copied from the host's /etc (symlinks kept as symlinks).
 const ETC_DIRS: &[&str] = &[
