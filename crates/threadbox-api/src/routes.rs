@@ -30,6 +30,10 @@ pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/re
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
+pub const CHECKPOINTS: &str = "/v1/sandboxes/{sandbox}/checkpoints";
+pub const CHECKPOINT: &str = "/v1/sandboxes/{sandbox}/checkpoints/{checkpoint}";
+pub const SANDBOX_REWIND: &str = "/v1/sandboxes/{sandbox}/rewind";
+pub const SANDBOX_FORK: &str = "/v1/sandboxes/{sandbox}/fork";
 
 pub const IMAGES: &str = "/v1/images";
 pub const KEYS: &str = "/v1/keys";
@@ -67,6 +71,10 @@ pub const ALL: &[&str] = &[
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
     SANDBOX_NETWORK,
+    CHECKPOINTS,
+    CHECKPOINT,
+    SANDBOX_REWIND,
+    SANDBOX_FORK,
     IMAGES,
     KEYS,
     KEY,
@@ -151,7 +159,7 @@ mod tests {
                 assert!(
                     matches!(
                         name,
-                        "sandbox" | "process_id" | "key_id" | "tenant" | "context"
+                        "sandbox" | "process_id" | "key_id" | "tenant" | "context" | "checkpoint"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );
