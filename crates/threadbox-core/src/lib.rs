@@ -12,6 +12,7 @@ mod gov_ops;
 pub mod gov_store;
 pub mod images;
 pub mod keys;
+pub mod layers;
 pub mod manager;
 pub mod ops;
 pub mod range;

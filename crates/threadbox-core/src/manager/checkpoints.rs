@@ -285,9 +285,8 @@ impl Manager {
             from_index: parent.slot,
             ckpt: ckpt.clone(),
         };
-        let mut made: Vec<Sandbox> = Vec::new();
-        let mut failed = None;
-        for name in names {
+        // Booted side by side: each create takes the create lock only for its insert.
+        let creates = names.into_iter().map(|name| {
             let req = CreateSandboxRequest {
                 name: name.clone(),
                 labels: parent.labels.clone(),
@@ -305,25 +304,29 @@ impl Manager {
                 tier: Some(parent.tier.clone()),
                 network: network.clone(),
             };
-            match self.create_inner(caller, req, Some(&source)).await {
-                Ok(Some((sb, true))) => made.push(sb),
-                Ok(Some((_, false))) => {
-                    failed = Some(CoreError::Conflict(format!(
-                        "a sandbox named {:?} exists already",
-                        name.unwrap_or_default()
-                    )));
-                    break;
+            let source = &source;
+            async move {
+                match self.create_inner(caller, req, Some(source)).await {
+                    Ok(Some((sb, true))) => Ok(sb),
+                    Ok(Some((sb, false))) => Err(CoreError::Conflict(format!(
+                        "a sandbox named {:?} exists already ({})",
+                        name.unwrap_or_default(),
+                        sb.id
+                    ))),
+                    Ok(None) => Err(CoreError::Unavailable(
+                        "a fork's name was being created by another request".into(),
+                    )),
+                    Err(e) => Err(e),
                 }
-                Ok(None) => {
-                    failed = Some(CoreError::Unavailable(
-                        "a fork was created concurrently by another request".into(),
-                    ));
-                    break;
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
+            }
+        });
+        let results = futures::future::join_all(creates).await;
+        let mut made: Vec<Sandbox> = Vec::new();
+        let mut failed = None;
+        for r in results {
+            match r {
+                Ok(sb) => made.push(sb),
+                Err(e) => failed = failed.or(Some(e)),
             }
         }
         let _ = self
