@@ -14,6 +14,7 @@ pub mod images;
 pub mod keys;
 pub mod layers;
 pub mod manager;
+pub mod metrics;
 pub mod ops;
 pub mod range;
 pub mod store;

@@ -31,7 +31,9 @@ impl Manager {
     pub(super) async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
         let spec = self.spec_of(row).await?;
         let driver = self.driver_for(row)?;
-        let pid = driver.launch(&spec).await?;
+        let pid = driver.launch(&spec).await.inspect_err(|_| {
+            self.metrics().boot_failures.inc(["launch"]);
+        })?;
         match AgentConn::connect(driver.as_ref(), &row.id, AGENT_CONNECT_TIMEOUT).await {
             Ok(conn) => {
                 Self::set_conn(live, Some(conn));
@@ -39,6 +41,7 @@ impl Manager {
                 Ok(pid)
             }
             Err(e) => {
+                self.metrics().boot_failures.inc(["agent"]);
                 let _ = driver.stop(&row.id).await;
                 Err(e)
             }
