@@ -1,28 +1,40 @@
 #!/usr/bin/env python3
 """Candidates for checkpoints of a sandbox disk (ADR 0100). Run as root; needs
 mkfs.xfs, mkfs.btrfs, mkfs.ext4. Prints the median of 5 trials per candidate."""
-import fcntl, os, shutil, statistics, subprocess, sys, tempfile, time
+
+import fcntl
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 
 FICLONE = 0x40049409
 MB = 1 << 20
 
+
 def sh(*a):
     subprocess.run(a, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
 
 def fill(d, total_mb=200, n=200):
     os.makedirs(d, exist_ok=True)
     chunk = os.urandom(MB)
     for i in range(n):
         with open(f"{d}/f{i}", "wb") as f:
-            for _ in range(total_mb // n):
-                f.write(chunk)
+            f.writelines(chunk for _ in range(total_mb // n))
+
 
 def ms(t0):
     return (time.perf_counter() - t0) * 1000
 
+
 def reflink(src, dst):
     with open(src, "rb") as s, open(dst, "wb") as d:
         fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+
 
 def store(kind, root):
     img = f"{root}/{kind}.img"
@@ -36,6 +48,7 @@ def store(kind, root):
     os.makedirs(mnt)
     sh("mount", "-o", "loop", img, mnt)
     return mnt
+
 
 def image_clone(mnt, trials=5):
     """ext4 disk image (ADR 0011) inside a reflink store; checkpoint = syncfs + FICLONE."""
@@ -65,6 +78,7 @@ def image_clone(mnt, trials=5):
     sh("umount", inner)
     return statistics.median(out), fork
 
+
 def btrfs_subvol(mnt, trials=5):
     sub = f"{mnt}/upper"
     sh("btrfs", "subvolume", "create", sub)
@@ -77,6 +91,7 @@ def btrfs_subvol(mnt, trials=5):
         out.append(ms(t0))
     return statistics.median(out)
 
+
 def cp_a(root):
     src = f"{root}/cpsrc"
     fill(src)
@@ -86,6 +101,7 @@ def cp_a(root):
     os.sync()
     return ms(t0)
 
+
 def main():
     root = tempfile.mkdtemp(prefix="tb-layers-")
     try:
@@ -93,14 +109,19 @@ def main():
             mnt = store(kind, root)
             try:
                 ck, fork = image_clone(mnt)
-                print(f"{kind} store, ext4 image: checkpoint (syncfs+FICLONE) median {ck:.1f} ms; clone of a checkpoint {fork:.1f} ms")
+                print(
+                    f"{kind} store, ext4 image: checkpoint (syncfs+FICLONE) median {ck:.1f} ms; clone of a checkpoint {fork:.1f} ms"
+                )
                 if kind == "btrfs":
-                    print(f"btrfs subvolume snapshot (incl. exec of btrfs): median {btrfs_subvol(mnt):.1f} ms")
+                    print(
+                        f"btrfs subvolume snapshot (incl. exec of btrfs): median {btrfs_subvol(mnt):.1f} ms"
+                    )
             finally:
-                subprocess.run(["umount", "-l", mnt])
+                subprocess.run(["umount", "-l", mnt], check=False)
         print(f"cp -a of 200 MB on the host ext4 + sync: {cp_a(root):.0f} ms")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())

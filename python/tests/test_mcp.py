@@ -37,6 +37,9 @@ TOOLS = {
     "sandbox_pause",
     "sandbox_resume",
     "sandbox_delete",
+    "checkpoint",
+    "rewind",
+    "fork",
 }
 
 
