@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -87,11 +88,19 @@ def main() -> None:
                 rewind.append(ms(t0))
             method = sb.checkpoints()[0].method
             sb.delete()
+        plain = re.sub(
+            r"\x1b\[[0-9;]*m", "", (work / "daemon.log").read_text(errors="replace")
+        )
+        frozen = [int(m) / 1000 for m in re.findall(r"frozen_us=(\d+)", plain)]
         where = "host ext4 (sparse copy)" if a.ext4 else "xfs loop image (reflink)"
         print(
             f"root on {where}; method={method}; 200 MB of files; medians of {a.trials}:"
         )
         print(f"  checkpoint          {statistics.median(ck):8.1f} ms")
+        if frozen:
+            print(
+                f"  of which frozen     {statistics.median(frozen):8.1f} ms (syncfs + clone)"
+            )
         print(f"  fork of 3 (running) {statistics.median(fork):8.1f} ms")
         print(f"  rewind (running)    {statistics.median(rewind):8.1f} ms")
     finally:

@@ -71,8 +71,11 @@ impl Manager {
                     // A freeze that timed out leaves cgroup.freeze set: undo it (F2).
                     tokio::spawn(async move { d.thaw(&id).await });
                 })?;
+                let frozen = std::time::Instant::now();
                 let out = driver.checkpoint_disk(&row.id, ckpt, row.agent_pid).await;
                 let thawed = driver.thaw(&row.id).await;
+                // How long the sandbox's processes stood still (the bench reads it).
+                tracing::info!(sandbox = %row.id, checkpoint = %ckpt, frozen_us = frozen.elapsed().as_micros() as u64, "disk cloned while frozen");
                 let out = out?;
                 thawed?;
                 Ok(out)
