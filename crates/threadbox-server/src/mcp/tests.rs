@@ -24,8 +24,11 @@ struct Fake {
     files: Mutex<BTreeMap<(String, String), Vec<u8>>>,
     execs: Mutex<Vec<(String, ExecRequest)>>,
     /// Checkpoints: (sandbox id, label) -> that sandbox's files then.
-    checkpoints: Mutex<BTreeMap<(String, String), Vec<(String, Vec<u8>)>>>,
+    checkpoints: Mutex<BTreeMap<(String, String), SavedFiles>>,
 }
+
+/// A sandbox's files as a checkpoint of the fake keeps them: (path, content).
+type SavedFiles = Vec<(String, Vec<u8>)>;
 
 fn sandbox(name: &str) -> Sandbox {
     Sandbox {
