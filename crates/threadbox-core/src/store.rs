@@ -77,6 +77,8 @@ pub struct SandboxRow {
     /// `insert_sandbox` ignores it) and its generation.
     pub network_policy: Option<String>,
     pub network_generation: u64,
+    /// The in-sandbox OTLP endpoint is on (ADR 0091; written by `set_otlp_relay` only).
+    pub otlp_relay: bool,
 }
 
 /// Sandboxes (alive or stopped, each holding its index until deleted) one daemon may
@@ -157,6 +159,7 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
         tier: r.try_get("tier")?,
         network_policy: r.try_get("network_policy")?,
         network_generation: r.try_get::<i64, _>("network_generation")?.max(0) as u64,
+        otlp_relay: r.try_get::<i64, _>("otlp_relay")? != 0,
     })
 }
 
@@ -426,6 +429,16 @@ impl Store {
                 None => format!("sandbox {id} no longer exists"),
             }));
         }
+        Ok(())
+    }
+
+    /// Turns the in-sandbox OTLP endpoint of `id` on or off (create sets it before boot).
+    pub async fn set_otlp_relay(&self, id: &str, on: bool) -> Result<()> {
+        sqlx::query("UPDATE sandboxes SET otlp_relay = ? WHERE id = ?")
+            .bind(i64::from(on))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 

@@ -98,6 +98,11 @@ impl Manager {
             .as_ref()
             .map(super::network::check_policy)
             .transpose()?;
+        if req.otlp_relay && self.config.trace_relay.is_none() {
+            return Err(CoreError::InvalidArgument(
+                "otlp_relay needs a daemon that exports traces (serve --otlp-endpoint)".into(),
+            ));
+        }
         let memory_bytes = req
             .limits
             .memory_bytes
@@ -186,6 +191,7 @@ impl Manager {
             tier: tier.to_string(),
             network_policy: None,
             network_generation: 0,
+            otlp_relay: req.otlp_relay,
         };
         let live = self.live(&id);
         // Held across the insert so two creates of one name cannot both insert; the new
@@ -250,6 +256,15 @@ impl Manager {
             }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
+            if row.otlp_relay {
+                // Before boot, so `boot` opens the endpoint; a crash in between leaves a
+                // `creating` row, which the next start destroys.
+                if let Err(e) = self.store.set_otlp_relay(&id, true).await {
+                    let _ = self.store.delete_sandbox(&id).await;
+                    self.forget(&id);
+                    return Err(e);
+                }
+            }
             if let Some(json) = &network_json {
                 // Stored before boot, so `boot` attaches it; generation 1.
                 match self.store.swap_network(&id, 0, Some(json)).await {

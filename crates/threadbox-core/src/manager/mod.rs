@@ -29,6 +29,7 @@ mod pool;
 mod processes;
 mod reaper;
 mod reconcile;
+mod relay;
 pub mod state;
 pub(crate) mod validate;
 
@@ -107,6 +108,8 @@ pub struct Manager {
     net: network::NetState,
     /// Latencies and failure counters for `/metrics` (issue 17).
     metrics: Arc<crate::metrics::CoreMetrics>,
+    /// In-sandbox OTLP endpoints being served, by sandbox id (ADR 0091).
+    relays: relay::Relays,
 }
 
 impl Manager {
@@ -165,6 +168,7 @@ impl Manager {
             pool_wake: Arc::new(tokio::sync::Notify::new()),
             pool_task: Mutex::new(None),
             net: Default::default(),
+            relays: Default::default(),
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());

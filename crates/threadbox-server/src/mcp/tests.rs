@@ -54,6 +54,7 @@ fn sandbox(name: &str) -> Sandbox {
         tier: "jail".into(),
         network: None,
         network_generation: 0,
+        otlp_relay: false,
     }
 }
 
