@@ -306,6 +306,7 @@ impl Manager {
                 ttl_action: parent.ttl_action,
                 tier: Some(parent.tier.clone()),
                 network: network.clone(),
+                otlp_relay: parent.otlp_relay,
             };
             let source = &source;
             async move {
