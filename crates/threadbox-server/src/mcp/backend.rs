@@ -15,6 +15,7 @@ use threadbox_api::checkpoints::{
     Checkpoint, CreateCheckpoint, CreateCheckpointRequest, Fork, ForkRequest, ForkResponse, Rewind,
     RewindRequest,
 };
+use threadbox_api::interp::{CodeExecution, CreateContextRequest, ExecuteCodeRequest};
 use threadbox_api::{
     CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
     User,
@@ -86,6 +87,15 @@ pub trait Backend: Send + Sync + 'static {
     async fn checkpoint(&self, sandbox: &str, label: Option<String>) -> BackendResult<Checkpoint>;
     async fn rewind(&self, sandbox: &str, to: &str) -> BackendResult<Sandbox>;
     async fn fork(&self, sandbox: &str, count: Option<u32>) -> BackendResult<ForkResponse>;
+    /// Runs a cell in a context (`run_code`). `create` is the get-or-create of a context
+    /// other than `python` (which an execute makes on first use).
+    async fn run_code(
+        &self,
+        sandbox: &str,
+        context: &str,
+        create: Option<CreateContextRequest>,
+        request: ExecuteCodeRequest,
+    ) -> BackendResult<CodeExecution>;
 }
 
 /// Collects at most `limit` bytes from a stream of chunks; `true` when more were left.
@@ -235,6 +245,26 @@ impl<R: RunOps> Backend for R {
                 count,
                 name_prefix: None,
             },
+        };
+        self.call(op).await
+    }
+
+    async fn run_code(
+        &self,
+        sandbox: &str,
+        context: &str,
+        create: Option<CreateContextRequest>,
+        request: ExecuteCodeRequest,
+    ) -> BackendResult<CodeExecution> {
+        use threadbox_api::interp::{CreateContext, ExecuteCode};
+        if let Some(request) = create {
+            let sandbox = sandbox.into();
+            self.call(CreateContext { sandbox, request }).await?;
+        }
+        let op = ExecuteCode {
+            sandbox: sandbox.into(),
+            context: context.into(),
+            request,
         };
         self.call(op).await
     }
