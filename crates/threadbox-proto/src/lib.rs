@@ -229,6 +229,14 @@ pub enum Request {
         ctx: String,
     },
     ContextExecute(CellSpec),
+    /// Follows an execution: its kept events from index `from`, then the new ones
+    /// (`Cell`), then `Executed`. Leaving does not interrupt the cell.
+    ContextAttach {
+        ctx: String,
+        execution: String,
+        #[serde(default)]
+        from: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -46,6 +46,8 @@ use utoipa::OpenApi;
         context_routes::restart_context,
         context_routes::interrupt_context,
         context_routes::execute_code,
+        context_routes::execute_code_stream,
+        context_routes::get_execution,
         crate::net_routes::get_network,
         crate::net_routes::set_network,
         gov_routes::create_key,
@@ -71,7 +73,7 @@ use utoipa::OpenApi;
         TenantQuota, SandboxUsage, TenantUsage, UsageReport, AuditEntry, AuditList,
         AuditVerification,
         CreateContextRequest, Context, ContextState, ContextList, InterruptResult,
-        ExecuteCodeRequest, CodeStatus, CodeException, CodeOutput, CodeExecution,
+        ExecuteCodeRequest, CodeStatus, CodeException, CodeOutput, CodeExecution, CodeEvent,
     )),
     tags(
         (name = "meta", description = "Health and this document"),

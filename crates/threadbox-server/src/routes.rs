@@ -172,6 +172,14 @@ fn router(shared: Shared) -> Router {
         )
         .route(routes::CONTEXT_EXECUTE, post(context_routes::execute_code))
         .route(
+            routes::CONTEXT_EXECUTE_STREAM,
+            post(context_routes::execute_code_stream),
+        )
+        .route(
+            routes::CONTEXT_EXECUTION,
+            get(context_routes::get_execution),
+        )
+        .route(
             routes::SANDBOX_NETWORK,
             get(crate::net_routes::get_network).put(crate::net_routes::set_network),
         )

@@ -31,6 +31,7 @@ mod reconcile;
 pub mod state;
 pub(crate) mod validate;
 
+pub use contexts::{ExecuteCodeStream, GetExecution};
 pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
 use crate::agent::{AgentConn, CancelGuard};
