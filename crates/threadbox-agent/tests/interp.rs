@@ -357,3 +357,44 @@ fn interrupt_request_and_busy_context() {
         matches!(c.call(Request::ContextList), Response::Contexts { contexts } if contexts.is_empty())
     );
 }
+
+#[test]
+fn escalation_kills_the_cells_children_before_the_worker() {
+    if skip_unless_root() {
+        return;
+    }
+    // The cell's children are found in the context's cgroup.
+    let cg = TestCgroup::new();
+    let agent = Agent::start_with(cg.as_ref());
+    let mut c = agent.connect();
+    python_ctx(&mut c, "e");
+    run(&mut c, cell("e", "kept = 7"));
+    // The cell ignores SIGINT and waits on a child: after the grace the child is
+    // killed, the cell ends, and the worker with its variables stays.
+    let mut spec = cell(
+        "e",
+        "import signal, subprocess\nold = signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+         try:\n    subprocess.run(['sleep', '100'])\nfinally:\n    signal.signal(signal.SIGINT, old)",
+    );
+    spec.timeout_ms = Some(300);
+    let e = run(&mut c, spec);
+    assert_eq!(e.status, CellStatus::TimedOut, "{e:?}");
+    assert!(!e.context_restarted, "{e:?}");
+    assert_eq!(
+        text_result(&run(&mut c, cell("e", "kept"))),
+        Some("7".into())
+    );
+
+    // Positive control: with no child to kill, a cell that ignores SIGINT still ends by
+    // the worker's restart, and the answer says the state is gone.
+    let mut spec = cell(
+        "e",
+        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+    );
+    spec.timeout_ms = Some(300);
+    let e = run(&mut c, spec);
+    assert_eq!(e.status, CellStatus::TimedOut, "{e:?}");
+    assert!(e.context_restarted, "{e:?}");
+    let e = run(&mut c, cell("e", "'kept' in globals()"));
+    assert_eq!(text_result(&e), Some("False".into()), "{e:?}");
+}
