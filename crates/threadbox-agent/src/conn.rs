@@ -197,6 +197,7 @@ async fn handle(
             execution,
             from,
         } => interp::attach(agent, id, ctx, execution, from, tx, cancel).await,
+        Request::ContextReason { ctx, reason } => interp::set_reason(&agent, &ctx, reason),
         #[allow(unreachable_patterns)]
         _ => AgentError::new(
             ErrorKind::InvalidArgument,

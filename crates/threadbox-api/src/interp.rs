@@ -161,6 +161,13 @@ pub struct ListContexts {
     pub sandbox: String,
 }
 
+/// One context by id or name: its state and, when its worker died, why.
+#[derive(Debug, Clone)]
+pub struct GetContext {
+    pub sandbox: String,
+    pub context: String,
+}
+
 /// A context by id or name: delete, restart, interrupt.
 #[derive(Debug, Clone)]
 pub struct DeleteContext {
@@ -210,6 +217,8 @@ macro_rules! ctx_op {
 ctx_op!(CreateContext => Context, "context.create", SandboxesWrite, Post, routes::CONTEXTS, sandbox;
     |s| serde_json::to_value(&s.request).ok());
 ctx_op!(ListContexts => ContextList, "context.list", SandboxesRead, Get, routes::CONTEXTS, sandbox;
+    |_| None);
+ctx_op!(GetContext => Context, "context.get", SandboxesRead, Get, routes::CONTEXT, sandbox, context;
     |_| None);
 ctx_op!(DeleteContext => (), "context.delete", SandboxesWrite, Delete, routes::CONTEXT, sandbox, context;
     |_| None);

@@ -237,6 +237,12 @@ pub enum Request {
         #[serde(default)]
         from: u64,
     },
+    /// The host's verdict on why a dead worker died (`oom`, from the sandbox's memory
+    /// cgroup, which the agent may not see). Ignored when the worker was replaced since.
+    ContextReason {
+        ctx: String,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

@@ -47,6 +47,22 @@ pub(crate) async fn list_contexts(
     Ok(ApiJson(st.run(&caller, ListContexts { sandbox }).await?))
 }
 
+#[utoipa::path(get, path = routes::CONTEXT, tag = "contexts",
+    params(("sandbox" = String, Path, description = "Sandbox id or name"),
+        ("context" = String, Path, description = "Context id or name")),
+    responses(
+        (status = 200, description = "The context; `state: dead` with a `reason` (`oom`, `killed`, `exited:<code>`) when its worker died", body = Context),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn get_context(
+    State(st): St,
+    Auth(caller): Auth,
+    ApiPath((sandbox, context)): ApiPath<(String, String)>,
+) -> Result<ApiJson<Context>, ApiError> {
+    Ok(ApiJson(
+        st.run(&caller, GetContext { sandbox, context }).await?,
+    ))
+}
+
 #[utoipa::path(delete, path = routes::CONTEXT, tag = "contexts",
     params(("sandbox" = String, Path, description = "Sandbox id or name"),
         ("context" = String, Path, description = "Context id or name")),

@@ -42,6 +42,7 @@ use utoipa::OpenApi;
         routes::add_image,
         context_routes::create_context,
         context_routes::list_contexts,
+        context_routes::get_context,
         context_routes::delete_context,
         context_routes::restart_context,
         context_routes::interrupt_context,

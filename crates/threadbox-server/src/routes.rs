@@ -160,7 +160,7 @@ fn router(shared: Shared) -> Router {
         )
         .route(
             routes::CONTEXT,
-            axum::routing::delete(context_routes::delete_context),
+            axum::routing::delete(context_routes::delete_context).get(context_routes::get_context),
         )
         .route(
             routes::CONTEXT_RESTART,

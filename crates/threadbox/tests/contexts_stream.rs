@@ -1,7 +1,8 @@
 //! Streamed executions through the real daemon (issue 15): `execute/stream` sends the
 //! events as the cell runs, a client that goes away interrupts its cell (and the state
 //! stays), and `GET .../executions/{id}` re-attaches: after a lost client, and after a
-//! daemon restart in the middle of a cell, which goes on.
+//! daemon restart in the middle of a cell, which goes on. A context whose worker the
+//! OOM killer took is reported dead with reason `oom`, and its neighbours answer.
 
 mod common;
 
@@ -131,6 +132,7 @@ impl Lines {
         })
     }
 
+    /// The body of a plain (not streamed) answer as JSON.
     fn error_body(&self) -> Value {
         serde_json::from_slice(&self.buf).expect("a JSON error body")
     }
@@ -160,6 +162,12 @@ fn stdout_of(events: &[Value]) -> String {
         .filter(|e| e["type"] == "stdout")
         .filter_map(|e| e["text"].as_str())
         .collect()
+}
+
+fn run_code(d: &Daemon, sb: &str, ctx: &str, code: &str) -> Value {
+    d.cli(&["run-code", "--json", "--context", ctx, sb, code])
+        .ok()
+        .json()
 }
 
 fn result_text(d: &Daemon, sb: &str, code: &str) -> Option<String> {
@@ -287,4 +295,35 @@ y * 2
     let end = rest.last().unwrap();
     assert_eq!(end["status"], "ok", "{end}");
     assert_eq!(result_text(&d, &sb, "y").as_deref(), Some("5"));
+}
+
+#[test]
+fn a_cell_past_the_memory_limit_loses_its_context_and_the_neighbours_answer() {
+    if !require_root("a_cell_past_the_memory_limit_loses_its_context_and_the_neighbours_answer") {
+        return;
+    }
+    let d = Daemon::start();
+    let sb = d.create(&["--memory", "256M"]);
+    let other = d.create(&[]);
+    d.cli(&["run-code", &sb, "kept = 1"]).ok();
+    // A second context in the same sandbox, with its own state.
+    let url = format!("/v1/sandboxes/{sb}/contexts");
+    let made = request(&d, "POST", &url, Some(&json!({"name": "hog"})));
+    assert_eq!(made.status, 201);
+    let made = made.error_body();
+    assert_eq!(made["name"], "hog", "{made}");
+    // Zero-filling 1 GiB touches every page: the OOM killer takes the worker.
+    let v = run_code(&d, &sb, "hog", "b = bytearray(1 << 30)");
+    assert_eq!(v["status"], "context_died", "{v}");
+    assert_eq!(v["reason"], "oom", "{v}");
+    let hog = request(&d, "GET", &format!("{url}/hog"), None).error_body();
+    assert_eq!(hog["state"], "dead", "{hog}");
+    assert_eq!(hog["reason"], "oom", "{hog}");
+    // The neighbour context keeps its variables; the other sandbox answers.
+    assert_eq!(result_text(&d, &sb, "kept + 1").as_deref(), Some("2"));
+    assert_eq!(result_text(&d, &other, "1 + 1").as_deref(), Some("2"));
+    // The next execution in the lost context starts a new worker and says so.
+    let v = run_code(&d, &sb, "hog", "'b' in globals()");
+    assert_eq!(v["context_created"], true, "{v}");
+    assert_eq!(v["result"]["data"]["text/plain"], "False", "{v}");
 }

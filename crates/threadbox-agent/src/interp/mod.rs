@@ -432,6 +432,15 @@ pub async fn restart(agent: &Rc<Agent>, key: &str) -> Result<Response> {
     Ok(Response::Context(ctx.snapshot()))
 }
 
+pub fn set_reason(agent: &Agent, key: &str, reason: String) -> Response {
+    if let Some(ctx) = find(agent, key) {
+        if ctx.pid.get().is_none() {
+            ctx.info.borrow_mut().reason = Some(reason);
+        }
+    }
+    Response::Done
+}
+
 pub fn interrupt(agent: &Agent, key: &str) -> Result<Response> {
     let ctx = find(agent, key).ok_or_else(|| not_found(key))?;
     let busy = ctx.running.borrow().is_some();

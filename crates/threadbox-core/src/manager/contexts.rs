@@ -122,6 +122,37 @@ fn end_of(e: CodeExecution) -> CodeEvent {
     }
 }
 
+/// What is needed to tell an OOM kill of a worker: the sandbox's OOM counter before the
+/// cell (the agent cannot always see the memory cgroup: cgroup v1 memory in hybrid).
+struct OomWatch {
+    driver: Arc<dyn crate::driver::Driver>,
+    row: SandboxRow,
+    before: Option<u64>,
+    conn: Arc<AgentConn>,
+}
+
+impl OomWatch {
+    /// A worker that died by SIGKILL while the sandbox's counter went up died of OOM:
+    /// the execution says so, and so does the agent's record of the context.
+    async fn check(&self, e: &mut CodeExecution) {
+        if e.status != CodeStatus::ContextDied || e.reason.as_deref() != Some("killed") {
+            return;
+        }
+        let verdict =
+            oom_verdict(self.driver.as_ref(), &self.row, self.before, None, Some(9)).await;
+        if verdict.is_some() {
+            e.reason = Some("oom".into());
+            let req = proto::Request::ContextReason {
+                ctx: e.context_id.clone(),
+                reason: "oom".into(),
+            };
+            if let Ok((_, mut rx)) = self.conn.send(req) {
+                let _ = rx.recv().await;
+            }
+        }
+    }
+}
+
 /// Forwards an agent's execution frames as public events until the end. The first
 /// frame was read by the caller (so an early refusal is an HTTP error, not a line).
 /// A client that leaves (the receiver is dropped) cancels the agent's request: for an
@@ -132,6 +163,7 @@ fn forward_events(
     first: CodeEvent,
     inflight: Inflight,
     what: String,
+    oom: Option<OomWatch>,
 ) -> mpsc::Receiver<CodeEvent> {
     let (tx, out) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -154,7 +186,11 @@ fn forward_events(
                 },
                 Some(proto::Response::Executed(e)) => {
                     guard.armed = false;
-                    let _ = tx.send(end_of(execution_of(e))).await;
+                    let mut e = execution_of(e);
+                    if let Some(w) = &oom {
+                        w.check(&mut e).await;
+                    }
+                    let _ = tx.send(end_of(e)).await;
                     return;
                 }
                 Some(other) => {
@@ -312,6 +348,19 @@ impl Manager {
         }
     }
 
+    /// One context, by id or name (from the agent's list: the agent is the truth).
+    pub async fn get_context(&self, caller: &Caller, sandbox: &str, ctx: &str) -> Result<Context> {
+        caller.require(GetContext::SCOPE)?;
+        validate_context_key(ctx)?;
+        let all = self.list_contexts(caller, sandbox).await?.contexts;
+        let by_id = all.iter().position(|c| c.id == ctx);
+        let i = by_id.or_else(|| all.iter().position(|c| c.name == ctx));
+        match i {
+            Some(i) => Ok(all.into_iter().nth(i).expect("an index of the list")),
+            None => Err(CoreError::NotFound(format!("no context {ctx:?}"))),
+        }
+    }
+
     pub async fn delete_context(&self, caller: &Caller, sandbox: &str, ctx: &str) -> Result<()> {
         let r = async {
             caller.require(DeleteContext::SCOPE)?;
@@ -400,7 +449,8 @@ impl Manager {
             let spec = cell_spec(ctx, req, false);
             // `work`: a running cell counts as in flight (blocks idle auto-pause); an
             // idle context does not, since nothing is in flight between calls.
-            let (conn, _inflight) = self.running_conn(caller, sandbox, true).await?;
+            let (conn, _inflight, row) = self.running_conn_row(caller, sandbox, true).await?;
+            let oom = self.oom_watch(&conn, row).await?;
             let (id, mut rx) = conn.send(proto::Request::ContextExecute(spec))?;
             let mut guard = crate::agent::CancelGuard {
                 conn: conn.clone(),
@@ -411,7 +461,9 @@ impl Manager {
                 match rx.recv().await {
                     Some(proto::Response::Executed(e)) => {
                         guard.armed = false;
-                        return Ok(execution_of(e));
+                        let mut e = execution_of(e);
+                        oom.check(&mut e).await;
+                        return Ok(e);
                     }
                     Some(proto::Response::Cell(_)) => {}
                     Some(other) => {
@@ -452,6 +504,17 @@ fn cell_spec(ctx: &str, req: ExecuteCodeRequest, stream: bool) -> proto::CellSpe
 }
 
 impl Manager {
+    async fn oom_watch(&self, conn: &Arc<AgentConn>, row: SandboxRow) -> Result<OomWatch> {
+        let driver = self.driver_for(&row)?;
+        let before = driver.usage(&row.id, false).await.oom_kills;
+        Ok(OomWatch {
+            driver,
+            row,
+            before,
+            conn: conn.clone(),
+        })
+    }
+
     /// Runs a cell and streams its events. Refusals before the cell starts (a busy
     /// context, an unknown one) are errors of the call; later failures are an `error`
     /// event. A client that drops the receiver interrupts the cell.
@@ -467,7 +530,8 @@ impl Manager {
             validate_context_key(ctx)?;
             validate_execute(&req)?;
             let spec = cell_spec(ctx, req, true);
-            let (conn, inflight) = self.running_conn(caller, sandbox, true).await?;
+            let (conn, inflight, row) = self.running_conn_row(caller, sandbox, true).await?;
+            let oom = self.oom_watch(&conn, row).await?;
             let (id, mut rx) = conn.send(proto::Request::ContextExecute(spec))?;
             let mut guard = crate::agent::CancelGuard {
                 conn: conn.clone(),
@@ -481,6 +545,7 @@ impl Manager {
                 first,
                 inflight,
                 format!("code stream in sandbox {sandbox:?}"),
+                Some(oom),
             ))
         }
         .await;
@@ -519,6 +584,7 @@ impl Manager {
             first,
             inflight,
             format!("execution {execution:?} in sandbox {sandbox:?}"),
+            None,
         ))
     }
 }
@@ -585,6 +651,12 @@ impl Run for CreateContext {
 impl Run for ListContexts {
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ContextList> {
         m.list_contexts(caller, &self.sandbox).await
+    }
+}
+
+impl Run for GetContext {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Context> {
+        m.get_context(caller, &self.sandbox, &self.context).await
     }
 }
 
