@@ -398,3 +398,47 @@ fn escalation_kills_the_cells_children_before_the_worker() {
     let e = run(&mut c, cell("e", "'kept' in globals()"));
     assert_eq!(text_result(&e), Some("False".into()), "{e:?}");
 }
+
+#[test]
+fn output_of_leftover_processes_is_drained_between_cells() {
+    if skip_unless_root() {
+        return;
+    }
+    let agent = Agent::start();
+    let mut c = agent.connect();
+    python_ctx(&mut c, "d");
+    // A process the cell leaves behind writes 1 MB on the worker's stdout after the
+    // cell ended: more than a pipe holds. Undrained, it would block before its marker.
+    let e = run(
+        &mut c,
+        cell(
+            "d",
+            "import subprocess, os, tempfile\nmark = tempfile.mktemp()\n\
+             subprocess.Popen(['sh', '-c', 'sleep 0.2; head -c 1000000 /dev/zero; touch ' + mark])\n\
+             mark",
+        ),
+    );
+    assert_eq!(e.status, CellStatus::Ok, "{e:?}");
+    let mark = text_result(&e).expect("the marker's path");
+    // Another context waits for the marker, so that `d` stays idle the whole time
+    // (a cell of `d` would read its pipes itself).
+    python_ctx(&mut c, "w");
+    let mut spec = cell(
+        "w",
+        &format!(
+            "import os, time\nwhile not os.path.exists({mark}):\n    time.sleep(0.02)\n'seen'"
+        ),
+    );
+    spec.timeout_ms = Some(20_000);
+    let e = run(&mut c, spec);
+    assert_eq!(e.status, CellStatus::Ok, "{e:?}");
+    assert_eq!(text_result(&e), Some("'seen'".into()));
+    // What it wrote between the cells is not the next cell's output.
+    let e = run(&mut c, cell("d", "print('only this')"));
+    assert_eq!(
+        e.stdout,
+        "only this\n",
+        "{:?}",
+        &e.stdout[..e.stdout.len().min(80)]
+    );
+}
