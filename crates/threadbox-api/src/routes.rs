@@ -29,6 +29,10 @@ pub const CONTEXT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}";
 pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/restart";
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
+pub const CONTEXT_EXECUTE_STREAM: &str =
+    "/v1/sandboxes/{sandbox}/contexts/{context}/execute/stream";
+pub const CONTEXT_EXECUTION: &str =
+    "/v1/sandboxes/{sandbox}/contexts/{context}/executions/{execution}";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
 pub const SANDBOX_PREVIEWS: &str = "/v1/sandboxes/{sandbox}/previews";
 pub const SANDBOX_PREVIEW: &str = "/v1/sandboxes/{sandbox}/previews/{port}";
@@ -72,6 +76,8 @@ pub const ALL: &[&str] = &[
     CONTEXT_RESTART,
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
+    CONTEXT_EXECUTE_STREAM,
+    CONTEXT_EXECUTION,
     SANDBOX_NETWORK,
     SANDBOX_PREVIEWS,
     SANDBOX_PREVIEW,

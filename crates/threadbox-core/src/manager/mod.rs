@@ -34,6 +34,7 @@ mod relay;
 pub mod state;
 pub(crate) mod validate;
 
+pub use contexts::{ExecuteCodeStream, GetExecution};
 pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
 use crate::agent::{AgentConn, CancelGuard};

@@ -316,10 +316,17 @@ class AsyncSandbox(SandboxView):
                     raise
 
     async def run_code(
-        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+        self,
+        code: str,
+        *,
+        context: str = "python",
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: _interp.OnOutput | None = None,
     ) -> _interp.Execution:
-        """Runs ``code`` in a persistent context (``python``, made on first use)."""
-        return await _interp.run_code_async(self, code, context=context, timeout=timeout, env=env)
+        """Runs ``code`` in a persistent context (``python``, made on first use);
+        ``on_output`` streams its events as they come (see ``CodeContext.run``)."""
+        return await _interp.run_code_async(self, code, context=context, timeout=timeout, env=env, on_output=on_output)
 
     async def exec(
         self,

@@ -379,10 +379,17 @@ class Sandbox(SandboxView):
                     raise
 
     def run_code(
-        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+        self,
+        code: str,
+        *,
+        context: str = "python",
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: _interp.OnOutput | None = None,
     ) -> _interp.Execution:
-        """Runs ``code`` in a persistent context (``python``, made on first use)."""
-        return _interp.run_code(self, code, context=context, timeout=timeout, env=env)
+        """Runs ``code`` in a persistent context (``python``, made on first use);
+        ``on_output`` streams its events as they come (see ``CodeContext.run``)."""
+        return _interp.run_code(self, code, context=context, timeout=timeout, env=env, on_output=on_output)
 
     # -- exec -----------------------------------------------------------------
 
