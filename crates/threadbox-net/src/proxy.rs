@@ -350,6 +350,35 @@ async fn connection(
     let _ = upstream.set_nodelay(true);
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
+    // Secrets (ADR 0068): TLS dialled by name for a host a secret names is intercepted.
+    let intercept = match (&decided, mode) {
+        (Plan::ByName { name, .. }, NetProtocol::Tls) => net.intercept_for(name),
+        _ => None,
+    };
+    if let (Some(i), Some(sni)) = (intercept, name.as_deref()) {
+        let replay = std::mem::take(&mut replay);
+        let session = i.mitm.serve(
+            &net.sandbox,
+            sni,
+            &i.swaps,
+            &mut client,
+            replay,
+            &mut upstream,
+            &up,
+            &down,
+        );
+        let mut shutdown = net.watch_shutdown();
+        tokio::select! {
+            r = session => if let Err(e) = r {
+                tracing::debug!(sandbox = %net.sandbox, host = sni, "egress: intercepted session: {e}");
+            },
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+        entry.bytes_up = up.load(Ordering::Relaxed);
+        entry.bytes_down = down.load(Ordering::Relaxed);
+        net.emit(entry);
+        return;
+    }
     if upstream.write_all(&replay).await.is_err() {
         entry.reason = NetReason::DialFailed;
         entry.decision = NetAction::Deny;
