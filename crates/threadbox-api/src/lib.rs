@@ -14,6 +14,7 @@ pub mod interp;
 pub mod network;
 pub mod ops;
 pub mod routes;
+pub mod secrets;
 pub use governance::*;
 
 /// Stable error codes. Scripts and SDKs match on these strings.
@@ -175,6 +176,11 @@ pub struct CreateSandboxRequest {
     /// sandbox reaches nothing outside itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<network::NetworkPolicySpec>,
+    /// Secrets of the tenant (issue 13, ADR 0068) the sandbox may use: each is an env
+    /// variable holding a random placeholder, swapped for the value by the daemon only on
+    /// requests to the secret's host. The policy must still allow that host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

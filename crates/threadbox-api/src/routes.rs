@@ -30,6 +30,8 @@ pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/re
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
+pub const SECRETS: &str = "/v1/secrets";
+pub const SECRET: &str = "/v1/secrets/{name}";
 
 pub const IMAGES: &str = "/v1/images";
 pub const KEYS: &str = "/v1/keys";
@@ -67,6 +69,8 @@ pub const ALL: &[&str] = &[
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
     SANDBOX_NETWORK,
+    SECRETS,
+    SECRET,
     IMAGES,
     KEYS,
     KEY,

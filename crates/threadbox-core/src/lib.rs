@@ -17,6 +17,7 @@ pub mod ops;
 pub mod range;
 pub mod store;
 pub mod store_network;
+pub mod store_secrets;
 pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
@@ -64,6 +65,9 @@ pub struct Config {
     pub egress_dns: Option<Vec<std::net::SocketAddr>>,
     /// The daemon's own ports, refused on any loopback or host address whatever is excepted.
     pub egress_daemon_ports: Vec<u16>,
+    /// Extra CAs (PEM files) upstreams of intercepted hosts may be signed by, besides the
+    /// host's roots (`serve --egress-upstream-ca`; the tests' own upstream CA).
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 impl Config {
@@ -82,6 +86,7 @@ impl Config {
             egress_hosts: Vec::new(),
             egress_dns: None,
             egress_daemon_ports: Vec::new(),
+            egress_upstream_ca: Vec::new(),
         }
     }
 }

@@ -48,6 +48,9 @@ use utoipa::OpenApi;
         context_routes::execute_code,
         crate::net_routes::get_network,
         crate::net_routes::set_network,
+        crate::secret_routes::set_secret,
+        crate::secret_routes::list_secrets,
+        crate::secret_routes::delete_secret,
         gov_routes::create_key,
         gov_routes::list_keys,
         gov_routes::revoke_key,
@@ -67,6 +70,8 @@ use utoipa::OpenApi;
         threadbox_api::network::NetworkInfo, threadbox_api::network::NetworkPolicySpec,
         threadbox_api::network::NetworkRuleSpec, threadbox_api::network::NetAction,
         threadbox_api::network::NetProtocol,
+        threadbox_api::secrets::SecretInfo, threadbox_api::secrets::SetSecretRequest,
+        threadbox_api::secrets::SecretList,
         Scope, CreateKeyRequest, CreatedKey, ApiKeyInfo, ApiKeyList, Quota, QuotaUse,
         TenantQuota, SandboxUsage, TenantUsage, UsageReport, AuditEntry, AuditList,
         AuditVerification,
@@ -82,6 +87,7 @@ use utoipa::OpenApi;
         (name = "contexts", description = "Persistent code interpreter contexts"),
         (name = "images", description = "Root filesystem images"),
         (name = "governance", description = "API keys, quotas, usage, the audit log"),
+        (name = "secrets", description = "Secrets the sandbox never holds (placeholders swapped on the host)"),
     )
 )]
 pub struct ApiDoc;

@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub egress_allow_private: Vec<ipnet::IpNet>,
     pub egress_hosts: Vec<(String, Vec<std::net::Ipv4Addr>)>,
     pub egress_dns: Option<Vec<SocketAddr>>,
+    /// Extra CAs for the upstreams of intercepted hosts (`--egress-upstream-ca`).
+    pub egress_upstream_ca: Vec<std::path::PathBuf>,
 }
 
 impl ServeOptions {
@@ -57,6 +59,7 @@ impl ServeOptions {
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
             egress_dns: None,
+            egress_upstream_ca: Vec::new(),
         }
     }
 }
@@ -132,6 +135,7 @@ pub async fn serve(
     config.egress_allow_private = opts.egress_allow_private.clone();
     config.egress_hosts = opts.egress_hosts.clone();
     config.egress_dns = opts.egress_dns.clone();
+    config.egress_upstream_ca = opts.egress_upstream_ca.clone();
     // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
     config.egress_daemon_ports = vec![tcp_addr.port()];
     let opened = match tiers() {

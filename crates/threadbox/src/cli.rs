@@ -76,6 +76,9 @@ pub enum Command {
     /// A sandbox's egress policy.
     #[command(subcommand)]
     Net(crate::net_cmd::NetCommand),
+    /// Secrets the sandbox never holds: set (value from stdin), ls, rm.
+    #[command(subcommand)]
+    Secret(crate::secret_cmd::SecretCommand),
     /// Metered use: CPU-seconds, memory GiB-seconds, disk, running/paused time.
     Usage(crate::gov_cmd::UsageArgs),
     /// The hash-chained audit log (admin).
@@ -131,6 +134,10 @@ pub struct ServeArgs {
     /// [default: the host's /etc/resolv.conf].
     #[arg(long, value_name = "ADDR")]
     pub egress_dns: Vec<String>,
+    /// A CA (PEM file) that upstreams of hosts named by secrets may also be signed by,
+    /// besides the host's roots (repeatable; e.g. a company CA, or a test upstream's).
+    #[arg(long, value_name = "FILE")]
+    pub egress_upstream_ca: Vec<PathBuf>,
     /// Serve TCP WITHOUT API keys: every TCP client acts as the operator. Loopback
     /// addresses only; logged loudly at start. Without it, TCP requires a key.
     #[arg(long)]
@@ -217,6 +224,10 @@ pub struct CreateArgs {
     /// reaches nothing outside itself.
     #[arg(long = "allow", value_name = "RULE")]
     pub allow: Vec<String>,
+    /// A secret of the tenant the sandbox may use (repeatable): env NAME holds a
+    /// placeholder the daemon swaps for the value only on requests to the secret's host.
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,

@@ -31,6 +31,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Audit(cmd) => crate::gov_cmd::audit(&client(url)?, cmd).await,
         Command::Create(args) => create(&client(url)?, args).await,
         Command::Net(cmd) => crate::net_cmd::net(&client(url)?, cmd).await,
+        Command::Secret(cmd) => crate::secret_cmd::secret(&client(url)?, cmd).await,
         Command::Ls(args) => ls(&client(url)?, args).await,
         Command::Info(a) => {
             let sb = client(url)?.get(&a.sandbox).await?;
@@ -352,6 +353,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
         } else {
             Some(crate::net_cmd::policy_from_allow(&args.allow)?)
         },
+        secrets: args.secrets,
     };
     let (sandbox, _created) = client.create(&req).await?;
     if args.json {

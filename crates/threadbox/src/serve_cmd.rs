@@ -146,6 +146,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
         }
         opts.egress_dns = Some(servers);
     }
+    opts.egress_upstream_ca = args.egress_upstream_ca.clone();
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");
     }

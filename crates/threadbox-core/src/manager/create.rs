@@ -34,6 +34,10 @@ impl Manager {
         let pid = driver.launch(&spec).await?;
         match AgentConn::connect(driver.as_ref(), &row.id, AGENT_CONNECT_TIMEOUT).await {
             Ok(conn) => {
+                // Secrets: the sandbox trusts the egress CA before anything runs in it.
+                if let Err(e) = self.install_secret_ca(&row.id, &conn).await {
+                    tracing::error!(sandbox = %row.id, "secrets: the egress CA was not installed: {e}");
+                }
                 Self::set_conn(live, Some(conn));
                 self.attach_network(row, pid).await;
                 Ok(pid)
@@ -94,6 +98,7 @@ impl Manager {
             .as_ref()
             .map(super::network::check_policy)
             .transpose()?;
+        self.check_create_secrets(caller, &req.secrets).await?;
         let memory_bytes = req
             .limits
             .memory_bytes
@@ -226,6 +231,12 @@ impl Manager {
             match self.adopt_from_pool(&row).await {
                 Ok(Some(adopted)) => {
                     self.forget(&id);
+                    if !req.secrets.is_empty() {
+                        self.bind_secrets(&adopted, &req.secrets).await?;
+                        if let Some(conn) = self.conn_of(&adopted) {
+                            self.install_secret_ca(&adopted, &conn).await?;
+                        }
+                    }
                     if let Some(json) = &network_json {
                         self.network_on_adopt(&adopted, json).await?;
                     }
@@ -241,6 +252,12 @@ impl Manager {
             }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
+            // Bound before boot, so `boot` installs the CA and attaches the interception.
+            if let Err(e) = self.bind_secrets(&id, &req.secrets).await {
+                let _ = self.store.delete_sandbox(&id).await;
+                self.forget(&id);
+                return Err(e);
+            }
             if let Some(json) = &network_json {
                 // Stored before boot, so `boot` attaches it; generation 1.
                 match self.store.swap_network(&id, 0, Some(json)).await {
