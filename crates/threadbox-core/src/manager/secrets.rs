@@ -23,9 +23,12 @@ use threadbox_net::secrets::SecretSwap;
 
 use crate::store_secrets::SecretRow;
 
-/// Inside a sandbox with secrets: the CA alone, and the image's bundle plus the CA.
-pub const SANDBOX_CA_FILE: &str = "/etc/threadbox/egress-ca.pem";
-pub const SANDBOX_BUNDLE_FILE: &str = "/etc/threadbox/ca-bundle.pem";
+/// Inside a sandbox with secrets: the CA alone, and the image's bundle plus the CA. Under
+/// `/tmp` because the rest of the tree outside the home is owned by the host (unmapped,
+/// so not writable even by the sandbox's root); a root-owned directory in the sticky
+/// `/tmp` cannot be replaced by the sandbox's user, and it is written again at every boot.
+pub const SANDBOX_CA_FILE: &str = "/tmp/.threadbox/egress-ca.pem";
+pub const SANDBOX_BUNDLE_FILE: &str = "/tmp/.threadbox/ca-bundle.pem";
 /// The image's own bundle (Debian layout), extended in place when present.
 const IMAGE_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The host's roots, for verifying upstreams.
@@ -412,14 +415,17 @@ impl Manager {
             }
             bundle.extend_from_slice(ca.as_bytes());
         }
+        let extend_image = image_bundle.as_deref().is_some_and(|b| !has_ca(b));
         let mut writes = vec![
-            (SANDBOX_CA_FILE, ca.as_bytes().to_vec()),
-            (SANDBOX_BUNDLE_FILE, bundle.clone()),
+            (SANDBOX_CA_FILE, ca.as_bytes().to_vec(), true),
+            (SANDBOX_BUNDLE_FILE, bundle.clone(), true),
         ];
-        if image_bundle.as_deref().is_some_and(|b| !has_ca(b)) {
-            writes.push((IMAGE_BUNDLE, bundle));
+        if extend_image {
+            // Only where the image lets the sandbox's root write it (not the host image,
+            // whose /etc belongs to the host): the env variables cover the rest.
+            writes.push((IMAGE_BUNDLE, bundle, false));
         }
-        for (path, data) in writes {
+        for (path, data, required) in writes {
             match conn
                 .call(proto::Request::FileWrite {
                     path: path.into(),
@@ -429,10 +435,14 @@ impl Manager {
                     mode: Some(0o644),
                     make_parents: true,
                 })
-                .await?
+                .await
             {
-                proto::Response::Done => {}
-                other => return Err(unexpected(other)),
+                Ok(proto::Response::Done) => {}
+                Ok(other) if required => return Err(unexpected(other)),
+                Err(e) if required => return Err(e),
+                Ok(_) | Err(_) => {
+                    tracing::debug!(sandbox = %id, "secrets: {path} is not writable; the CA is trusted through the env variables");
+                }
             }
         }
         Ok(())

@@ -2,7 +2,11 @@
 # an HTTP server (8080), a TCP sink that records every byte it receives (9000, held open),
 # and a stub DNS resolver (UDP 53) that answers every A question with ADDR and records the
 # names asked. Each writes to a file in DIR; DIR/ready appears once all are bound.
+# With DIR/tls-cert.pem and DIR/tls-key.pem (a test CA's, written by upstream.rs), an
+# HTTPS server (443, HTTP/1.1 keep-alive) records each request's path and headers.
+import os
 import socket
+import ssl
 import socketserver
 import struct
 import sys
@@ -22,6 +26,22 @@ class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         record("http.log", (self.path + "\n").encode())
         body = b"hello from the upstream\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+class Https(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        head = "".join(f"{k}: {v}\n" for k, v in self.headers.items())
+        record("https.log", f"{self.path}\n{head}\n".encode())
+        body = b"hello over tls\n"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -75,7 +95,14 @@ http = ThreadingHTTPServer((addr, 8080), Http)
 sink = Threaded((addr, 9000), Sink)
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 udp.bind((addr, 53))
-for target in (http.serve_forever, sink.serve_forever, lambda: dns(udp)):
+servers = [http.serve_forever, sink.serve_forever, lambda: dns(udp)]
+if os.path.exists(f"{out}/tls-cert.pem"):
+    https = ThreadingHTTPServer((addr, 443), Https)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(f"{out}/tls-cert.pem", f"{out}/tls-key.pem")
+    https.socket = tls.wrap_socket(https.socket, server_side=True)
+    servers.append(https.serve_forever)
+for target in servers:
     threading.Thread(target=target, daemon=True).start()
 open(f"{out}/ready", "w").close()
 threading.Event().wait()
