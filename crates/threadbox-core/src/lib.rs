@@ -13,8 +13,10 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod metrics;
 pub mod ops;
 pub mod range;
+pub mod relay;
 pub mod store;
 pub mod store_network;
 pub mod store_secrets;
@@ -68,6 +70,9 @@ pub struct Config {
     /// Extra CAs (PEM files) upstreams of intercepted hosts may be signed by, besides the
     /// host's roots (`serve --egress-upstream-ca`; the tests' own upstream CA).
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// Where the in-sandbox OTLP endpoint forwards spans (ADR 0091); `None` when the
+    /// daemon exports no traces, and then no sandbox can ask for the relay.
+    pub trace_relay: Option<relay::TraceRelay>,
 }
 
 impl Config {
@@ -87,6 +92,7 @@ impl Config {
             egress_dns: None,
             egress_daemon_ports: Vec::new(),
             egress_upstream_ca: Vec::new(),
+            trace_relay: None,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod metrics;
 mod net_routes;
 pub mod openapi;
 mod origin;
+pub mod otlp_relay;
 pub mod routes;
 mod secret_routes;
 pub mod serve;

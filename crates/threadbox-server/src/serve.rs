@@ -43,6 +43,8 @@ pub struct ServeOptions {
     pub egress_dns: Option<Vec<SocketAddr>>,
     /// Extra CAs for the upstreams of intercepted hosts (`--egress-upstream-ca`).
     pub egress_upstream_ca: Vec<std::path::PathBuf>,
+    /// Where in-sandbox OTLP endpoints forward (the daemon's own exporter; ADR 0091).
+    pub trace_relay: Option<threadbox_core::relay::TraceRelay>,
 }
 
 impl ServeOptions {
@@ -60,6 +62,7 @@ impl ServeOptions {
             egress_hosts: Vec::new(),
             egress_dns: None,
             egress_upstream_ca: Vec::new(),
+            trace_relay: None,
         }
     }
 }
@@ -136,6 +139,7 @@ pub async fn serve(
     config.egress_hosts = opts.egress_hosts.clone();
     config.egress_dns = opts.egress_dns.clone();
     config.egress_upstream_ca = opts.egress_upstream_ca.clone();
+    config.trace_relay = opts.trace_relay.clone();
     // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
     config.egress_daemon_ports = vec![tcp_addr.port()];
     let opened = match tiers() {

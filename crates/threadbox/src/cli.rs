@@ -228,6 +228,10 @@ pub struct CreateArgs {
     /// placeholder the daemon swaps for the value only on requests to the secret's host.
     #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
+    /// Open an OTLP/HTTP endpoint inside (127.0.0.1:4318, in OTEL_EXPORTER_OTLP_ENDPOINT)
+    /// whose spans the daemon forwards to its collector (needs serve --otlp-endpoint)
+    #[arg(long)]
+    pub otlp_relay: bool,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,

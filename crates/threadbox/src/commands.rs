@@ -354,6 +354,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
             Some(crate::net_cmd::policy_from_allow(&args.allow)?)
         },
         secrets: args.secrets,
+        otlp_relay: args.otlp_relay,
     };
     let (sandbox, _created) = client.create(&req).await?;
     if args.json {

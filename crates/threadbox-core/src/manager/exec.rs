@@ -41,6 +41,7 @@ impl Manager {
             crate::telemetry::inject_env(&mut spec.env);
             let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
             self.secret_env(&row.id, &mut spec.env).await?;
+            self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let mut guard = CancelGuard {
@@ -99,6 +100,7 @@ impl Manager {
             crate::telemetry::inject_env(&mut spec.env);
             let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
             self.secret_env(&row.id, &mut spec.env).await?;
+            self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let (tx, out) = mpsc::channel(64);

@@ -28,6 +28,7 @@ mod pool;
 mod processes;
 mod reaper;
 mod reconcile;
+mod relay;
 mod secrets;
 pub mod state;
 pub(crate) mod validate;
@@ -107,9 +108,18 @@ pub struct Manager {
     net: network::NetState,
     /// The sealing key and the egress CA of secrets (issue 13, ADR 0068).
     secrets: secrets::SecretState,
+    /// Latencies and failure counters for `/metrics` (issue 17).
+    metrics: Arc<crate::metrics::CoreMetrics>,
+    /// In-sandbox OTLP endpoints being served, by sandbox id (ADR 0091).
+    relays: relay::Relays,
 }
 
 impl Manager {
+    /// The core's counters and latencies, rendered by `/metrics`.
+    pub fn metrics(&self) -> &crate::metrics::CoreMetrics {
+        &self.metrics
+    }
+
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
     /// starts the background tasks (idle pause, TTL). `drivers` holds the tiers (the
     /// caller builds them: the binary the jail, tests the fake); the first is the default.
@@ -148,9 +158,14 @@ impl Manager {
                 .await?;
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let metrics = Arc::new(crate::metrics::CoreMetrics {
+            store: store.timings.clone(),
+            ..Default::default()
+        });
         let mgr = Arc::new(Manager {
             config,
             store,
+            metrics,
             drivers,
             live: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
@@ -160,6 +175,7 @@ impl Manager {
             pool_task: Mutex::new(None),
             net: Default::default(),
             secrets,
+            relays: Default::default(),
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());

@@ -22,6 +22,7 @@ impl Manager {
             crate::telemetry::inject_env(&mut env);
             let row = self.resolve(caller, id_or_name).await?;
             self.secret_env(&row.id, &mut env).await?;
+            self.relay_env(&row, &mut env);
             let spec = proto::BackgroundSpec {
                 command,
                 env,
