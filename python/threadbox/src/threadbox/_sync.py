@@ -6,7 +6,7 @@ import builtins
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar
@@ -136,6 +136,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Creates a sandbox (``POST /v1/sandboxes``).
@@ -157,6 +158,7 @@ class Threadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
         )
         info, created = self._call(ops.create(body))
         return Sandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
@@ -174,6 +176,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -193,6 +196,7 @@ class Threadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
             on_exit=on_exit,
         )
 
