@@ -414,12 +414,29 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 pub struct Intercept {
     pub mitm: Arc<Mitm>,
     pub swaps: Arc<Vec<SecretSwap>>,
+    /// Test-only weakening (ADR 0009, `secrets-any-host`): intercept every host and swap
+    /// every secret there. Only a daemon built with `insecure-test-hooks` sets it; it is
+    /// the positive control of the "placeholder to another host" cases.
+    pub any_host: bool,
 }
 
 impl Intercept {
     /// Whether connections for `host` (normalised) are intercepted: a secret names it.
     pub fn covers(&self, host: &str) -> bool {
-        self.swaps.iter().any(|s| s.host == host)
+        self.any_host || self.swaps.iter().any(|s| s.host == host)
+    }
+
+    /// The secrets that apply to `host`.
+    pub fn swaps_for(&self, host: &str) -> Vec<SecretSwap> {
+        self.swaps
+            .iter()
+            .filter(|s| self.any_host || s.host == host)
+            .cloned()
+            .map(|mut s| {
+                s.host = host.to_string();
+                s
+            })
+            .collect()
     }
 }
 

@@ -357,10 +357,11 @@ async fn connection(
     };
     if let (Some(i), Some(sni)) = (intercept, name.as_deref()) {
         let replay = std::mem::take(&mut replay);
+        let swaps = i.swaps_for(sni);
         let session = i.mitm.serve(
             &net.sandbox,
             sni,
-            &i.swaps,
+            &swaps,
             &mut client,
             replay,
             &mut upstream,

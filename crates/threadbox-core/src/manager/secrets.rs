@@ -465,9 +465,15 @@ impl Manager {
                 placeholder,
             });
         }
+        #[cfg(feature = "insecure-test-hooks")]
+        let any_host =
+            threadbox_sys::testhooks::Weaken::from_env().is_ok_and(|w| w.has("secrets-any-host"));
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let any_host = false;
         Ok((!swaps.is_empty()).then(|| Intercept {
             mitm: self.secrets.mitm.clone(),
             swaps: Arc::new(swaps),
+            any_host,
         }))
     }
 
