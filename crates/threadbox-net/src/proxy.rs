@@ -358,22 +358,45 @@ async fn connection(
     if let (Some(i), Some(sni)) = (intercept, name.as_deref()) {
         let replay = std::mem::take(&mut replay);
         let swaps = i.swaps_for(sni);
-        let session = i.mitm.serve(
-            &net.sandbox,
-            sni,
-            &swaps,
-            &mut client,
-            replay,
-            &mut upstream,
-            &up,
-            &down,
-        );
-        let mut shutdown = net.watch_shutdown();
-        tokio::select! {
-            r = session => if let Err(e) = r {
-                tracing::debug!(sandbox = %net.sandbox, host = sni, "egress: intercepted session: {e}");
-            },
-            _ = shutdown.wait_for(|s| *s) => {}
+        {
+            let session = i.mitm.serve(
+                &net.sandbox,
+                sni,
+                &swaps,
+                &mut client,
+                replay,
+                &mut upstream,
+                &up,
+                &down,
+            );
+            tokio::pin!(session);
+            let mut shutdown = net.watch_shutdown();
+            loop {
+                tokio::select! {
+                    r = &mut session => {
+                        if let Err(e) = r {
+                            tracing::debug!(sandbox = %net.sandbox, host = sni, "egress: intercepted session: {e}");
+                        }
+                        break;
+                    }
+                    _ = shutdown.wait_for(|s| *s) => break,
+                    // Like a spliced connection: a new policy that refuses it closes it.
+                    changed = policy_rx.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        let p = policy_rx.borrow_and_update().clone();
+                        if let Plan::Deny { .. } = plan(&p, od, name.as_deref(), &pins) {
+                            entry.reason = NetReason::PolicyRevoked;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if entry.reason == NetReason::PolicyRevoked {
+            reset(&client);
+            reset(&upstream);
         }
         entry.bytes_up = up.load(Ordering::Relaxed);
         entry.bytes_down = down.load(Ordering::Relaxed);
