@@ -314,6 +314,76 @@ while not os.path.exists("/tmp/ka.exit") and time.monotonic() < deadline:
         );
     }
 
+    // 5b. A live policy change closes an intercepted session it refuses. The script keeps
+    //     one session open between two requests; first with no change (the positive
+    //     control: the second request arrives on the same session), then with api.test
+    //     removed from the policy in between (the second never arrives).
+    let script = r#"
+import http.client, os, ssl, sys, time
+tag = sys.argv[1]
+ctx = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+c = http.client.HTTPSConnection("api.test", context=ctx, timeout=20)
+c.request("GET", "/" + tag + "-1", headers={"Authorization": os.environ["API_KEY"]})
+c.getresponse().read()
+open("/tmp/" + tag + ".ready", "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists("/tmp/" + tag + ".go") and time.monotonic() < deadline:
+    time.sleep(0.05)
+try:
+    c.request("GET", "/" + tag + "-2", headers={"Authorization": os.environ["API_KEY"]})
+    c.getresponse().read()
+    r = "sent"
+except Exception as e:
+    r = "closed " + type(e).__name__
+open("/tmp/" + tag + ".out", "w").write(r + "\n")
+"#;
+    d.cli_stdin(
+        &["files", "write", &sb, "/tmp/tb-rev.py"],
+        Some(script.as_bytes()),
+    )
+    .ok();
+    for (tag, revoke) in [("ctl", false), ("rev", true)] {
+        d.cli(&["spawn", &sb, "--", "python3", "/tmp/tb-rev.py", tag])
+            .ok();
+        wait_for("the first request of the session", DEADLINE, || {
+            sh(&d, &sb, &format!("test -e /tmp/{tag}.ready")).0 == 0
+        });
+        if revoke {
+            d.cli(&["net", "set", &sb, "--allow", "other.test"]).ok();
+        }
+        sh(&d, &sb, &format!("touch /tmp/{tag}.go"));
+        wait_for("the second request's outcome", DEADLINE, || {
+            sh(&d, &sb, &format!("test -s /tmp/{tag}.out")).0 == 0
+        });
+        let first = request(&up, &format!("/{tag}-1"));
+        assert!(
+            first.is_some_and(|r| r.contains(VALUE)),
+            "{tag}: first request not swapped"
+        );
+        let second = request(&up, &format!("/{tag}-2"));
+        if revoke {
+            assert!(
+                second.is_none(),
+                "a revoked intercepted session still carried a request"
+            );
+        } else {
+            assert!(
+                second.is_some(),
+                "positive control: the session carries a second request"
+            );
+        }
+    }
+    d.cli(&[
+        "net",
+        "set",
+        &sb,
+        "--allow",
+        "api.test",
+        "--allow",
+        "other.test",
+    ])
+    .ok();
+
     // 6. Removed: the placeholder then goes out unchanged even to its host.
     d.cli(&["secret", "rm", "API_KEY"]).ok();
     let (_, out) = sh(
