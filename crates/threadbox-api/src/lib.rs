@@ -13,6 +13,7 @@ mod governance;
 pub mod interp;
 pub mod network;
 pub mod ops;
+pub mod previews;
 pub mod routes;
 pub mod secrets;
 pub use governance::*;

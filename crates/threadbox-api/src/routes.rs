@@ -32,6 +32,8 @@ pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/ex
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
 pub const SECRETS: &str = "/v1/secrets";
 pub const SECRET: &str = "/v1/secrets/{name}";
+pub const SANDBOX_PREVIEWS: &str = "/v1/sandboxes/{sandbox}/previews";
+pub const SANDBOX_PREVIEW: &str = "/v1/sandboxes/{sandbox}/previews/{port}";
 
 pub const IMAGES: &str = "/v1/images";
 pub const KEYS: &str = "/v1/keys";
@@ -71,6 +73,8 @@ pub const ALL: &[&str] = &[
     SANDBOX_NETWORK,
     SECRETS,
     SECRET,
+    SANDBOX_PREVIEWS,
+    SANDBOX_PREVIEW,
     IMAGES,
     KEYS,
     KEY,
@@ -155,7 +159,7 @@ mod tests {
                 assert!(
                     matches!(
                         name,
-                        "sandbox" | "process_id" | "key_id" | "tenant" | "context"
+                        "sandbox" | "process_id" | "key_id" | "tenant" | "context" | "port"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

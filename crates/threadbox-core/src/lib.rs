@@ -19,6 +19,7 @@ pub mod range;
 pub mod relay;
 pub mod store;
 pub mod store_network;
+pub mod store_previews;
 pub mod store_secrets;
 pub mod telemetry;
 
@@ -70,6 +71,11 @@ pub struct Config {
     /// Extra CAs (PEM files) upstreams of intercepted hosts may be signed by, besides the
     /// host's roots (`serve --egress-upstream-ca`; the tests' own upstream CA).
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// Host form of preview URLs, `{port}-{id}.<preview_domain>` (`serve --preview-domain`;
+    /// default `localhost`, which browsers resolve to loopback without DNS).
+    pub preview_domain: String,
+    /// The daemon's TCP address, for the URLs previews answer with.
+    pub preview_addr: Option<std::net::SocketAddr>,
     /// Where the in-sandbox OTLP endpoint forwards spans (ADR 0091); `None` when the
     /// daemon exports no traces, and then no sandbox can ask for the relay.
     pub trace_relay: Option<relay::TraceRelay>,
@@ -92,6 +98,8 @@ impl Config {
             egress_dns: None,
             egress_daemon_ports: Vec::new(),
             egress_upstream_ca: Vec::new(),
+            preview_domain: "localhost".to_string(),
+            preview_addr: None,
             trace_relay: None,
         }
     }

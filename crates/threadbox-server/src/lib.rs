@@ -11,6 +11,7 @@ mod net_routes;
 pub mod openapi;
 mod origin;
 pub mod otlp_relay;
+mod preview_routes;
 pub mod routes;
 mod secret_routes;
 pub mod serve;

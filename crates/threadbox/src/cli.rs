@@ -79,6 +79,8 @@ pub enum Command {
     /// Secrets the sandbox never holds: set (value from stdin), ls, rm.
     #[command(subcommand)]
     Secret(crate::secret_cmd::SecretCommand),
+    /// A port of a sandbox as a URL through the daemon (private unless --public).
+    Preview(crate::preview_cmd::PreviewArgs),
     /// Metered use: CPU-seconds, memory GiB-seconds, disk, running/paused time.
     Usage(crate::gov_cmd::UsageArgs),
     /// The hash-chained audit log (admin).
@@ -138,6 +140,11 @@ pub struct ServeArgs {
     /// besides the host's roots (repeatable; e.g. a company CA, or a test upstream's).
     #[arg(long, value_name = "FILE")]
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// Domain of preview URLs, `{port}-{id}.DOMAIN` (it and its subdomains must reach
+    /// this daemon: a wildcard DNS record) [default: localhost, which browsers resolve to
+    /// loopback by themselves]. The path form `/preview/{id}/{port}/` works without it.
+    #[arg(long, value_name = "DOMAIN")]
+    pub preview_domain: Option<String>,
     /// Serve TCP WITHOUT API keys: every TCP client acts as the operator. Loopback
     /// addresses only; logged loudly at start. Without it, TCP requires a key.
     #[arg(long)]

@@ -32,6 +32,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Create(args) => create(&client(url)?, args).await,
         Command::Net(cmd) => crate::net_cmd::net(&client(url)?, cmd).await,
         Command::Secret(cmd) => crate::secret_cmd::secret(&client(url)?, cmd).await,
+        Command::Preview(a) => crate::preview_cmd::preview(&client(url)?, a).await,
         Command::Ls(args) => ls(&client(url)?, args).await,
         Command::Info(a) => {
             let sb = client(url)?.get(&a.sandbox).await?;

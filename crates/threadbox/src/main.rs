@@ -8,6 +8,7 @@ mod gov_cmd;
 mod mcp_cmd;
 mod net_cmd;
 mod parse;
+mod preview_cmd;
 mod secret_cmd;
 mod serve_cmd;
 mod term;

@@ -25,6 +25,7 @@ mod images;
 mod lifecycle;
 mod network;
 mod pool;
+pub mod previews;
 mod processes;
 mod reaper;
 mod reconcile;
