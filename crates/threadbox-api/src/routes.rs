@@ -34,6 +34,8 @@ pub const CONTEXT_EXECUTE_STREAM: &str =
 pub const CONTEXT_EXECUTION: &str =
     "/v1/sandboxes/{sandbox}/contexts/{context}/executions/{execution}";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
+pub const SECRETS: &str = "/v1/secrets";
+pub const SECRET: &str = "/v1/secrets/{name}";
 pub const SANDBOX_PREVIEWS: &str = "/v1/sandboxes/{sandbox}/previews";
 pub const SANDBOX_PREVIEW: &str = "/v1/sandboxes/{sandbox}/previews/{port}";
 pub const CHECKPOINTS: &str = "/v1/sandboxes/{sandbox}/checkpoints";
@@ -79,6 +81,8 @@ pub const ALL: &[&str] = &[
     CONTEXT_EXECUTE_STREAM,
     CONTEXT_EXECUTION,
     SANDBOX_NETWORK,
+    SECRETS,
+    SECRET,
     SANDBOX_PREVIEWS,
     SANDBOX_PREVIEW,
     CHECKPOINTS,

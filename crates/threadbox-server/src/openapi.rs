@@ -51,6 +51,9 @@ use utoipa::OpenApi;
         context_routes::get_execution,
         crate::net_routes::get_network,
         crate::net_routes::set_network,
+        crate::secret_routes::set_secret,
+        crate::secret_routes::list_secrets,
+        crate::secret_routes::delete_secret,
         crate::preview_routes::create_preview,
         crate::preview_routes::list_previews,
         crate::preview_routes::delete_preview,
@@ -78,6 +81,8 @@ use utoipa::OpenApi;
         threadbox_api::network::NetworkInfo, threadbox_api::network::NetworkPolicySpec,
         threadbox_api::network::NetworkRuleSpec, threadbox_api::network::NetAction,
         threadbox_api::network::NetProtocol,
+        threadbox_api::secrets::SecretInfo, threadbox_api::secrets::SetSecretRequest,
+        threadbox_api::secrets::SecretList,
         threadbox_api::previews::PreviewRequest, threadbox_api::previews::Preview,
         threadbox_api::previews::PreviewList,
         threadbox_api::checkpoints::Checkpoint, threadbox_api::checkpoints::CheckpointList,
@@ -101,6 +106,7 @@ use utoipa::OpenApi;
         (name = "previews", description = "Ports of a sandbox published through the daemon"),
         (name = "checkpoints", description = "Checkpoints, rewind and fork of a sandbox's disk"),
         (name = "governance", description = "API keys, quotas, usage, the audit log"),
+        (name = "secrets", description = "Secrets the sandbox never holds (placeholders swapped on the host)"),
     )
 )]
 pub struct ApiDoc;

@@ -187,6 +187,12 @@ fn router(shared: Shared) -> Router {
             routes::SANDBOX_NETWORK,
             get(crate::net_routes::get_network).put(crate::net_routes::set_network),
         )
+        .route(routes::SECRETS, get(crate::secret_routes::list_secrets))
+        .route(
+            routes::SECRET,
+            axum::routing::put(crate::secret_routes::set_secret)
+                .delete(crate::secret_routes::delete_secret),
+        )
         .route(
             routes::SANDBOX_PREVIEWS,
             post(crate::preview_routes::create_preview).get(crate::preview_routes::list_previews),

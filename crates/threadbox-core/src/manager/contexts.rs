@@ -315,11 +315,14 @@ impl Manager {
         let r = async {
             caller.require(CreateContext::SCOPE)?;
             validate_create(&req)?;
+            let mut env = req.env;
+            let row = self.resolve(caller, sandbox).await?;
+            self.secret_env(&row.id, &mut env).await?;
             let spec = proto::ContextSpec {
                 name: req.name,
                 language: req.language,
                 cwd: req.cwd,
-                env: req.env,
+                env,
                 user: run_as(req.user),
             };
             match self

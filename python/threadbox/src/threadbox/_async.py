@@ -9,7 +9,7 @@ import asyncio
 import builtins
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar, cast
@@ -129,6 +129,7 @@ class AsyncThreadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Creates a sandbox, or returns the existing one with this ``name``.
@@ -147,6 +148,7 @@ class AsyncThreadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
         )
         info, created = await self._call(ops.create(body))
         return AsyncSandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
@@ -164,6 +166,7 @@ class AsyncThreadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -182,6 +185,7 @@ class AsyncThreadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
             on_exit=on_exit,
         )
 

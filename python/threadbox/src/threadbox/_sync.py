@@ -6,7 +6,7 @@ import builtins
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar
@@ -137,6 +137,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Creates a sandbox (``POST /v1/sandboxes``).
@@ -158,6 +159,7 @@ class Threadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
         )
         info, created = self._call(ops.create(body))
         return Sandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
@@ -175,6 +177,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -194,6 +197,7 @@ class Threadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
             on_exit=on_exit,
         )
 
