@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 mod gov_ops;
 mod governance;
 pub mod interp;
+pub mod net_log;
 pub mod network;
 pub mod ops;
 pub mod routes;

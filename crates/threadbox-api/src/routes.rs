@@ -30,6 +30,7 @@ pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/re
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
+pub const SANDBOX_NETWORK_LOG: &str = "/v1/sandboxes/{sandbox}/network/log";
 
 pub const IMAGES: &str = "/v1/images";
 pub const KEYS: &str = "/v1/keys";
@@ -67,6 +68,7 @@ pub const ALL: &[&str] = &[
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
     SANDBOX_NETWORK,
+    SANDBOX_NETWORK_LOG,
     IMAGES,
     KEYS,
     KEY,

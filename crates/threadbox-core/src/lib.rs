@@ -16,6 +16,7 @@ pub mod manager;
 pub mod ops;
 pub mod range;
 pub mod store;
+pub mod store_net_log;
 pub mod store_network;
 pub mod telemetry;
 

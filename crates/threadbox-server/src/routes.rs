@@ -175,6 +175,10 @@ fn router(shared: Shared) -> Router {
             routes::SANDBOX_NETWORK,
             get(crate::net_routes::get_network).put(crate::net_routes::set_network),
         )
+        .route(
+            routes::SANDBOX_NETWORK_LOG,
+            get(crate::net_log_routes::network_log),
+        )
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(
             routes::KEYS,

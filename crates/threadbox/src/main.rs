@@ -7,6 +7,7 @@ mod commands;
 mod gov_cmd;
 mod mcp_cmd;
 mod net_cmd;
+mod net_log_cmd;
 mod parse;
 mod serve_cmd;
 mod term;

@@ -23,6 +23,7 @@ mod files;
 mod governance;
 mod images;
 mod lifecycle;
+mod net_log;
 mod network;
 mod pool;
 mod processes;
