@@ -40,6 +40,7 @@ impl Manager {
             let mut spec = exec_spec(req, false)?;
             crate::telemetry::inject_env(&mut spec.env);
             let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
+            self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let mut guard = CancelGuard {
@@ -97,6 +98,7 @@ impl Manager {
             let mut spec = exec_spec(req, true)?;
             crate::telemetry::inject_env(&mut spec.env);
             let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
+            self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
             let (tx, out) = mpsc::channel(64);
