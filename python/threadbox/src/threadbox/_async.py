@@ -17,7 +17,7 @@ from typing import IO, Any, Literal, TypeVar, cast
 import httpx
 
 from . import _common as c
-from . import _interp, _tracing
+from . import _interp, _network, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
 from ._models import (
@@ -128,6 +128,7 @@ class AsyncThreadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Creates a sandbox, or returns the existing one with this ``name``.
@@ -147,6 +148,8 @@ class AsyncThreadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
         )
+        if network is not None:
+            body["network"] = _network.policy_body(network)
         info, created = await self._call(ops.create(body))
         return AsyncSandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
 
@@ -163,6 +166,7 @@ class AsyncThreadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -181,6 +185,7 @@ class AsyncThreadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            network=network,
             on_exit=on_exit,
         )
 
@@ -225,6 +230,8 @@ class AsyncSandbox(SandboxView):
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
         self.contexts = _interp.AsyncContexts(self)
+        self.network = _network.AsyncNetwork(self)
+        """The egress policy and log (issue 13)."""
 
     async def refresh(self) -> SandboxInfo:
         """Reloads the metadata from the daemon."""

@@ -14,7 +14,7 @@ from typing import IO, Any, Literal, TypeVar
 import httpx
 
 from . import _common as c
-from . import _interp, _tracing
+from . import _interp, _network, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
 from ._models import (
@@ -136,6 +136,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Creates a sandbox (``POST /v1/sandboxes``).
@@ -145,6 +146,9 @@ class Threadbox:
         ``on_exit`` is what ``with sandbox:`` does at the end of the block, and it
         applies only to a sandbox this call created: an existing sandbox returned
         by name is left alone (call :meth:`Sandbox.delete` to delete it).
+        ``network`` opens egress: a list of ``--allow`` rules (``["pypi.org",
+        "python-packages"]``) or a policy mapping; without it the sandbox reaches
+        nothing outside itself.
         """
         body = c.create_body(
             name=name,
@@ -158,6 +162,8 @@ class Threadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
         )
+        if network is not None:
+            body["network"] = _network.policy_body(network)
         info, created = self._call(ops.create(body))
         return Sandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
 
@@ -174,6 +180,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -193,6 +200,7 @@ class Threadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            network=network,
             on_exit=on_exit,
         )
 
@@ -257,6 +265,8 @@ class Sandbox(SandboxView):
         self.files = Files(self)
         self.processes = Processes(self)
         self.contexts = _interp.Contexts(self)
+        self.network = _network.Network(self)
+        """The egress policy and log (issue 13)."""
         """Persistent interpreter contexts (variables survive between calls)."""
 
     # -- class-level constructors (default client) ----------------------------
