@@ -347,3 +347,96 @@ fn egress_log_rows_match_what_reached_the_upstream() {
     let gone = d.cli(&["net", "log", &sb]);
     assert_ne!(gone.code, 0, "a deleted sandbox's log still answers");
 }
+
+/// A TCP listener on the host at `ip` recording every byte it receives; its port.
+fn record_tcp(ip: &str) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind((ip, 0)).expect("bind the host listener");
+    let port = l.local_addr().expect("local addr").port();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = got.clone();
+    // Left blocked in accept when the test ends: the process exits with it.
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let mut buf = Vec::new();
+            let _ = s.read_to_end(&mut buf);
+            sink.lock().unwrap_or_else(|p| p.into_inner()).extend(buf);
+        }
+    });
+    (port, got)
+}
+
+fn send_and_close(d: &Daemon, sb: &str, host: &str, port: u16, payload: &str) {
+    sh(
+        d,
+        sb,
+        &format!("exec 3<>/dev/tcp/{host}/{port} || exit 7; printf %s {payload} >&3; exec 3>&-"),
+    );
+}
+
+/// The reason of the log's TCP row for `port`, once there is one.
+fn tcp_reason(d: &Daemon, sb: &str, port: u16) -> String {
+    let mut reason = String::new();
+    d.wait_for("the connection's log row", DEADLINE, || {
+        reason = log_rows(d, sb)
+            .iter()
+            .find(|r| r["kind"] == "tcp" && r["port"] == port)
+            .map(|r| r["reason"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default();
+        !reason.is_empty()
+    });
+    reason
+}
+
+#[test]
+fn the_floor_holds_the_hosts_own_addresses_and_the_daemons_port() {
+    if !require_root("the_floor_holds_the_hosts_own_addresses_and_the_daemons_port") {
+        return;
+    }
+    let _s = serial();
+    let up = Upstream::start();
+    // A public-looking address of the host's own: on no range of the floor but the host's.
+    let n = up.net.rsplit('.').next().expect("10.250.N");
+    let own = format!("203.0.114.{n}");
+    up.add_host_addr(&format!("{own}/32"));
+    let (port, got) = record_tcp(&own);
+
+    let d = daemon(&up, true);
+    let sb = d.create(&["--allow", &format!("{own}:{port}")]);
+    send_and_close(&d, &sb, &own, port, "HOSTFLOOR");
+    assert_eq!(tcp_reason(&d, &sb, port), "floor");
+    drop(d);
+
+    // Positive control: the operator opens that address; the same policy reaches it. The
+    // daemon's own port stays closed on it even so.
+    let hosts = up.hosts_file();
+    let d2 = Daemon::start_with(&[
+        "--egress-hosts",
+        hosts.to_str().expect("utf-8 path"),
+        "--egress-dns",
+        &format!("{}:53", up.addr()),
+        "--egress-allow-private",
+        &format!("{own}/32"),
+    ]);
+    let api = d2.port;
+    let ctl = d2.create(&[
+        "--allow",
+        &format!("{own}:{port}"),
+        "--allow",
+        &format!("{own}:{api}"),
+    ]);
+    send_and_close(&d2, &ctl, &own, port, "HOSTCONTROL");
+    wait_for("the control bytes at the host listener", DEADLINE, || {
+        got.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ends_with(b"HOSTCONTROL")
+    });
+    assert_eq!(tcp_reason(&d2, &ctl, port), "rule_allow");
+    send_and_close(&d2, &ctl, &own, api, "GET");
+    assert_eq!(tcp_reason(&d2, &ctl, api), "daemon_port");
+    let seen = String::from_utf8_lossy(&got.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    assert!(
+        !seen.contains("HOSTFLOOR"),
+        "the floor let bytes through: {seen}"
+    );
+}

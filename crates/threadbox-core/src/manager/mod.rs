@@ -23,6 +23,7 @@ mod files;
 mod governance;
 mod images;
 mod lifecycle;
+mod net_floor;
 mod net_log;
 mod network;
 mod pool;
@@ -172,6 +173,7 @@ impl Manager {
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());
+        mgr.spawn_host_addrs(mgr.stop_tx.subscribe());
         mgr.spawn_pool(mgr.stop_tx.subscribe());
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.config.reaper_interval;

@@ -31,6 +31,8 @@ pub(super) struct NetState {
     attached: Mutex<HashMap<String, Attached>>,
     /// Woken after each batch the log writers store (the log's long poll waits on it).
     pub(super) log_written: Arc<tokio::sync::Notify>,
+    /// The host's own addresses, on every sandbox's floor (ADR 0064).
+    pub(super) host_addrs: super::net_floor::HostAddrs,
 }
 
 fn parse_policy(json: &str, generation: u64) -> Result<(NetworkPolicySpec, NetworkPolicy)> {
@@ -73,7 +75,7 @@ impl Manager {
     fn egress_floor(&self) -> Floor {
         Floor {
             allow_private: self.config.egress_allow_private.clone(),
-            host_addrs: Default::default(),
+            host_addrs: (*self.net.host_addrs.get()).clone(),
             daemon_ports: self.config.egress_daemon_ports.iter().copied().collect(),
         }
     }
@@ -180,6 +182,14 @@ impl Manager {
     pub(super) fn detach_network(&self, id: &str) {
         self.detach_relay(id);
         lock(&self.net.attached).remove(id);
+    }
+
+    /// Gives every attached data plane the current floor (the host's addresses changed).
+    pub(super) fn refloor_all(&self) {
+        let floor = self.egress_floor();
+        for a in lock(&self.net.attached).values() {
+            a.net.set_floor(floor.clone());
+        }
     }
 
     /// Log rows the data plane of `id` dropped since it was attached (0 when detached).
