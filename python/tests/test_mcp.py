@@ -37,6 +37,7 @@ TOOLS = {
     "sandbox_pause",
     "sandbox_resume",
     "sandbox_delete",
+    "network_log",
 }
 
 

@@ -4,6 +4,7 @@ judged by what reached the upstream, never by a ``connect()`` that appeared to w
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,6 +13,7 @@ from uuid import uuid4
 import pytest
 from conftest import Daemon
 from net_upstream import Upstream, egress_daemon_factory, upstream, wait_for
+from test_mcp import mcp_session, ok
 
 from langchain_threadbox import ThreadboxToolkit
 from threadbox import AsyncThreadbox, InvalidArgument, NetLogRecord, PreconditionFailed, Sandbox, Threadbox
@@ -169,3 +171,32 @@ def test_toolkit_network_for_per_thread_sandboxes(ntb: Threadbox, upstream: Upst
         tk.release_thread(tid)
     with pytest.raises(InvalidArgument):
         ThreadboxToolkit(client=ntb, network=["a.test:"])
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_mcp_create_with_network_and_read_its_log(net_daemon: Daemon, upstream: Upstream, transport: str) -> None:
+    name = "mcp-net-" + uuid4().hex[:8]
+    async with mcp_session(net_daemon, transport) as session:
+        created = await ok(
+            session,
+            "sandbox_create",
+            name=name,
+            network={"rules": [{"action": "allow", "host": "api.test", "ports": ["8080"]}]},
+        )
+        assert created["sandbox"]["network_generation"] == 1
+        try:
+            path = f"/mcp-{transport}"
+            r = await ok(session, "exec", sandbox=name, command=f"curl -sS --max-time 10 http://api.test:8080{path}")
+            assert r["exit_code"] == 0, r
+            assert path in upstream.log("http.log")
+            rows: list[dict[str, Any]] = []
+            for _ in range(100):
+                page = await ok(session, "network_log", sandbox=name)
+                rows = page["entries"]
+                if any(e["kind"] == "tcp" and e["port"] == 8080 for e in rows):
+                    break
+                await asyncio.sleep(0.1)
+            tcp = [e for e in rows if e["kind"] == "tcp" and e["port"] == 8080]
+            assert tcp and tcp[0]["name"] == "api.test" and tcp[0]["bytes_down"] > 0, rows
+        finally:
+            await ok(session, "sandbox_delete", sandbox=name)

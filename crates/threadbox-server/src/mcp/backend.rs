@@ -79,6 +79,16 @@ pub trait Backend: Send + Sync + 'static {
         data: Vec<u8>,
     ) -> BackendResult<()>;
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList>;
+    /// A page of a sandbox's egress log (issue 13). Backends that do not carry it say so.
+    async fn network_log(
+        &self,
+        op: threadbox_api::net_log::GetNetworkLog,
+    ) -> BackendResult<threadbox_api::net_log::NetLogPage> {
+        Err(BackendError::new(
+            ErrorCode::InvalidArgument,
+            format!("the egress log of {} is not available here", op.sandbox),
+        ))
+    }
 }
 
 /// Collects at most `limit` bytes from a stream of chunks; `true` when more were left.
@@ -200,6 +210,13 @@ impl<R: RunOps> Backend for R {
 
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
         self.call(ops::ListFiles(target(sandbox, path, user))).await
+    }
+
+    async fn network_log(
+        &self,
+        op: threadbox_api::net_log::GetNetworkLog,
+    ) -> BackendResult<threadbox_api::net_log::NetLogPage> {
+        self.call(op).await
     }
 }
 

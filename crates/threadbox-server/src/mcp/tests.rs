@@ -287,10 +287,11 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "sandbox_pause",
         "sandbox_resume",
         "sandbox_delete",
+        "network_log",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
-    assert_eq!(names.len(), 11);
+    assert_eq!(names.len(), 12);
     for t in &listed {
         let input = Value::Object((*t.input_schema).clone());
         assert_eq!(input["type"], "object", "{}: {input}", t.name);
