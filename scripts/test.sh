@@ -35,6 +35,10 @@ echo "== test tools"
 # nft: only the egress golden test (threadbox-sys `net::tests`) uses it, to read back the
 # table the kernel made of our own netlink batch. threadbox itself never runs nft.
 command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftables; }
+# pandas and matplotlib in the host image (the sandboxes' /usr): the interpreter's
+# done-means graph (python/tests/test_interpreter_graph.py) loads a CSV and draws a chart.
+/usr/bin/python3 -c 'import pandas, matplotlib' 2>/dev/null || {
+    apt-get update -q && apt-get install -y -q --no-install-recommends python3-pandas python3-matplotlib; }
 # promtool: `tests/metrics.rs` lints `/metrics` with it. Taken out of Debian's `prometheus`
 # package rather than installing it, whose postinst would start a Prometheus server.
 PROMTOOL="$PWD/target/tools/promtool"

@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod baselines;
+mod interp;
 mod stats;
 
 use anyhow::{bail, Context, Result};
@@ -44,6 +45,17 @@ enum Cmd {
     All(Opts),
     /// Time to interactive, exec round trip and pause/resume only.
     Figures(Opts),
+    /// Interpreter contexts only: create, `1+1` against `exec python3 -c`, a PNG round
+    /// trip, and ipykernel in a venv when it installs (issue 15).
+    Interpreter(Opts),
+}
+
+/// Which figures a run measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    All,
+    Figures,
+    Interpreter,
 }
 
 #[derive(Args, Clone)]
@@ -72,7 +84,7 @@ struct Opts {
     /// Seconds per throughput level.
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
-    /// Baselines not to run (bwrap, runc, runsc).
+    /// Baselines not to run (bwrap, runc, runsc, ipykernel).
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
     /// Size of the warm pool of the second daemon measured by "threadbox jail, warm
@@ -860,8 +872,13 @@ fn markdown_report(doc: &serde_json::Value, rows: &[Row], command: &str) -> Stri
     s
 }
 
-async fn measure(b: &mut Bench, only_figures: bool) -> Result<()> {
+async fn measure(b: &mut Bench, which: Which) -> Result<()> {
     let progress = |what: &str| eprintln!("threadbox-bench: {what}");
+    if which == Which::Interpreter {
+        progress("interpreter contexts");
+        return b.interpreter().await;
+    }
+    let only_figures = which == Which::Figures;
     progress("time to interactive");
     b.time_to_interactive().await?;
     progress("exec round trip, pause/resume");
@@ -873,11 +890,19 @@ async fn measure(b: &mut Bench, only_figures: bool) -> Result<()> {
         b.throughput().await?;
         progress("noisy neighbour");
         b.noisy_neighbour().await?;
+        progress("interpreter contexts");
+        b.interpreter().await?;
     }
     Ok(())
 }
 
-async fn run(mut opts: Opts, only_figures: bool) -> Result<()> {
+async fn run(mut opts: Opts, which: Which) -> Result<()> {
+    if which == Which::Interpreter {
+        // Only threadbox and ipykernel are measured: no OCI baselines, no pool daemon.
+        opts.warm_pool = 0;
+        opts.skip
+            .extend(["bwrap", "runc", "runsc"].map(String::from));
+    }
     if opts.smoke {
         opts.iterations = opts.iterations.min(3);
         opts.density = vec![3];
@@ -926,7 +951,7 @@ async fn run(mut opts: Opts, only_figures: bool) -> Result<()> {
     if !b.skipped("runsc") {
         b.runsc = Oci::probe("runsc", b._work.path());
     }
-    let outcome = measure(&mut b, only_figures).await;
+    let outcome = measure(&mut b, which).await;
     // Sandboxes outlive their daemon: whatever this run created goes, also on errors.
     let label = [(LABEL.to_string(), "1".to_string())].into_iter().collect();
     for c in std::iter::once(&b.client).chain(b.pool.as_ref().ok()) {
@@ -987,7 +1012,8 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Setup => baselines::setup(),
-        Cmd::All(o) => run(o, false).await,
-        Cmd::Figures(o) => run(o, true).await,
+        Cmd::All(o) => run(o, Which::All).await,
+        Cmd::Figures(o) => run(o, Which::Figures).await,
+        Cmd::Interpreter(o) => run(o, Which::Interpreter).await,
     }
 }

@@ -31,6 +31,7 @@ TOOLS = {
     "sandbox_info",
     "exec",
     "run_python",
+    "run_code",
     "read_file",
     "write_file",
     "list_files",

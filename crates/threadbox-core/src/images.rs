@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use threadbox_sys::jail::Bind;
 
 pub const HOST_IMAGE: &str = "host";
-const HOST_IMAGE_VERSION: &str = "3";
+const HOST_IMAGE_VERSION: &str = "4";
 
 /// How to assemble a sandbox root from an image.
 #[derive(Debug, Clone)]
@@ -42,6 +42,8 @@ const ETC_FILES: &[&str] = &[
     "ca-certificates.conf",
     "magic",
     "login.defs",
+    // Debian's matplotlib reads its defaults from here and refuses to import without it.
+    "matplotlibrc",
 ];
 /// Directories copied from the host's /etc (symlinks kept as symlinks).
 const ETC_DIRS: &[&str] = &[

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use threadbox_api::interp::{CodeExecution, CreateContextRequest, ExecuteCodeRequest};
 use threadbox_api::{
     CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
     User,
@@ -79,6 +80,15 @@ pub trait Backend: Send + Sync + 'static {
         data: Vec<u8>,
     ) -> BackendResult<()>;
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList>;
+    /// Runs a cell in a context (`run_code`). `create` is the get-or-create of a context
+    /// other than `python` (which an execute makes on first use).
+    async fn run_code(
+        &self,
+        sandbox: &str,
+        context: &str,
+        create: Option<CreateContextRequest>,
+        request: ExecuteCodeRequest,
+    ) -> BackendResult<CodeExecution>;
     /// A page of a sandbox's egress log (issue 13). Backends that do not carry it say so.
     async fn network_log(
         &self,
@@ -210,6 +220,26 @@ impl<R: RunOps> Backend for R {
 
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
         self.call(ops::ListFiles(target(sandbox, path, user))).await
+    }
+
+    async fn run_code(
+        &self,
+        sandbox: &str,
+        context: &str,
+        create: Option<CreateContextRequest>,
+        request: ExecuteCodeRequest,
+    ) -> BackendResult<CodeExecution> {
+        use threadbox_api::interp::{CreateContext, ExecuteCode};
+        if let Some(request) = create {
+            let sandbox = sandbox.into();
+            self.call(CreateContext { sandbox, request }).await?;
+        }
+        let op = ExecuteCode {
+            sandbox: sandbox.into(),
+            context: context.into(),
+            request,
+        };
+        self.call(op).await
     }
 
     async fn network_log(

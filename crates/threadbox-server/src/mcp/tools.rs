@@ -334,6 +334,15 @@ pub fn tools() -> Vec<Tool> {
              values. Each call is a fresh interpreter; files written persist.",
             annotations(false, true, false),
         ),
+        tool::<super::run_code::RunCodeArgs, threadbox_api::interp::CodeExecution>(
+            "run_code",
+            "Run code in a persistent context of a sandbox (a notebook-like Python session): \
+             variables, imports and open files survive between calls with the same \
+             `context`. Returns stdout, stderr, the value of the last expression, \
+             display() outputs and matplotlib figures as images. An exception is a normal \
+             result; the context keeps its variables.",
+            annotations(false, true, false),
+        ),
         tool::<ReadFileArgs, ReadFileResult>(
             "read_file",
             "Read a file from a sandbox. Text comes back as is, binary data as base64.",
@@ -381,7 +390,7 @@ pub fn tools() -> Vec<Tool> {
 
 const INSTRUCTIONS: &str = "threadbox runs code in isolated Linux sandboxes. Call \
     sandbox_create with a name (get-or-create), then pass that name as `sandbox` to exec, \
-    run_python, read_file, write_file and list_files. A sandbox keeps its files and \
+    run_python, run_code, read_file, write_file and list_files. A sandbox keeps its files and \
     background processes between calls; python3 and the usual shell tools are installed; \
     there is no network access unless the sandbox was created with a `network` policy \
     (network_log shows its connections). The home directory is /home/user.";
@@ -450,6 +459,7 @@ impl Calls {
             }
             "exec" => self.exec(parse(name, args)?).await,
             "run_python" => self.run_python(parse(name, args)?).await,
+            "run_code" => super::run_code::run_code(&*self.backend, parse(name, args)?).await,
             "read_file" => self.read_file(parse(name, args)?).await,
             "write_file" => self.write_file(parse(name, args)?).await,
             "list_files" => self.list_files(parse(name, args)?).await,
