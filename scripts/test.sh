@@ -35,6 +35,9 @@ echo "== test tools"
 # nft: only the egress golden test (threadbox-sys `net::tests`) uses it, to read back the
 # table the kernel made of our own netlink batch. threadbox itself never runs nft.
 command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftables; }
+# node + npm: `tests/packages.rs` runs `npm install` inside a sandbox of the host image
+# (the host's /usr), against the test upstream's local registry (ADR 0067).
+command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q nodejs npm; }
 # pandas and matplotlib in the host image (the sandboxes' /usr): the interpreter's
 # done-means graph (python/tests/test_interpreter_graph.py) loads a CSV and draws a chart.
 /usr/bin/python3 -c 'import pandas, matplotlib' 2>/dev/null || {

@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod baselines;
+mod egress;
 mod interp;
 mod stats;
 
@@ -45,6 +46,12 @@ enum Cmd {
     All(Opts),
     /// Time to interactive, exec round trip and pause/resume only.
     Figures(Opts),
+    /// Egress (issue 13): throughput and new-connection latency through the daemon against
+    /// direct host→upstream, create with and without a policy, memory per sandbox.
+    Egress(egress::EgressOpts),
+    /// Internal: the egress figures' upstream servers (run inside their netns).
+    #[command(hide = true, name = "__egress-upstream")]
+    EgressUpstream { addr: String },
     /// Interpreter contexts only: create, `1+1` against `exec python3 -c`, a PNG round
     /// trip, and ipykernel in a venv when it installs (issue 15).
     Interpreter(Opts),
@@ -171,6 +178,11 @@ impl Drop for OwnDaemon {
 }
 
 async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
+    start_daemon_with(warm_pool, &[]).await
+}
+
+/// [`start_daemon`] with more `serve` flags (the egress figures' upstream).
+async fn start_daemon_with(warm_pool: usize, extra: &[String]) -> Result<(OwnDaemon, String)> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("no exe dir")?;
     // `cargo test` runs the binary from target/<profile>/ too; deps/ is one level down.
@@ -192,6 +204,7 @@ async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
         .arg(root.path())
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--warm-pool", &warm_pool.to_string()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -1015,5 +1028,7 @@ async fn main() -> Result<()> {
         Cmd::All(o) => run(o, Which::All).await,
         Cmd::Figures(o) => run(o, Which::Figures).await,
         Cmd::Interpreter(o) => run(o, Which::Interpreter).await,
+        Cmd::Egress(o) => egress::run(o).await,
+        Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

@@ -5,27 +5,69 @@ judged by what reached the upstream, never by a ``connect()`` that appeared to w
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
 import pytest
-from conftest import Daemon
-from net_upstream import Upstream, egress_daemon_factory, upstream, wait_for
+from conftest import Daemon, _skip_reason
+from net_upstream import Upstream, egress_daemon
 from test_mcp import mcp_session, ok
 
 from langchain_threadbox import ThreadboxToolkit
 from threadbox import AsyncThreadbox, InvalidArgument, NetLogRecord, PreconditionFailed, Sandbox, Threadbox
 
-__all__ = ["egress_daemon_factory", "upstream"]  # fixtures, imported for pytest
-
 pytestmark = pytest.mark.daemon
+
+DEADLINE = 30.0
+
+
+def wait_for(what: str, cond: Callable[[], bool], deadline: float = DEADLINE) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
-def net_daemon(egress_daemon_factory: Callable[..., Daemon]) -> Daemon:
-    return egress_daemon_factory(allow_private=True)
+def net_base() -> Iterator[Path]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    base = Path(tempfile.mkdtemp(prefix="threadbox-pytest-net-"))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def upstream(net_base: Path) -> Iterator[Upstream]:
+    up = Upstream(net_base)
+    try:
+        yield up
+    finally:
+        up.close()
+
+
+@pytest.fixture(scope="module")
+def net_daemon(upstream: Upstream, net_base: Path) -> Iterator[Daemon]:
+    d = egress_daemon(upstream, net_base / "daemon")
+    try:
+        yield d
+    finally:
+        # Sandboxes outlive the daemon by design: delete them so tests leave nothing.
+        with Threadbox(url=d.url) as tb:
+            for sb in tb.list():
+                tb.delete(sb.id, missing_ok=True)
+        d.stop()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ pub mod interp;
 pub mod net_log;
 pub mod network;
 pub mod ops;
+pub mod previews;
 pub mod routes;
 pub use governance::*;
 

@@ -30,6 +30,8 @@ pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/re
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
+pub const SANDBOX_PREVIEWS: &str = "/v1/sandboxes/{sandbox}/previews";
+pub const SANDBOX_PREVIEW: &str = "/v1/sandboxes/{sandbox}/previews/{port}";
 pub const SANDBOX_NETWORK_LOG: &str = "/v1/sandboxes/{sandbox}/network/log";
 
 pub const IMAGES: &str = "/v1/images";
@@ -68,6 +70,8 @@ pub const ALL: &[&str] = &[
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
     SANDBOX_NETWORK,
+    SANDBOX_PREVIEWS,
+    SANDBOX_PREVIEW,
     SANDBOX_NETWORK_LOG,
     IMAGES,
     KEYS,
@@ -153,7 +157,7 @@ mod tests {
                 assert!(
                     matches!(
                         name,
-                        "sandbox" | "process_id" | "key_id" | "tenant" | "context"
+                        "sandbox" | "process_id" | "key_id" | "tenant" | "context" | "port"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

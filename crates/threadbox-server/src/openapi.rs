@@ -48,6 +48,9 @@ use utoipa::OpenApi;
         context_routes::execute_code,
         crate::net_routes::get_network,
         crate::net_routes::set_network,
+        crate::preview_routes::create_preview,
+        crate::preview_routes::list_previews,
+        crate::preview_routes::delete_preview,
         crate::net_log_routes::network_log,
         gov_routes::create_key,
         gov_routes::list_keys,
@@ -68,6 +71,8 @@ use utoipa::OpenApi;
         threadbox_api::network::NetworkInfo, threadbox_api::network::NetworkPolicySpec,
         threadbox_api::network::NetworkRuleSpec, threadbox_api::network::NetAction,
         threadbox_api::network::NetProtocol,
+        threadbox_api::previews::PreviewRequest, threadbox_api::previews::Preview,
+        threadbox_api::previews::PreviewList,
         threadbox_api::net_log::NetLogPage, threadbox_api::net_log::NetLogRecord,
         threadbox_api::network::NetLogEntry, threadbox_api::network::NetLogKind,
         threadbox_api::network::NetReason,
@@ -85,6 +90,7 @@ use utoipa::OpenApi;
         (name = "files", description = "Files inside a sandbox"),
         (name = "contexts", description = "Persistent code interpreter contexts"),
         (name = "images", description = "Root filesystem images"),
+        (name = "previews", description = "Ports of a sandbox published through the daemon"),
         (name = "governance", description = "API keys, quotas, usage, the audit log"),
     )
 )]

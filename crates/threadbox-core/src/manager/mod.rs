@@ -27,6 +27,7 @@ mod net_floor;
 mod net_log;
 mod network;
 mod pool;
+pub mod previews;
 mod processes;
 mod reaper;
 mod reconcile;

@@ -89,6 +89,18 @@ pub trait Backend: Send + Sync + 'static {
         create: Option<CreateContextRequest>,
         request: ExecuteCodeRequest,
     ) -> BackendResult<CodeExecution>;
+    /// Publishes a port as a URL through the daemon (issue 13, ADR 0072).
+    async fn preview(
+        &self,
+        _sandbox: &str,
+        _req: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        Err(BackendError::new(
+            ErrorCode::Unavailable,
+            "previews are not offered by this backend",
+        ))
+    }
+
     /// A page of a sandbox's egress log (issue 13). Backends that do not carry it say so.
     async fn network_log(
         &self,
@@ -240,6 +252,16 @@ impl<R: RunOps> Backend for R {
             request,
         };
         self.call(op).await
+    }
+
+    async fn preview(
+        &self,
+        sandbox: &str,
+        request: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        let sandbox = sandbox.to_string();
+        self.call(threadbox_api::previews::CreatePreview { sandbox, request })
+            .await
     }
 
     async fn network_log(

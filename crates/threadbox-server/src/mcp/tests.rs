@@ -356,6 +356,7 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "sandbox_resume",
         "sandbox_delete",
         "run_code",
+        "preview",
         "network_log",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");

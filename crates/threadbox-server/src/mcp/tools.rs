@@ -164,6 +164,18 @@ pub struct DeleteArgs {
     pub force: bool,
 }
 
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewArgs {
+    /// Id (`sb-…`) or name of the sandbox.
+    pub sandbox: String,
+    /// The port a server listens on inside the sandbox (127.0.0.1 is fine).
+    pub port: u16,
+    /// No token: anyone who reaches the daemon and knows the URL opens it (default false).
+    #[serde(default)]
+    pub public: bool,
+}
+
 // ---- results (structuredContent) --------------------------------------------------------
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -371,6 +383,14 @@ pub fn tools() -> Vec<Tool> {
              (files are kept, earlier processes are not).",
             annotations(false, false, true),
         ),
+        tool::<PreviewArgs, threadbox_api::previews::Preview>(
+            "preview",
+            "Publish a port of a sandbox (a dev server, a notebook, a web app) as a URL a \
+             person can open in a browser. Private unless `public`: the URL carries a \
+             one-time token. Start the server first (in the background, e.g. `python3 -m \
+             http.server 8000 &`); it may listen on 127.0.0.1.",
+            annotations(false, false, false),
+        ),
         tool::<NetworkLogArgs, threadbox_api::net_log::NetLogPage>(
             "network_log",
             "Show a sandbox's network log: one row per outgoing connection (name, address, \
@@ -473,6 +493,20 @@ impl Calls {
                 self.backend.start(&a.sandbox).await.map(sandbox_result)
             }
             "sandbox_delete" => self.delete(parse(name, args)?).await,
+            "preview" => {
+                let a: PreviewArgs = parse(name, args)?;
+                let req = threadbox_api::previews::PreviewRequest {
+                    port: a.port,
+                    public: a.public,
+                };
+                let p = self.backend.preview(&a.sandbox, req).await?;
+                let access = if p.public { "Public" } else { "Private" };
+                let text = format!(
+                    "{access} preview of port {} in {}: {}\n(without wildcard DNS: {})",
+                    p.port, a.sandbox, p.url, p.path_url
+                );
+                Ok(structured(text, &p))
+            }
             "network_log" => self.network_log(parse(name, args)?).await,
             _ => Err(BackendError::new(
                 ErrorCode::InvalidArgument,

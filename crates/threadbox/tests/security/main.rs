@@ -6,6 +6,7 @@
 //! Needs root and `cargo build --workspace --bins` first.
 
 mod cases;
+mod egress;
 mod harness;
 mod host_handles;
 mod posture;
@@ -863,4 +864,18 @@ fn default_binaries_contain_no_test_hooks() {
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
     assert!(!out.contains(" 0 4294967295"), "{out}");
     assert!(out.trim_end().ends_with('3'), "only lo expected: {out}");
+}
+
+/// Class N: egress bypasses with a policy set, judged by bytes at a test upstream (ADR 0069).
+#[test]
+fn egress_bypasses_hold() {
+    require_root!();
+    egress::held_everywhere();
+}
+
+/// Class N's positive controls: each case shows its escape against a weakened build.
+#[test]
+fn egress_controls_detect_every_bypass() {
+    require_root!();
+    egress::controls_detect();
 }

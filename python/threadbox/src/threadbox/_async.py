@@ -17,7 +17,7 @@ from typing import IO, Any, Literal, TypeVar, cast
 import httpx
 
 from . import _common as c
-from . import _interp, _network, _tracing
+from . import _interp, _network, _previews, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
 from ._models import (
@@ -230,6 +230,8 @@ class AsyncSandbox(SandboxView):
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
         self.contexts = _interp.AsyncContexts(self)
+        self.previews = _previews.AsyncPreviews(self)
+        """Ports of the sandbox published as URLs through the daemon."""
         self.network = _network.AsyncNetwork(self)
         """The egress policy and log (issue 13)."""
 

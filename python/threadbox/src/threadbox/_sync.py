@@ -14,7 +14,7 @@ from typing import IO, Any, Literal, TypeVar
 import httpx
 
 from . import _common as c
-from . import _interp, _network, _tracing
+from . import _interp, _network, _previews, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
 from ._models import (
@@ -265,6 +265,8 @@ class Sandbox(SandboxView):
         self.files = Files(self)
         self.processes = Processes(self)
         self.contexts = _interp.Contexts(self)
+        self.previews = _previews.Previews(self)
+        """Ports of the sandbox published as URLs through the daemon."""
         self.network = _network.Network(self)
         """The egress policy and log (issue 13)."""
         """Persistent interpreter contexts (variables survive between calls)."""
