@@ -361,7 +361,7 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
-    assert_eq!(names.len(), 13);
+    assert_eq!(names.len(), 14);
     for t in &listed {
         let input = Value::Object((*t.input_schema).clone());
         assert_eq!(input["type"], "object", "{}: {input}", t.name);
