@@ -42,6 +42,7 @@ TOOLS = {
     "checkpoint",
     "rewind",
     "fork",
+    "network_log",
 }
 
 

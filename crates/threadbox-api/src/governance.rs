@@ -158,6 +158,11 @@ pub struct SandboxUsage {
     pub disk_bytes: u64,
     pub running_seconds: f64,
     pub paused_seconds: f64,
+    /// Egress bytes sent and received through the daemon's proxy (issue 13).
+    #[serde(default)]
+    pub egress_bytes_up: u64,
+    #[serde(default)]
+    pub egress_bytes_down: u64,
 }
 
 /// Metered use of one tenant.
@@ -175,6 +180,11 @@ pub struct TenantUsage {
     pub cpu_seconds_today: f64,
     /// Disk bytes of the tenant's existing sandboxes now.
     pub disk_bytes: u64,
+    /// Egress bytes sent and received over the UTC days counted (deleted sandboxes too).
+    #[serde(default)]
+    pub egress_bytes_up: u64,
+    #[serde(default)]
+    pub egress_bytes_down: u64,
     /// Per sandbox, over each sandbox's life (existing sandboxes only).
     pub sandboxes: Vec<SandboxUsage>,
 }

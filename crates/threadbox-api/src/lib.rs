@@ -12,6 +12,7 @@ pub mod checkpoints;
 mod gov_ops;
 mod governance;
 pub mod interp;
+pub mod net_log;
 pub mod network;
 pub mod ops;
 pub mod previews;

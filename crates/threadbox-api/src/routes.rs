@@ -42,6 +42,7 @@ pub const CHECKPOINTS: &str = "/v1/sandboxes/{sandbox}/checkpoints";
 pub const CHECKPOINT: &str = "/v1/sandboxes/{sandbox}/checkpoints/{checkpoint}";
 pub const SANDBOX_REWIND: &str = "/v1/sandboxes/{sandbox}/rewind";
 pub const SANDBOX_FORK: &str = "/v1/sandboxes/{sandbox}/fork";
+pub const SANDBOX_NETWORK_LOG: &str = "/v1/sandboxes/{sandbox}/network/log";
 
 pub const IMAGES: &str = "/v1/images";
 pub const KEYS: &str = "/v1/keys";
@@ -89,6 +90,7 @@ pub const ALL: &[&str] = &[
     CHECKPOINT,
     SANDBOX_REWIND,
     SANDBOX_FORK,
+    SANDBOX_NETWORK_LOG,
     IMAGES,
     KEYS,
     KEY,

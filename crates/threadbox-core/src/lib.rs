@@ -20,6 +20,7 @@ pub mod range;
 pub mod relay;
 pub mod store;
 pub mod store_checkpoints;
+pub mod store_net_log;
 pub mod store_network;
 pub mod store_previews;
 pub mod store_secrets;

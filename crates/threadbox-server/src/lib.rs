@@ -8,6 +8,7 @@ pub mod error;
 mod gov_routes;
 pub mod mcp;
 pub mod metrics;
+mod net_log_routes;
 mod net_routes;
 pub mod openapi;
 mod origin;

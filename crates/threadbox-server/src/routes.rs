@@ -211,6 +211,10 @@ fn router(shared: Shared) -> Router {
         )
         .route(routes::SANDBOX_REWIND, post(crate::ckpt_routes::rewind))
         .route(routes::SANDBOX_FORK, post(crate::ckpt_routes::fork))
+        .route(
+            routes::SANDBOX_NETWORK_LOG,
+            get(crate::net_log_routes::network_log),
+        )
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(
             routes::KEYS,

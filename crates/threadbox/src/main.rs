@@ -8,6 +8,7 @@ mod commands;
 mod gov_cmd;
 mod mcp_cmd;
 mod net_cmd;
+mod net_log_cmd;
 mod parse;
 mod preview_cmd;
 mod secret_cmd;

@@ -75,6 +75,24 @@ pub enum NetCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show a sandbox's egress log: one row per connection (when it closed) and per DNS
+    /// answer, oldest first.
+    Log {
+        /// Sandbox id or name.
+        sandbox: String,
+        /// Keep waiting for new rows (Ctrl-C to stop).
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Only rows after this sequence number.
+        #[arg(long, value_name = "SEQ")]
+        after: Option<u64>,
+        /// Rows per request (at most 1000).
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// One JSON object per row (NDJSON).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Turns `--allow` values into a policy (deny by default). A word with no dot, colon or
@@ -187,6 +205,13 @@ pub async fn net(client: &Client, cmd: NetCommand) -> Result<u8> {
                 .await?;
             print_info(&info, json)?;
         }
+        NetCommand::Log {
+            sandbox,
+            follow,
+            after,
+            limit,
+            json,
+        } => return crate::net_log_cmd::log(client, sandbox, after, limit, follow, json).await,
     }
     Ok(0)
 }

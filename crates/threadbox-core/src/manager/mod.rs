@@ -24,6 +24,8 @@ mod files;
 mod governance;
 mod images;
 mod lifecycle;
+mod net_floor;
+mod net_log;
 mod network;
 mod pool;
 pub mod previews;
@@ -182,6 +184,7 @@ impl Manager {
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());
+        mgr.spawn_host_addrs(mgr.stop_tx.subscribe());
         mgr.spawn_pool(mgr.stop_tx.subscribe());
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.config.reaper_interval;

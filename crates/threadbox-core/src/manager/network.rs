@@ -29,6 +29,10 @@ impl Drop for Attached {
 #[derive(Default)]
 pub(super) struct NetState {
     attached: Mutex<HashMap<String, Attached>>,
+    /// Woken after each batch the log writers store (the log's long poll waits on it).
+    pub(super) log_written: Arc<tokio::sync::Notify>,
+    /// The host's own addresses, on every sandbox's floor (ADR 0064).
+    pub(super) host_addrs: super::net_floor::HostAddrs,
 }
 
 fn parse_policy(json: &str, generation: u64) -> Result<(NetworkPolicySpec, NetworkPolicy)> {
@@ -82,7 +86,7 @@ impl Manager {
         }
         Floor {
             allow_private,
-            host_addrs: Default::default(),
+            host_addrs: (*self.net.host_addrs.get()).clone(),
             daemon_ports: self.config.egress_daemon_ports.iter().copied().collect(),
         }
     }
@@ -158,7 +162,7 @@ impl Manager {
             ))
         })
         .await?;
-        let (net, mut rx) = SandboxNet::new(SandboxNetConfig {
+        let (net, rx) = SandboxNet::new(SandboxNetConfig {
             sandbox: row.id.clone(),
             policy,
             floor: self.egress_floor(),
@@ -174,18 +178,14 @@ impl Manager {
             threadbox_sys::net::original_dst(s.as_fd())
                 .map_err(|e| std::io::Error::other(e.to_string()))
         });
-        let id = row.id.clone();
         let tasks = vec![
             tokio::spawn(threadbox_net::dns::serve_udp(net.clone(), udp)),
             tokio::spawn(threadbox_net::dns::serve_tcp(net.clone(), dns_tcp)),
             tokio::spawn(threadbox_net::proxy::serve(net.clone(), proxy, od)),
-            tokio::spawn(async move {
-                // The log (step 3 stores it); for now, the daemon's trace.
-                while let Some(e) = rx.recv().await {
-                    tracing::info!(sandbox = %id, entry = ?e, "egress");
-                }
-            }),
         ];
+        // Not in `tasks`: it is not aborted on detach but ends once the data plane is gone,
+        // after storing the rows of the connections the detach closed (ADR 0063).
+        tokio::spawn(self.log_writer(row).run(rx));
         lock(&self.net.attached).insert(row.id.clone(), Attached { net, tasks });
         tracing::info!(sandbox = %row.id, "egress attached");
         Ok(())
@@ -201,6 +201,21 @@ impl Manager {
     pub(super) fn detach_network(&self, id: &str) {
         self.detach_relay(id);
         lock(&self.net.attached).remove(id);
+    }
+
+    /// Gives every attached data plane the current floor (the host's addresses changed).
+    pub(super) fn refloor_all(&self) {
+        let floor = self.egress_floor();
+        for a in lock(&self.net.attached).values() {
+            a.net.set_floor(floor.clone());
+        }
+    }
+
+    /// Log rows the data plane of `id` dropped since it was attached (0 when detached).
+    pub(super) fn net_log_dropped(&self, id: &str) -> u64 {
+        lock(&self.net.attached)
+            .get(id)
+            .map_or(0, |a| a.net.dropped_events())
     }
 
     pub async fn get_network(&self, caller: &Caller, op: GetNetwork) -> Result<NetworkInfo> {

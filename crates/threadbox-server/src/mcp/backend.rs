@@ -107,6 +107,17 @@ pub trait Backend: Send + Sync + 'static {
             "previews are not offered by this backend",
         ))
     }
+
+    /// A page of a sandbox's egress log (issue 13). Backends that do not carry it say so.
+    async fn network_log(
+        &self,
+        op: threadbox_api::net_log::GetNetworkLog,
+    ) -> BackendResult<threadbox_api::net_log::NetLogPage> {
+        Err(BackendError::new(
+            ErrorCode::InvalidArgument,
+            format!("the egress log of {} is not available here", op.sandbox),
+        ))
+    }
 }
 
 /// Collects at most `limit` bytes from a stream of chunks; `true` when more were left.
@@ -288,6 +299,13 @@ impl<R: RunOps> Backend for R {
         let sandbox = sandbox.to_string();
         self.call(threadbox_api::previews::CreatePreview { sandbox, request })
             .await
+    }
+
+    async fn network_log(
+        &self,
+        op: threadbox_api::net_log::GetNetworkLog,
+    ) -> BackendResult<threadbox_api::net_log::NetLogPage> {
+        self.call(op).await
     }
 }
 

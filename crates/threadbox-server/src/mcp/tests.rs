@@ -437,10 +437,11 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "fork",
         "run_code",
         "preview",
+        "network_log",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
-    assert_eq!(names.len(), 16);
+    assert_eq!(names.len(), 17);
     for t in &listed {
         let input = Value::Object((*t.input_schema).clone());
         assert_eq!(input["type"], "object", "{}: {input}", t.name);

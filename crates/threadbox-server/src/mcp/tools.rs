@@ -47,6 +47,17 @@ pub struct SandboxArgs {
     pub sandbox: String,
 }
 
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkLogArgs {
+    /// Id (`sb-…`) or name of the sandbox.
+    pub sandbox: String,
+    /// Only rows after this `seq` (the previous answer's `next_after`).
+    pub after: Option<u64>,
+    /// At most this many rows (default 100, at most 1000).
+    pub limit: Option<u32>,
+}
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListArgs {
@@ -330,7 +341,8 @@ pub fn tools() -> Vec<Tool> {
     vec![
         tool::<CreateSandboxRequest, CreateResult>(
             "sandbox_create",
-            "Create an isolated Linux sandbox (its own disk, processes and no network), or \
+            "Create an isolated Linux sandbox (its own disk and processes; no network unless \
+             `network` allows hosts), or \
              return the existing one when `name` is already taken (get-or-create). Give each \
              conversation or task its own name and pass that name as `sandbox` to the other \
              tools. Files and background processes persist between calls.",
@@ -425,6 +437,13 @@ pub fn tools() -> Vec<Tool> {
              own id; the original keeps running.",
             annotations(false, false, false),
         ),
+        tool::<NetworkLogArgs, threadbox_api::net_log::NetLogPage>(
+            "network_log",
+            "Show a sandbox's network log: one row per outgoing connection (name, address, \
+             port, bytes each way, allowed or denied and why) and per DNS answer, oldest \
+             first. Pass the answer's `next_after` as `after` to read on.",
+            annotations(true, false, true),
+        ),
         tool::<DeleteArgs, DeleteResult>(
             "sandbox_delete",
             "Delete a sandbox with its disk and processes. Irreversible.",
@@ -439,7 +458,8 @@ const INSTRUCTIONS: &str = "threadbox runs code in isolated Linux sandboxes. Cal
     sandbox_create with a name (get-or-create), then pass that name as `sandbox` to exec, \
     run_python, run_code, read_file, write_file and list_files. A sandbox keeps its files and \
     background processes between calls; python3 and the usual shell tools are installed; \
-    there is no network access. The home directory is /home/user.";
+    there is no network access unless the sandbox was created with a `network` policy \
+    (network_log shows its connections). The home directory is /home/user.";
 
 /// Picks the backend for one call from the HTTP request it came in (`None` over stdio).
 /// This is where the daemon's `/mcp` turns the caller identified by the auth layer (an
@@ -566,11 +586,31 @@ impl Calls {
                 );
                 Ok(structured(text, &out))
             }
+            "network_log" => self.network_log(parse(name, args)?).await,
             _ => Err(BackendError::new(
                 ErrorCode::InvalidArgument,
                 format!("unknown tool {name:?}"),
             )),
         }
+    }
+
+    async fn network_log(&self, a: NetworkLogArgs) -> Result<CallToolResult, BackendError> {
+        let page = self
+            .backend
+            .network_log(threadbox_api::net_log::GetNetworkLog {
+                sandbox: a.sandbox,
+                after: a.after,
+                limit: a.limit,
+                wait_ms: None,
+            })
+            .await?;
+        let text = format!(
+            "{} row(s); next_after {}.\n{}",
+            page.entries.len(),
+            page.next_after,
+            pretty(&page.entries)
+        );
+        Ok(structured(text, &page))
     }
 
     async fn create(&self, req: CreateSandboxRequest) -> Result<CallToolResult, BackendError> {

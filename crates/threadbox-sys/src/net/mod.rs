@@ -11,6 +11,8 @@
 //! asks [`original_dst`] where each connection was headed. All policy is the daemon's
 //! (threadbox-net); while it has no listener open, the kernel refuses everything.
 
+mod host_addrs;
+pub use host_addrs::{host_addresses, host_addresses_in};
 mod netlink;
 mod ruleset;
 #[cfg(test)]

@@ -123,6 +123,15 @@ impl Upstream {
         self.dir.path().join("tls-ca.pem")
     }
 
+    /// Adds `cidr` to the host's end of the veth (gone with the veth): an address of the
+    /// host's own, as the floor tests need.
+    pub fn add_host_addr(&self, cidr: &str) {
+        assert!(
+            ip(&["addr", "add", cidr, "dev", &self.host_if]),
+            "ip addr add {cidr} failed"
+        );
+    }
+
     pub fn hosts_file(&self) -> PathBuf {
         let p = self.dir.path().join("hosts");
         std::fs::write(&p, format!("{} api.test\n", self.addr())).expect("write hosts");

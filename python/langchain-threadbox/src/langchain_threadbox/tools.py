@@ -26,6 +26,7 @@ from threadbox import (
     Threadbox,
     ThreadboxError,
 )
+from threadbox._network import NetworkSpec, allowed_names, policy_body
 
 from ._code import format_execution
 from ._output import DEFAULT_MAX_OUTPUT_CHARS, NEW_SANDBOX_NOTE, cut_middle, format_exec, safe_text
@@ -353,6 +354,10 @@ class ThreadboxToolkit(BaseToolkit):
             same name, such as Deep Agents' own ``read_file``.
         handle_errors: Passed as ``handle_tool_error`` to every tool (for
             infrastructure errors; file errors are always shown to the model).
+        network: Egress of the sandboxes this toolkit creates: a list of allow
+            rules (``["pypi.org", "python-packages"]``) or a policy mapping, as
+            :meth:`threadbox.Threadbox.create` takes it. The tools tell the model
+            what is open. Without it sandboxes reach nothing outside themselves.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -368,6 +373,7 @@ class ThreadboxToolkit(BaseToolkit):
     handle_errors: Any = False
     stateful: bool = False
     images: str = "content"
+    network_allows: list[str] = Field(default_factory=list)
 
     def __init__(
         self,
@@ -389,7 +395,12 @@ class ThreadboxToolkit(BaseToolkit):
         binding: SandboxBinding | None = None,
         stateful: bool = False,
         images: Literal["content", "none"] = "content",
+        network: NetworkSpec | None = None,
     ) -> None:
+        if network is not None:
+            # Checked here, so a bad rule fails when the toolkit is built, not on a tool call.
+            policy_body(network)
+            sandbox_options = {**dict(sandbox_options or {}), "network": network}
         if binding is None:
             factory = ClientFactory(client, url=url, api_key=api_key)
             if sandbox is not None:
@@ -407,6 +418,7 @@ class ThreadboxToolkit(BaseToolkit):
             "handle_errors": handle_errors,
             "stateful": stateful,
             "images": images,
+            "network_allows": allowed_names(network) if network is not None else [],
         }
         super().__init__(**fields)
 
@@ -862,6 +874,11 @@ class ThreadboxToolkit(BaseToolkit):
             metadata={"threadbox_tool": name},
         )
 
+    def _network_text(self) -> str:
+        if not self.network_allows:
+            return "There is no network access."
+        return "Network access is limited to: " + ", ".join(self.network_allows) + " (everything else is refused)."
+
     def _timeout_text(self) -> str:
         return (
             f"A call is killed after {self.timeout:g} seconds; pass `timeout` (at most {self.max_timeout:g}) "
@@ -879,7 +896,7 @@ class ThreadboxToolkit(BaseToolkit):
                 "and open files persist between calls, like cells of a notebook. The value of the last "
                 "expression is shown (end it with `;` to hide it), print() output too, and matplotlib "
                 "figures or objects with _repr_png_ come back as images. The working directory is "
-                f"/home/user; there is no network access. {self._timeout_text()} A call that runs too "
+                f"/home/user. {self._network_text()} {self._timeout_text()} A call that runs too "
                 "long is interrupted and the session keeps its variables.",
                 RunPythonInput,
                 self._run_python,
@@ -890,7 +907,7 @@ class ThreadboxToolkit(BaseToolkit):
             "Run a complete Python 3 program in your sandbox and get back its stdout, stderr "
             "and exit code. Each call is a fresh process: variables do not survive between "
             "calls, files do (the working directory is /home/user). Print what you need to "
-            f"see. There is no network access. {self._timeout_text()} {PARALLEL_NOTE}",
+            f"see. {self._network_text()} {self._timeout_text()} {PARALLEL_NOTE}",
             RunPythonInput,
             self._run_python,
             self._arun_python,
@@ -922,7 +939,7 @@ class ThreadboxToolkit(BaseToolkit):
         return self._tool(
             "run_shell",
             "Run a shell command (/bin/sh -c) in your sandbox and get back its stdout, stderr "
-            "and exit code. The working directory is /home/user; there is no network access. "
+            f"and exit code. The working directory is /home/user. {self._network_text()} "
             f"{self._timeout_text()} {PARALLEL_NOTE}",
             RunShellInput,
             self._run_shell,

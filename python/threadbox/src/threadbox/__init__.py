@@ -31,6 +31,7 @@ from ._errors import (
     NotFound,
     PayloadTooLarge,
     PermissionDenied,
+    PreconditionFailed,
     ProcessNotFound,
     ProtocolError,
     QuotaExceeded,
@@ -67,6 +68,7 @@ from ._models import (
     SelftestReport,
     StartEvent,
 )
+from ._network import AsyncNetwork, NetLogPage, NetLogRecord, Network, NetworkInfo
 from ._sync import ExecStream, Files, Process, Processes, Sandbox, Threadbox, default_client
 
 __version__ = "0.1.0"
@@ -105,6 +107,12 @@ __all__ = [
     "OutputEvent",
     "PayloadTooLarge",
     "PermissionDenied",
+    "PreconditionFailed",
+    "Network",
+    "AsyncNetwork",
+    "NetworkInfo",
+    "NetLogPage",
+    "NetLogRecord",
     "Process",
     "PreviewInfo",
     "ProcessInfo",

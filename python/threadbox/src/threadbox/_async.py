@@ -16,8 +16,8 @@ from typing import IO, Any, Literal, TypeVar, cast
 
 import httpx
 
+from . import _checkpoints, _interp, _network, _previews, _tracing
 from . import _common as c
-from . import _checkpoints, _interp, _previews, _tracing
 from . import _ops as ops
 from ._checkpoints import CheckpointInfo
 from ._errors import FileNotFound, ThreadboxError
@@ -130,6 +130,7 @@ class AsyncThreadbox:
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Creates a sandbox, or returns the existing one with this ``name``.
@@ -150,6 +151,8 @@ class AsyncThreadbox:
             ttl_action=ttl_action,
             secrets=secrets,
         )
+        if network is not None:
+            body["network"] = _network.policy_body(network)
         info, created = await self._call(ops.create(body))
         return AsyncSandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
 
@@ -167,6 +170,7 @@ class AsyncThreadbox:
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -186,6 +190,7 @@ class AsyncThreadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
             secrets=secrets,
+            network=network,
             on_exit=on_exit,
         )
 
@@ -232,6 +237,8 @@ class AsyncSandbox(SandboxView):
         self.contexts = _interp.AsyncContexts(self)
         self.previews = _previews.AsyncPreviews(self)
         """Ports of the sandbox published as URLs through the daemon."""
+        self.network = _network.AsyncNetwork(self)
+        """The egress policy and log (issue 13)."""
 
     async def refresh(self) -> SandboxInfo:
         """Reloads the metadata from the daemon."""

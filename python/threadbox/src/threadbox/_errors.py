@@ -90,6 +90,13 @@ class Conflict(ThreadboxError):
     code = "conflict"
 
 
+class PreconditionFailed(ThreadboxError):
+    """``If-Match`` named a generation that is no longer current; nothing changed
+    (``precondition_failed``)."""
+
+    code = "precondition_failed"
+
+
 class Unauthenticated(ThreadboxError):
     """Missing or invalid API key (``unauthenticated``)."""
 
@@ -146,6 +153,7 @@ _BY_CODE: dict[str, type[ThreadboxError]] = {
     "not_found": NotFound,
     "invalid_argument": InvalidArgument,
     "conflict": Conflict,
+    "precondition_failed": PreconditionFailed,
     "unauthenticated": Unauthenticated,
     "permission_denied": PermissionDenied,
     "quota_exceeded": QuotaExceeded,
@@ -161,6 +169,7 @@ _BY_STATUS: dict[int, str] = {
     403: "permission_denied",
     404: "not_found",
     409: "conflict",
+    412: "precondition_failed",
     413: "payload_too_large",
     429: "quota_exceeded",
     503: "unavailable",

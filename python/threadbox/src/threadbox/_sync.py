@@ -13,8 +13,8 @@ from typing import IO, Any, Literal, TypeVar
 
 import httpx
 
+from . import _checkpoints, _interp, _network, _previews, _tracing
 from . import _common as c
-from . import _checkpoints, _interp, _previews, _tracing
 from . import _ops as ops
 from ._checkpoints import CheckpointInfo
 from ._errors import FileNotFound, ThreadboxError
@@ -138,6 +138,7 @@ class Threadbox:
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Creates a sandbox (``POST /v1/sandboxes``).
@@ -147,6 +148,9 @@ class Threadbox:
         ``on_exit`` is what ``with sandbox:`` does at the end of the block, and it
         applies only to a sandbox this call created: an existing sandbox returned
         by name is left alone (call :meth:`Sandbox.delete` to delete it).
+        ``network`` opens egress: a list of ``--allow`` rules (``["pypi.org",
+        "python-packages"]``) or a policy mapping; without it the sandbox reaches
+        nothing outside itself.
         """
         body = c.create_body(
             name=name,
@@ -161,6 +165,8 @@ class Threadbox:
             ttl_action=ttl_action,
             secrets=secrets,
         )
+        if network is not None:
+            body["network"] = _network.policy_body(network)
         info, created = self._call(ops.create(body))
         return Sandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
 
@@ -178,6 +184,7 @@ class Threadbox:
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
+        network: _network.NetworkSpec | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -198,6 +205,7 @@ class Threadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
             secrets=secrets,
+            network=network,
             on_exit=on_exit,
         )
 
@@ -264,6 +272,8 @@ class Sandbox(SandboxView):
         self.contexts = _interp.Contexts(self)
         self.previews = _previews.Previews(self)
         """Ports of the sandbox published as URLs through the daemon."""
+        self.network = _network.Network(self)
+        """The egress policy and log (issue 13)."""
         """Persistent interpreter contexts (variables survive between calls)."""
 
     # -- class-level constructors (default client) ----------------------------

@@ -13,6 +13,9 @@ pub(super) fn sandbox_usage(u: &UsageRow, state: &str) -> SandboxUsage {
         disk_bytes: u.disk_bytes.max(0) as u64,
         running_seconds: u.running_ms as f64 / 1000.0,
         paused_seconds: u.paused_ms as f64 / 1000.0,
+        // Filled from the egress meter by the caller (store_net_log).
+        egress_bytes_up: 0,
+        egress_bytes_down: 0,
     }
 }
 
@@ -178,6 +181,11 @@ impl Manager {
         let mut report = UsageReport::default();
         for t in tenants {
             let totals = self.store.daily_totals(&t, since_day.as_deref()).await?;
+            let net_total = self
+                .store
+                .net_bytes_of_tenant(&t, since_day.as_deref())
+                .await?;
+            let net_by_sandbox = self.store.net_bytes_by_sandbox(&t).await?;
             let states: BTreeMap<&str, &str> = rows
                 .iter()
                 .filter(|r| r.tenant == t)
@@ -189,13 +197,18 @@ impl Manager {
                 .await?
                 .iter()
                 .map(|u| {
-                    sandbox_usage(
+                    let mut s = sandbox_usage(
                         u,
                         states
                             .get(u.sandbox_id.as_str())
                             .copied()
                             .unwrap_or("deleted"),
-                    )
+                    );
+                    if let Some(b) = net_by_sandbox.get(&u.sandbox_id) {
+                        s.egress_bytes_up = b.up;
+                        s.egress_bytes_down = b.down;
+                    }
+                    s
                 })
                 .filter(|s| s.state != "deleted")
                 .collect();
@@ -208,6 +221,8 @@ impl Manager {
                 paused_seconds: totals.paused_ms as f64 / 1000.0,
                 cpu_seconds_today: self.store.cpu_usec_on(&t, &today).await? as f64 / 1e6,
                 disk_bytes: sandboxes.iter().map(|s| s.disk_bytes).sum(),
+                egress_bytes_up: net_total.up,
+                egress_bytes_down: net_total.down,
                 sandboxes,
             });
         }
