@@ -182,6 +182,8 @@ mod tests {
                             | "context"
                             | "port"
                             | "checkpoint"
+                            | "execution"
+                            | "name"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

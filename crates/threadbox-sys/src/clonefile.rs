@@ -25,23 +25,23 @@ impl CloneMethod {
     }
 }
 
-/// Clones `src` into a new file `dst` (which must not exist), fsynced. On failure `dst` is
-/// removed.
+/// Clones `src` into a new file `dst` (which must not exist), fsynced. On failure a `dst`
+/// this call created is removed; one that existed already is left as it was.
 pub fn clone_file(src: &Path, dst: &Path) -> Result<CloneMethod> {
-    let r = clone_inner(src, dst);
-    if r.is_err() {
-        let _ = std::fs::remove_file(dst);
-    }
-    r
-}
-
-fn clone_inner(src: &Path, dst: &Path) -> Result<CloneMethod> {
     let from = File::open(src).map_err(|e| SysError::os(format!("open {}", src.display()), e))?;
     let to = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(dst)
         .map_err(|e| SysError::os(format!("create {}", dst.display()), e))?;
+    let r = clone_into(src, dst, &from, to);
+    if r.is_err() {
+        let _ = std::fs::remove_file(dst);
+    }
+    r
+}
+
+fn clone_into(src: &Path, dst: &Path, from: &File, to: File) -> Result<CloneMethod> {
     match crate::raw::clone::ficlone(to.as_fd(), from.as_fd()) {
         Ok(()) => {
             to.sync_all()
