@@ -79,6 +79,11 @@ pub struct Up {
 
 impl Up {
     pub fn start() -> Up {
+        // A new subnet (and names) for every upstream of this process: the host-side
+        // recorders' listener threads outlive their `Up` (they block in `accept`), so a
+        // second upstream on the same 10.250.N.1 would find port 80 still bound.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
         let used = Command::new("ip")
             .args(["-o", "addr", "show"])
@@ -86,14 +91,14 @@ impl Up {
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
         let n = (0..250)
-            .map(|i| (pid.wrapping_mul(17).wrapping_add(i)) % 250 + 1)
+            .map(|i| (pid.wrapping_mul(17).wrapping_add(k * 53 + i)) % 250 + 1)
             .find(|n| {
                 !used.contains(&format!(" 10.250.{n}.")) && !used.contains(&format!(" 10.249.{n}."))
             })
             .expect("a free 10.250.N/30");
         let mut up = Up {
-            ns: format!("tbt-sec-{pid}"),
-            host_if: format!("tbsh{pid}"),
+            ns: format!("tbt-sec-{pid}-{k}"),
+            host_if: format!("tbsh{pid}{k}"),
             server: None,
             dir: tempfile::Builder::new()
                 .prefix("tb-sec-up-")
@@ -104,7 +109,7 @@ impl Up {
             host80: None,
             rebind: None,
         };
-        let peer = format!("tbsp{pid}");
+        let peer = format!("tbsp{pid}{k}");
         let (h4, p4) = (format!("{}.1/30", up.net), format!("{}.2/30", up.net));
         let (h6, p6) = (format!("fd7b:{n:x}::1/64"), format!("fd7b:{n:x}::2/64"));
         let floor_addr = format!("{}/32", up.rebind_addr());
