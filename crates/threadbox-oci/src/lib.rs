@@ -7,6 +7,12 @@
 
 pub mod digest;
 pub mod error;
+pub mod layout;
+pub mod manifest;
+pub mod pull;
+pub mod reference;
+pub mod registry;
+pub mod store;
 pub mod unpack;
 
 pub use digest::Digest;
