@@ -32,6 +32,9 @@ pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/ex
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
 
 pub const IMAGES: &str = "/v1/images";
+pub const IMAGES_PULL: &str = "/v1/images/pull";
+pub const IMAGES_IMPORT: &str = "/v1/images/import";
+pub const IMAGE: &str = "/v1/images/{image}";
 pub const KEYS: &str = "/v1/keys";
 pub const KEY: &str = "/v1/keys/{key_id}";
 pub const QUOTA: &str = "/v1/quotas/{tenant}";
@@ -68,6 +71,9 @@ pub const ALL: &[&str] = &[
     CONTEXT_EXECUTE,
     SANDBOX_NETWORK,
     IMAGES,
+    IMAGES_PULL,
+    IMAGES_IMPORT,
+    IMAGE,
     KEYS,
     KEY,
     QUOTA,

@@ -13,9 +13,11 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod oci;
 pub mod ops;
 pub mod range;
 pub mod store;
+pub mod store_images;
 pub mod store_network;
 pub mod telemetry;
 

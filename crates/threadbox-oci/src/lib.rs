@@ -5,6 +5,7 @@
 //! and OCI layouts ([`archive`]). No unsafe code: system calls go through threadbox-sys.
 #![forbid(unsafe_code)]
 
+pub mod archive;
 pub mod digest;
 pub mod error;
 pub mod layout;

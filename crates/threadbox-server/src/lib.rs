@@ -5,6 +5,7 @@ pub mod auth;
 mod context_routes;
 pub mod error;
 mod gov_routes;
+mod image_routes;
 pub mod mcp;
 pub mod metrics;
 mod net_routes;

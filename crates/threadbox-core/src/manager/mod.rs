@@ -24,6 +24,7 @@ mod governance;
 mod images;
 mod lifecycle;
 mod network;
+mod oci_images;
 mod pool;
 mod processes;
 mod reaper;

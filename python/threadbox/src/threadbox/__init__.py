@@ -39,6 +39,7 @@ from ._errors import (
     Unauthenticated,
     Unavailable,
 )
+from ._images import AsyncImages, Images
 from ._interp import (
     AsyncCodeContext,
     AsyncContexts,
@@ -55,6 +56,7 @@ from ._models import (
     ExecResult,
     FileEntry,
     Health,
+    ImageInfo,
     Limits,
     OutputEvent,
     ProcessInfo,
@@ -94,6 +96,9 @@ __all__ = [
     "FileNotFound",
     "Files",
     "Health",
+    "ImageInfo",
+    "Images",
+    "AsyncImages",
     "InternalError",
     "InvalidArgument",
     "Limits",

@@ -20,6 +20,7 @@ from . import _common as c
 from . import _interp, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
+from ._images import AsyncImages
 from ._models import (
     EndEvent,
     ExecEvent,
@@ -110,6 +111,11 @@ class AsyncThreadbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    @property
+    def images(self) -> AsyncImages:
+        """The image catalog: ``pull()``, ``list()``, ``remove()``, ``import_archive()``."""
+        return AsyncImages(self)
 
     async def health(self) -> Health:
         """``GET /healthz``."""

@@ -17,6 +17,7 @@ from . import _common as c
 from . import _interp, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
+from ._images import Images
 from ._models import (
     EndEvent,
     ExecEvent,
@@ -114,6 +115,11 @@ class Threadbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def images(self) -> Images:
+        """The image catalog: ``pull()``, ``list()``, ``remove()``, ``import_archive()``."""
+        return Images(self)
 
     # -- daemon ---------------------------------------------------------------
 
