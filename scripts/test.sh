@@ -39,6 +39,17 @@ command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftabl
 # on loopback and push the images they build into it; nothing is fetched from outside.
 command -v docker-registry >/dev/null && command -v skopeo >/dev/null ||
     { apt-get update -q && apt-get install -y -q docker-registry skopeo; }
+# promtool: `tests/metrics.rs` lints `/metrics` with it. Taken out of Debian's `prometheus`
+# package rather than installing it, whose postinst would start a Prometheus server.
+PROMTOOL="$PWD/target/tools/promtool"
+if [ ! -x "$PROMTOOL" ]; then
+    tmp="$(mktemp -d)"
+    (cd "$tmp" && apt-get download -q prometheus) \
+        || { apt-get update -q && (cd "$tmp" && apt-get download -q prometheus); }
+    dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
+    mkdir -p "$(dirname "$PROMTOOL")" && cp "$tmp/x/usr/bin/promtool" "$PROMTOOL"
+    rm -rf "$tmp"
+fi
 
 echo "== rust tests"
 cargo test --workspace -- --test-threads=2

@@ -172,14 +172,34 @@ impl Operation for VerifyAudit {
     const PATH: &'static str = routes::AUDIT_VERIFY;
 }
 
-/// How many sandboxes are in each state. Its REST door is `/metrics`, which renders it
-/// with the daemon's counters as Prometheus text (so `Client::call` cannot decode it:
-/// the client's `metrics()` reads the text).
+/// How many sandboxes are in each state, and what each tenant uses. Its REST door is
+/// `/metrics`, which renders it with the daemon's counters as Prometheus text (so
+/// `Client::call` cannot decode it: the client's `metrics()` reads the text).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxCounts;
 
+/// What `/metrics` reads from the manager at scrape time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// Sandboxes by state (every state shown, 0 included).
+    pub sandboxes: BTreeMap<String, u64>,
+    /// Per tenant (the warm pool's own sandboxes belong to none).
+    pub tenants: BTreeMap<String, TenantGauges>,
+}
+
+/// One tenant's use, as `/metrics` shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantGauges {
+    /// CPU time of its sandboxes that still exist, as metered (a counter while they do).
+    pub cpu_seconds: f64,
+    /// Memory its running and paused sandboxes hold now.
+    pub memory_bytes: u64,
+    /// Disk its sandboxes used at their last sample.
+    pub disk_bytes: u64,
+}
+
 impl Operation for SandboxCounts {
-    type Output = BTreeMap<String, u64>;
+    type Output = MetricsSnapshot;
     const NAME: &'static str = "sandbox.counts";
     const SCOPE: Scope = Scope::Admin;
     const METHOD: HttpMethod = HttpMethod::Get;

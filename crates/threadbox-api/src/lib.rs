@@ -177,6 +177,11 @@ pub struct CreateSandboxRequest {
     /// sandbox reaches nothing outside itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<network::NetworkPolicySpec>,
+    /// An OTLP/HTTP endpoint inside the sandbox (`127.0.0.1:4318`, named in every exec's
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`) whose spans the daemon forwards to its own collector.
+    /// Only on a daemon that exports traces (`serve --otlp-endpoint`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub otlp_relay: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
@@ -212,6 +217,9 @@ pub struct Sandbox {
     /// The policy's generation (what `If-Match` names); 0 while it never had one.
     #[serde(default)]
     pub network_generation: u64,
+    /// Its in-sandbox OTLP endpoint is on.
+    #[serde(default)]
+    pub otlp_relay: bool,
 }
 
 fn default_tier() -> String {

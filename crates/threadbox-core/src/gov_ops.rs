@@ -6,7 +6,6 @@
 use crate::error::Result;
 use crate::ops::Run;
 use crate::{Caller, Manager};
-use std::collections::BTreeMap;
 use threadbox_api::ops::*;
 use threadbox_api::{
     ApiKeyList, AuditList, AuditVerification, CreatedKey, TenantQuota, UsageReport,
@@ -63,7 +62,7 @@ impl Run for VerifyAudit {
 }
 
 impl Run for SandboxCounts {
-    async fn run(self, m: &Manager, caller: &Caller) -> Result<BTreeMap<String, u64>> {
-        m.sandbox_counts(caller).await
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<MetricsSnapshot> {
+        m.metrics_snapshot(caller).await
     }
 }

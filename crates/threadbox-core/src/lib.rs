@@ -13,9 +13,11 @@ pub mod gov_store;
 pub mod images;
 pub mod keys;
 pub mod manager;
+pub mod metrics;
 pub mod oci;
 pub mod ops;
 pub mod range;
+pub mod relay;
 pub mod store;
 pub mod store_images;
 pub mod store_network;
@@ -66,6 +68,9 @@ pub struct Config {
     pub egress_dns: Option<Vec<std::net::SocketAddr>>,
     /// The daemon's own ports, refused on any loopback or host address whatever is excepted.
     pub egress_daemon_ports: Vec<u16>,
+    /// Where the in-sandbox OTLP endpoint forwards spans (ADR 0091); `None` when the
+    /// daemon exports no traces, and then no sandbox can ask for the relay.
+    pub trace_relay: Option<relay::TraceRelay>,
 }
 
 impl Config {
@@ -84,6 +89,7 @@ impl Config {
             egress_hosts: Vec::new(),
             egress_dns: None,
             egress_daemon_ports: Vec::new(),
+            trace_relay: None,
         }
     }
 }

@@ -42,11 +42,19 @@ impl Manager {
             otel.status_code = tracing::field::Empty,
             error.type = tracing::field::Empty,
         );
+        let started = std::time::Instant::now();
         let out = op.run(self, caller).instrument(span.clone()).await;
-        if let Err(e) = &out {
-            span.record("otel.status_code", "ERROR");
-            span.record("error.type", e.code().as_str());
-        }
+        let outcome = match &out {
+            Ok(_) => "ok",
+            Err(e) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("error.type", e.code().as_str());
+                e.code().as_str()
+            }
+        };
+        self.metrics()
+            .ops
+            .observe([O::NAME, outcome], started.elapsed());
         out
     }
 }

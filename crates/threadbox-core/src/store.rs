@@ -3,11 +3,13 @@
 //! any moment leaves a row that reconciliation understands.
 
 use crate::error::{CoreError, Result};
+use crate::metrics::HistogramVec;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use threadbox_api::TtlAction;
 
 /// Internal state: the API's states plus `deleting`, which is never shown to users.
@@ -75,6 +77,8 @@ pub struct SandboxRow {
     /// `insert_sandbox` ignores it) and its generation.
     pub network_policy: Option<String>,
     pub network_generation: u64,
+    /// The in-sandbox OTLP endpoint is on (ADR 0091; written by `set_otlp_relay` only).
+    pub otlp_relay: bool,
 }
 
 /// Sandboxes (alive or stopped, each holding its index until deleted) one daemon may
@@ -93,6 +97,18 @@ pub struct ImageRow {
 #[derive(Clone)]
 pub struct Store {
     pub(crate) pool: SqlitePool,
+    /// Latency of the hot statements, by name (`threadbox_store_query_duration_seconds`).
+    pub(crate) timings: Arc<HistogramVec<1>>,
+}
+
+/// Observes the time from its making to its drop into the store's histogram: on every
+/// path out of a statement, `?` included.
+struct Timed<'a>(&'a HistogramVec<1>, &'static str, std::time::Instant);
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        self.0.observe([self.1], self.2.elapsed());
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -143,6 +159,7 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
         tier: r.try_get("tier")?,
         network_policy: r.try_get("network_policy")?,
         network_generation: r.try_get::<i64, _>("network_generation")?.max(0) as u64,
+        otlp_relay: r.try_get::<i64, _>("otlp_relay")? != 0,
     })
 }
 
@@ -206,7 +223,14 @@ impl Store {
             p.push(suffix);
             restrict_to_owner(Path::new(&p))?;
         }
-        Ok(Store { pool })
+        Ok(Store {
+            pool,
+            timings: Arc::default(),
+        })
+    }
+
+    fn timed(&self, query: &'static str) -> Timed<'_> {
+        Timed(&self.timings, query, std::time::Instant::now())
     }
 
     pub async fn close(&self) {
@@ -216,6 +240,7 @@ impl Store {
     /// Inserts a new sandbox in state `creating`, allocating the lowest free uid slot in
     /// the same transaction. Fails with `Conflict` when the name is taken.
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<u32> {
+        let _t = self.timed("insert_sandbox");
         // IMMEDIATE: a deferred transaction that reads, then writes, fails at once with
         // SQLITE_BUSY (no busy wait) when another connection wrote in between.
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -283,6 +308,7 @@ impl Store {
     /// A sandbox of `tenant` by id or name. Another tenant's sandbox is not found, exactly
     /// like one that does not exist.
     pub async fn get_sandbox(&self, tenant: &str, id_or_name: &str) -> Result<Option<SandboxRow>> {
+        let _t = self.timed("get_sandbox");
         let r = sqlx::query("SELECT * FROM sandboxes WHERE tenant = ? AND (id = ? OR name = ?) AND state != 'deleting' ORDER BY id = ? DESC LIMIT 1")
             .bind(tenant)
             .bind(id_or_name)
@@ -347,6 +373,7 @@ impl Store {
     }
 
     pub async fn get_by_id_any(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let _t = self.timed("get_by_id_any");
         let r = sqlx::query("SELECT * FROM sandboxes WHERE id = ?")
             .bind(id)
             .fetch_optional(&self.pool)
@@ -372,6 +399,7 @@ impl Store {
         to: State,
         agent_pid: Option<i32>,
     ) -> Result<()> {
+        let _t = self.timed("transition");
         if from.is_empty() {
             return Err(CoreError::Internal(format!(
                 "a transition of {id} to {} from no state",
@@ -404,7 +432,18 @@ impl Store {
         Ok(())
     }
 
+    /// Turns the in-sandbox OTLP endpoint of `id` on or off (create sets it before boot).
+    pub async fn set_otlp_relay(&self, id: &str, on: bool) -> Result<()> {
+        sqlx::query("UPDATE sandboxes SET otlp_relay = ? WHERE id = ?")
+            .bind(i64::from(on))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     pub async fn touch(&self, id: &str, at: i64) -> Result<()> {
+        let _t = self.timed("touch");
         sqlx::query("UPDATE sandboxes SET last_active_at = ? WHERE id = ?")
             .bind(at)
             .bind(id)
@@ -414,6 +453,7 @@ impl Store {
     }
 
     pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
+        let _t = self.timed("delete_sandbox");
         sqlx::query("DELETE FROM sandboxes WHERE id = ?")
             .bind(id)
             .execute(&self.pool)

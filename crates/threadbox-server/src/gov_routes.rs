@@ -177,7 +177,7 @@ pub(crate) async fn metrics(State(st): St, Auth(caller): Auth) -> Result<Respons
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4"),
         )],
-        st.metrics.render(&counts),
+        st.metrics.render(&counts, st.manager.metrics()),
     )
         .into_response())
 }

@@ -11,6 +11,7 @@ pub mod metrics;
 mod net_routes;
 pub mod openapi;
 mod origin;
+pub mod otlp_relay;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;

@@ -191,7 +191,10 @@ pub(crate) async fn check_host_and_origin(
 ) -> Response {
     let door = req.extensions().get::<Door>().copied().unwrap_or(Door::Tcp);
     if let Err(e) = check(door, req.uri().path(), req.uri(), req.headers(), &policy) {
-        return e.into_response();
+        let mut resp = e.into_response();
+        resp.extensions_mut()
+            .insert(crate::metrics::RejectReason("host_or_origin"));
+        return resp;
     }
     next.run(req).await
 }

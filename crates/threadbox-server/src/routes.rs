@@ -960,7 +960,10 @@ mod exec_stream_tests {
     use super::*;
 
     fn exec_count(metrics: &Metrics) -> String {
-        let text = metrics.render(&BTreeMap::new());
+        let text = metrics.render(
+            &threadbox_api::ops::MetricsSnapshot::default(),
+            &threadbox_core::metrics::CoreMetrics::default(),
+        );
         text.lines()
             .find(|l| l.starts_with("threadbox_exec_duration_seconds_count "))
             .map(str::to_string)

@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub egress_allow_private: Vec<ipnet::IpNet>,
     pub egress_hosts: Vec<(String, Vec<std::net::Ipv4Addr>)>,
     pub egress_dns: Option<Vec<SocketAddr>>,
+    /// Where in-sandbox OTLP endpoints forward (the daemon's own exporter; ADR 0091).
+    pub trace_relay: Option<threadbox_core::relay::TraceRelay>,
 }
 
 impl ServeOptions {
@@ -57,6 +59,7 @@ impl ServeOptions {
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
             egress_dns: None,
+            trace_relay: None,
         }
     }
 }
@@ -132,6 +135,7 @@ pub async fn serve(
     config.egress_allow_private = opts.egress_allow_private.clone();
     config.egress_hosts = opts.egress_hosts.clone();
     config.egress_dns = opts.egress_dns.clone();
+    config.trace_relay = opts.trace_relay.clone();
     // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
     config.egress_daemon_ports = vec![tcp_addr.port()];
     let opened = match tiers() {

@@ -52,6 +52,8 @@ pub enum TelemetryError {
 /// The tracer provider while tracing is on; [`Telemetry::shutdown`] flushes it.
 pub struct Telemetry {
     provider: SdkTracerProvider,
+    /// The collector's traces URL, also where in-sandbox endpoints forward (ADR 0091).
+    traces: hyper::Uri,
 }
 
 impl Telemetry {
@@ -83,7 +85,7 @@ impl Telemetry {
             tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_endpoint(endpoint)
+            .with_endpoint(endpoint.clone())
             .with_http_client(RuntimeClient {
                 handle,
                 timeout: Duration::from_secs(10),
@@ -99,7 +101,10 @@ impl Telemetry {
             .with_resource(resource.build())
             .build();
         install_propagator();
-        Ok(Some(Self { provider }))
+        Ok(Some(Self {
+            provider,
+            traces: uri,
+        }))
     }
 
     /// The `tracing` layer that turns the daemon's spans into OpenTelemetry spans. Only
@@ -117,6 +122,13 @@ impl Telemetry {
             .with_filter(filter_fn(|meta| {
                 meta.is_span() && meta.target().starts_with("threadbox")
             }))
+    }
+
+    /// What sandboxes created with `otlp_relay` forward their spans through.
+    pub fn relay(&self) -> threadbox_core::relay::TraceRelay {
+        threadbox_core::relay::TraceRelay(std::sync::Arc::new(crate::otlp_relay::Forwarder {
+            traces: self.traces.clone(),
+        }))
     }
 
     /// Exports what is buffered and stops the exporter. Blocks: call it off the runtime's
@@ -230,7 +242,7 @@ impl HttpClient for RuntimeClient {
 /// The collector's answer is bounded: it is read only for its status and error message.
 const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
-async fn send(
+pub(crate) async fn send(
     request: axum::http::Request<Bytes>,
 ) -> Result<axum::http::Response<Bytes>, HttpError> {
     let uri = request.uri().clone();

@@ -217,6 +217,10 @@ pub struct CreateArgs {
     /// reaches nothing outside itself.
     #[arg(long = "allow", value_name = "RULE")]
     pub allow: Vec<String>,
+    /// Open an OTLP/HTTP endpoint inside (127.0.0.1:4318, in OTEL_EXPORTER_OTLP_ENDPOINT)
+    /// whose spans the daemon forwards to its collector (needs serve --otlp-endpoint)
+    #[arg(long)]
+    pub otlp_relay: bool,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,

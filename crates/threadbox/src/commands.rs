@@ -352,6 +352,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
         } else {
             Some(crate::net_cmd::policy_from_allow(&args.allow)?)
         },
+        otlp_relay: args.otlp_relay,
     };
     let (sandbox, _created) = client.create(&req).await?;
     if args.json {

@@ -69,7 +69,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let telemetry =
         threadbox_server::telemetry::Telemetry::from_config(args.otlp_endpoint.as_deref())?;
     init_logging(telemetry.as_ref());
-    let r = serve_inner(args).await;
+    let r = serve_inner(args, telemetry.as_ref().map(|t| t.relay())).await;
     if let Some(t) = telemetry {
         // Flushes the last spans; it blocks, so off the runtime's workers.
         let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
@@ -77,7 +77,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     r
 }
 
-async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
+async fn serve_inner(
+    args: ServeArgs,
+    trace_relay: Option<threadbox_core::relay::TraceRelay>,
+) -> anyhow::Result<()> {
     let config = match &args.config {
         Some(path) => read_config(path)?,
         None => ConfigFile::default(),
@@ -97,6 +100,7 @@ async fn serve_inner(args: ServeArgs) -> anyhow::Result<()> {
     let agent = resolve_agent(args.agent.or(config.agent), &exe)?;
     let mut jail = threadbox_jail::JailConfig::new(root.clone(), agent, exe);
     let mut opts = ServeOptions::new(root);
+    opts.trace_relay = trace_relay;
     opts.listen = listen;
     if let Some(size) = args.max_upload.or(config.max_upload) {
         opts.max_upload_bytes = parse_size(&size)?;

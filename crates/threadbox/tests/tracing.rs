@@ -249,4 +249,127 @@ fn without_an_endpoint_nothing_is_traced_or_carried() {
     assert_eq!(v["exit_code"], 1, "{v}");
     assert_eq!(v["stdout"], "", "{v}");
     assert!(!head.contains("x-threadbox-trace-id"), "{head}");
+    // No collector, no in-sandbox endpoint: refused with the reason, nothing created.
+    let r = d.cli(&["create", "--name", "relayed", "--otlp-relay"]);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("--otlp-endpoint"), "{}", r.stderr);
+    assert!(
+        d.cli(&["info", "relayed"]).code != 0,
+        "a refused create left a sandbox"
+    );
+}
+
+/// A program in the sandbox that exports one span with the OTLP/JSON wire format by hand
+/// (the host image has no OpenTelemetry SDK): to `$OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces`,
+/// as the child of the span `TRACEPARENT` names. Prints the HTTP status, or `refused`.
+const EXPORT_ONE_SPAN: &str = r#"
+import json, os, time, urllib.request, urllib.error
+tp = os.environ.get("TRACEPARENT", "00-" + "0" * 32 + "-" + "0" * 16 + "-01").split("-")
+base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+now = time.time_ns()
+span = {"traceId": tp[1], "spanId": os.urandom(8).hex(), "parentSpanId": tp[2],
+        "name": "inside-the-sandbox", "kind": 1,
+        "startTimeUnixNano": str(now - 1000), "endTimeUnixNano": str(now)}
+body = {"resourceSpans": [{"resource": {"attributes": []},
+        "scopeSpans": [{"scope": {"name": "sandboxed"}, "spans": [span]}]}]}
+req = urllib.request.Request(base + "/v1/traces", data=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"}, method="POST")
+try:
+    print(urllib.request.urlopen(req, timeout=10).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+except OSError:
+    print("refused")
+"#;
+
+fn exec_export(d: &Daemon, sb: &str, tp: &str) -> String {
+    let body = serde_json::json!({"command": ["python3", "-c", EXPORT_ONE_SPAN]}).to_string();
+    let (status, _, v) = request(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{sb}/exec"),
+        &[("traceparent", tp)],
+        &body,
+    );
+    assert_eq!(status, 200, "exec: {v}");
+    v["stdout"].as_str().unwrap_or("").trim().to_string()
+}
+
+#[test]
+fn spans_a_sandboxed_program_exports_reach_the_collector_through_the_daemon() {
+    if !require_root("spans_a_sandboxed_program_exports_reach_the_collector") {
+        return;
+    }
+    let _g = serial();
+    let (url, got) = collector();
+    let mut d = Daemon::start_with_env(
+        &["--otlp-endpoint", &url],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let relayed = d.create(&["--otlp-relay"]);
+    let info = d.cli(&["info", "--json", &relayed]).ok().json();
+    assert_eq!(info["otlp_relay"], true, "{info}");
+    let tp = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    let (_, v) = exec_printenv(&d, &relayed, &[("traceparent", &tp)]);
+    let exec_span = v["stdout"]
+        .as_str()
+        .expect("stdout")
+        .trim()
+        .split('-')
+        .nth(2)
+        .map(String::from);
+
+    // Positive control first: a sandbox without the relay has no endpoint inside.
+    let closed = d.create(&[]);
+    assert_eq!(exec_export(&d, &closed, &tp), "refused");
+
+    for round in ["before", "after a daemon restart"] {
+        assert_eq!(exec_export(&d, &relayed, &tp), "200", "{round}");
+        d.wait_for(
+            "the sandboxed program's span at the collector",
+            Duration::from_secs(30),
+            || {
+                // The daemon exports the exec's span when the exec ends, after the
+                // program's own: wait for both.
+                let all = spans(&got);
+                all.iter().any(|s| {
+                    s["name"] == "inside-the-sandbox"
+                        && s["traceId"] == TRACE_ID
+                        && all.iter().any(|p| p["spanId"] == s["parentSpanId"])
+                })
+            },
+        );
+        let all = spans(&got);
+        let inside = all
+            .iter()
+            .find(|s| s["name"] == "inside-the-sandbox")
+            .expect("the span");
+        // Its parent is an exec operation's span of the daemon, in the same trace.
+        let parent = all
+            .iter()
+            .find(|s| s["spanId"] == inside["parentSpanId"])
+            .unwrap_or_else(|| panic!("the parent of {inside} was not exported"));
+        assert_eq!(parent["name"], "sandbox.exec", "{round}");
+        assert_eq!(parent["traceId"], TRACE_ID);
+        assert!(exec_span.is_some());
+        got.lock().unwrap().clear();
+        // Killed, not stopped: the sandbox keeps running and the next daemon adopts it,
+        // opening the endpoint again in the same netns.
+        d.kill9();
+        d.restart();
+    }
+    // Only /v1/traces is relayed.
+    let other = EXPORT_ONE_SPAN.replace("/v1/traces", "/v1/metrics");
+    let body = serde_json::json!({"command": ["python3", "-c", other]}).to_string();
+    let (_, _, v) = request(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{relayed}/exec"),
+        &[],
+        &body,
+    );
+    assert_eq!(v["stdout"].as_str().unwrap_or("").trim(), "404", "{v}");
 }

@@ -60,6 +60,7 @@ pub(super) fn to_api_full(drivers: &Drivers, row: &SandboxRow) -> Sandbox {
             .as_deref()
             .and_then(|j| serde_json::from_str(j).ok()),
         network_generation: row.network_generation,
+        otlp_relay: row.otlp_relay,
     }
 }
 

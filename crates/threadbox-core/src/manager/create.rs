@@ -31,7 +31,9 @@ impl Manager {
     pub(super) async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
         let spec = self.spec_of(row).await?;
         let driver = self.driver_for(row)?;
-        let pid = driver.launch(&spec).await?;
+        let pid = driver.launch(&spec).await.inspect_err(|_| {
+            self.metrics().boot_failures.inc(["launch"]);
+        })?;
         match AgentConn::connect(driver.as_ref(), &row.id, AGENT_CONNECT_TIMEOUT).await {
             Ok(conn) => {
                 Self::set_conn(live, Some(conn));
@@ -39,6 +41,7 @@ impl Manager {
                 Ok(pid)
             }
             Err(e) => {
+                self.metrics().boot_failures.inc(["agent"]);
                 let _ = driver.stop(&row.id).await;
                 Err(e)
             }
@@ -94,6 +97,11 @@ impl Manager {
             .as_ref()
             .map(super::network::check_policy)
             .transpose()?;
+        if req.otlp_relay && self.config.trace_relay.is_none() {
+            return Err(CoreError::InvalidArgument(
+                "otlp_relay needs a daemon that exports traces (serve --otlp-endpoint)".into(),
+            ));
+        }
         let memory_bytes = req
             .limits
             .memory_bytes
@@ -182,6 +190,7 @@ impl Manager {
             tier: tier.to_string(),
             network_policy: None,
             network_generation: 0,
+            otlp_relay: req.otlp_relay,
         };
         let live = self.live(&id);
         // Held across the insert so two creates of one name cannot both insert; the new
@@ -241,6 +250,15 @@ impl Manager {
             }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
+            if row.otlp_relay {
+                // Before boot, so `boot` opens the endpoint; a crash in between leaves a
+                // `creating` row, which the next start destroys.
+                if let Err(e) = self.store.set_otlp_relay(&id, true).await {
+                    let _ = self.store.delete_sandbox(&id).await;
+                    self.forget(&id);
+                    return Err(e);
+                }
+            }
             if let Some(json) = &network_json {
                 // Stored before boot, so `boot` attaches it; generation 1.
                 match self.store.swap_network(&id, 0, Some(json)).await {

@@ -16,6 +16,7 @@ impl Manager {
             Step::Freeze => {
                 self.meter(row, false).await;
                 if let Err(e) = self.driver_for(row)?.freeze(&row.id).await {
+                    self.metrics().freeze_timeouts.inc([]);
                     // A freeze that timed out leaves cgroup.freeze set: the sandbox would
                     // end up frozen while recorded as running (F2). Undo it.
                     if let Err(t) = self.driver_for(row)?.thaw(&row.id).await {
@@ -264,7 +265,10 @@ impl Manager {
                     &row.id,
                     Duration::from_secs(3),
                 )
-                .await?;
+                .await;
+                let outcome = if c.is_ok() { "ok" } else { "failed" };
+                self.metrics().agent_reconnects.inc(["lost", outcome]);
+                let c = c?;
                 Self::set_conn(&live, Some(c.clone()));
                 c
             }

@@ -29,6 +29,7 @@ mod pool;
 mod processes;
 mod reaper;
 mod reconcile;
+mod relay;
 pub mod state;
 pub(crate) mod validate;
 
@@ -105,9 +106,18 @@ pub struct Manager {
     pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Egress data planes attached to running sandboxes (issue 13).
     net: network::NetState,
+    /// Latencies and failure counters for `/metrics` (issue 17).
+    metrics: Arc<crate::metrics::CoreMetrics>,
+    /// In-sandbox OTLP endpoints being served, by sandbox id (ADR 0091).
+    relays: relay::Relays,
 }
 
 impl Manager {
+    /// The core's counters and latencies, rendered by `/metrics`.
+    pub fn metrics(&self) -> &crate::metrics::CoreMetrics {
+        &self.metrics
+    }
+
     /// Opens the store under `config.root`, reconciles it with what runs on the host and
     /// starts the background tasks (idle pause, TTL). `drivers` holds the tiers (the
     /// caller builds them: the binary the jail, tests the fake); the first is the default.
@@ -142,9 +152,14 @@ impl Manager {
                 .await?;
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let metrics = Arc::new(crate::metrics::CoreMetrics {
+            store: store.timings.clone(),
+            ..Default::default()
+        });
         let mgr = Arc::new(Manager {
             config,
             store,
+            metrics,
             drivers,
             live: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
@@ -153,6 +168,7 @@ impl Manager {
             pool_wake: Arc::new(tokio::sync::Notify::new()),
             pool_task: Mutex::new(None),
             net: Default::default(),
+            relays: Default::default(),
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());

@@ -109,6 +109,7 @@ impl Manager {
     /// Attaches the data plane to `row` if it has a policy and runs in a netns of its own
     /// (after boot, adoption, start). A failure leaves the sandbox closed, never open.
     pub(super) async fn attach_network(&self, row: &SandboxRow, pid: i32) {
+        self.attach_relay(row, pid).await;
         if let Err(e) = self.attach_network_inner(row, pid).await {
             tracing::error!(sandbox = %row.id, "egress not attached (the sandbox stays closed): {}", e.chain());
         }
@@ -179,6 +180,7 @@ impl Manager {
     /// Detaches the data plane of `id` (stop, delete): its listeners close, so the kernel
     /// refuses the sandbox's connections again.
     pub(super) fn detach_network(&self, id: &str) {
+        self.detach_relay(id);
         lock(&self.net.attached).remove(id);
     }
 

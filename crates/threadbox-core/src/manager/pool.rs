@@ -96,6 +96,7 @@ impl Manager {
             tier: self.drivers.default_tier().to_string(),
             network_policy: None,
             network_generation: 0,
+            otlp_relay: false,
         };
         let live = self.live(&id);
         let _g = live.lifecycle.lock().await;
@@ -184,6 +185,8 @@ impl Manager {
             || row.tier != self.drivers.default_tier()
             || row.image != HOST_IMAGE
             || row.disk_bytes != self.config.default_disk_bytes
+            // Pooled sandboxes booted without the OTLP endpoint (ADR 0091).
+            || row.otlp_relay
         {
             return Ok(None);
         }

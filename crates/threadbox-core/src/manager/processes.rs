@@ -20,6 +20,8 @@ impl Manager {
             let cmd_vec = command_vec(&command);
             let mut env = req.env;
             crate::telemetry::inject_env(&mut env);
+            let row = self.resolve(caller, id_or_name).await?;
+            self.relay_env(&row, &mut env);
             let spec = proto::BackgroundSpec {
                 command,
                 env,

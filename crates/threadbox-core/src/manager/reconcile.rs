@@ -53,7 +53,10 @@ impl Manager {
                 if driver.is_frozen(&id).await.unwrap_or(false) {
                     return Ok(Found::Frozen);
                 }
-                match AgentConn::connect(driver.as_ref(), &id, Duration::from_secs(3)).await {
+                let conn = AgentConn::connect(driver.as_ref(), &id, Duration::from_secs(3)).await;
+                let outcome = if conn.is_ok() { "ok" } else { "failed" };
+                self.metrics().agent_reconnects.inc(["adopt", outcome]);
+                match conn {
                     Ok(conn) => {
                         Self::set_conn(live, Some(conn));
                         Found::Answers

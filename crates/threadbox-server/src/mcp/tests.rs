@@ -49,6 +49,7 @@ fn sandbox(name: &str) -> Sandbox {
         tier: "jail".into(),
         network: None,
         network_generation: 0,
+        otlp_relay: false,
     }
 }
 

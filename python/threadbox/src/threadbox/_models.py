@@ -100,6 +100,8 @@ class SandboxInfo:
     network: dict[str, Any] | None
     #: The policy's generation (what ``If-Match`` names); 0 while it never had one.
     network_generation: int
+    #: Whether it has the in-sandbox OTLP endpoint (spans forwarded to the daemon's collector).
+    otlp_relay: bool
     raw: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
@@ -122,6 +124,7 @@ class SandboxInfo:
                 tier=str(d.get("tier", "jail")),
                 network=dict(d["network"]) if d.get("network") is not None else None,
                 network_generation=int(d.get("network_generation") or 0),
+                otlp_relay=bool(d.get("otlp_relay", False)),
                 raw=d,
             )
         except (KeyError, TypeError, ValueError) as e:

@@ -216,18 +216,43 @@ impl Manager {
 
     // ---- audit log --------------------------------------------------------------------
 
-    /// Sandboxes per state over every tenant (for `/metrics`).
-    pub async fn sandbox_counts(&self, caller: &Caller) -> Result<BTreeMap<String, u64>> {
+    /// Sandboxes per state over every tenant, and each tenant's use (for `/metrics`).
+    /// Memory is read from the tier now (one cgroup read per live sandbox); CPU and disk
+    /// are the meter's last samples, so a scrape never walks a disk.
+    pub async fn metrics_snapshot(
+        &self,
+        caller: &Caller,
+    ) -> Result<threadbox_api::ops::MetricsSnapshot> {
         caller.require(Scope::Admin)?;
-        let mut counts: BTreeMap<String, u64> = ["creating", "running", "paused", "stopped"]
-            .into_iter()
-            .map(|s| (s.to_string(), 0))
-            .collect();
+        let mut snap = threadbox_api::ops::MetricsSnapshot {
+            sandboxes: ["creating", "running", "paused", "stopped"]
+                .into_iter()
+                .map(|s| (s.to_string(), 0))
+                .collect(),
+            tenants: BTreeMap::new(),
+        };
         for row in self.store.all_sandboxes().await? {
-            if row.state != State::Deleting && row.tenant != crate::caller::POOL_TENANT {
-                *counts.entry(row.state.as_str().to_string()).or_default() += 1;
+            if row.state == State::Deleting || row.tenant == crate::caller::POOL_TENANT {
+                continue;
+            }
+            *snap
+                .sandboxes
+                .entry(row.state.as_str().to_string())
+                .or_default() += 1;
+            let g = snap.tenants.entry(row.tenant.clone()).or_default();
+            if matches!(row.state, State::Running | State::Paused) {
+                if let Ok(driver) = self.driver_for(&row) {
+                    g.memory_bytes += driver.usage(&row.id, false).await.memory_bytes.unwrap_or(0);
+                }
             }
         }
-        Ok(counts)
+        for t in self.store.metered_tenants().await? {
+            let g = snap.tenants.entry(t.clone()).or_default();
+            for u in self.store.tenant_usage_rows(&t).await? {
+                g.cpu_seconds += u.cpu_usec.max(0) as f64 / 1e6;
+                g.disk_bytes += u.disk_bytes.max(0) as u64;
+            }
+        }
+        Ok(snap)
     }
 }
