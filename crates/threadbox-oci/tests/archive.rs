@@ -29,14 +29,21 @@ fn an_oci_layout_directory_and_a_tar_of_it_import() {
     let lay = tempfile::tempdir().unwrap();
     let mut w = LayoutWriter::create(lay.path()).unwrap();
     let img = w
-        .image(&Platform::host(), &[LayerBlob::gzip(&layer_tar())], serde_json::json!({"WorkingDir": "/w"}))
+        .image(
+            &Platform::host(),
+            &[LayerBlob::gzip(&layer_tar())],
+            serde_json::json!({"WorkingDir": "/w"}),
+        )
         .unwrap();
     w.tag("app:1", &img).unwrap();
     let (_d, s) = store();
     let (rec, tag) = import_blocking(&s, lay.path(), &Platform::host()).unwrap();
     assert_eq!(tag.as_deref(), Some("app:1"));
     assert_eq!(rec.manifest_digest, img.digest);
-    assert_eq!(std::fs::read(s.layer_path(&rec.layers[0]).join("etc/hi")).unwrap(), b"hi");
+    assert_eq!(
+        std::fs::read(s.layer_path(&rec.layers[0]).join("etc/hi")).unwrap(),
+        b"hi"
+    );
 
     // The same layout as a tar (what `oci-archive:` is).
     let mut b = tar::Builder::new(Vec::new());
@@ -47,10 +54,16 @@ fn an_oci_layout_directory_and_a_tar_of_it_import() {
     let (_d2, s2) = store();
     let (rec2, _) = import_blocking(&s2, &file, &Platform::host()).unwrap();
     assert_eq!(rec2.layers, rec.layers);
-    assert!(std::fs::read_dir(s2.root().join("tmp")).unwrap().next().is_none());
+    assert!(std::fs::read_dir(s2.root().join("tmp"))
+        .unwrap()
+        .next()
+        .is_none());
 
     // A tampered layer blob is refused.
-    let blob = lay.path().join("blobs/sha256").join(Digest::of(&LayerBlob::gzip(&layer_tar()).blob).hex());
+    let blob = lay
+        .path()
+        .join("blobs/sha256")
+        .join(Digest::of(&LayerBlob::gzip(&layer_tar()).blob).hex());
     let mut bytes = std::fs::read(&blob).unwrap();
     let n = bytes.len();
     bytes[n / 2] ^= 1;
@@ -72,9 +85,17 @@ fn a_docker_save_archive_imports() {
         "config": {"Env": ["A=1"]},
         "rootfs": {"type": "layers", "diff_ids": [Digest::of(&tar).as_str()]},
     });
-    std::fs::write(dir.path().join("cfg.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("cfg.json"),
+        serde_json::to_vec(&cfg).unwrap(),
+    )
+    .unwrap();
     let m = serde_json::json!([{"Config": "cfg.json", "RepoTags": ["old:1"], "Layers": ["abc/layer.tar"]}]);
-    std::fs::write(dir.path().join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("manifest.json"),
+        serde_json::to_vec(&m).unwrap(),
+    )
+    .unwrap();
     let (_d, s) = store();
     let (rec, tag) = import_blocking(&s, dir.path(), &Platform::host()).unwrap();
     assert_eq!(tag.as_deref(), Some("old:1"));
@@ -83,7 +104,11 @@ fn a_docker_save_archive_imports() {
 
     // A layer path out of the archive is refused.
     let m = serde_json::json!([{"Config": "cfg.json", "Layers": ["../../etc/passwd"]}]);
-    std::fs::write(dir.path().join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("manifest.json"),
+        serde_json::to_vec(&m).unwrap(),
+    )
+    .unwrap();
     let (_d2, s2) = store();
     assert!(matches!(
         import_blocking(&s2, dir.path(), &Platform::host()).unwrap_err(),
