@@ -39,6 +39,13 @@ command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftabl
 # on loopback and push the images they build into it; nothing is fetched from outside.
 command -v docker-registry >/dev/null && command -v skopeo >/dev/null ||
     { apt-get update -q && apt-get install -y -q docker-registry skopeo; }
+# node + npm: `tests/packages.rs` runs `npm install` inside a sandbox of the host image
+# (the host's /usr), against the test upstream's local registry (ADR 0067).
+command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q nodejs npm; }
+# pandas and matplotlib in the host image (the sandboxes' /usr): the interpreter's
+# done-means graph (python/tests/test_interpreter_graph.py) loads a CSV and draws a chart.
+/usr/bin/python3 -c 'import pandas, matplotlib' 2>/dev/null || {
+    apt-get update -q && apt-get install -y -q --no-install-recommends python3-pandas python3-matplotlib; }
 # promtool: `tests/metrics.rs` lints `/metrics` with it. Taken out of Debian's `prometheus`
 # package rather than installing it, whose postinst would start a Prometheus server.
 PROMTOOL="$PWD/target/tools/promtool"

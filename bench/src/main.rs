@@ -15,6 +15,8 @@
 #![forbid(unsafe_code)]
 
 mod baselines;
+mod egress;
+mod interp;
 mod stats;
 
 use anyhow::{bail, Context, Result};
@@ -44,6 +46,23 @@ enum Cmd {
     All(Opts),
     /// Time to interactive, exec round trip and pause/resume only.
     Figures(Opts),
+    /// Egress (issue 13): throughput and new-connection latency through the daemon against
+    /// direct host→upstream, create with and without a policy, memory per sandbox.
+    Egress(egress::EgressOpts),
+    /// Internal: the egress figures' upstream servers (run inside their netns).
+    #[command(hide = true, name = "__egress-upstream")]
+    EgressUpstream { addr: String },
+    /// Interpreter contexts only: create, `1+1` against `exec python3 -c`, a PNG round
+    /// trip, and ipykernel in a venv when it installs (issue 15).
+    Interpreter(Opts),
+}
+
+/// Which figures a run measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Which {
+    All,
+    Figures,
+    Interpreter,
 }
 
 #[derive(Args, Clone)]
@@ -72,7 +91,7 @@ struct Opts {
     /// Seconds per throughput level.
     #[arg(long, default_value_t = 3.0)]
     duration: f64,
-    /// Baselines not to run (bwrap, runc, runsc).
+    /// Baselines not to run (bwrap, runc, runsc, ipykernel).
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
     /// Size of the warm pool of the second daemon measured by "threadbox jail, warm
@@ -159,6 +178,11 @@ impl Drop for OwnDaemon {
 }
 
 async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
+    start_daemon_with(warm_pool, &[]).await
+}
+
+/// [`start_daemon`] with more `serve` flags (the egress figures' upstream).
+async fn start_daemon_with(warm_pool: usize, extra: &[String]) -> Result<(OwnDaemon, String)> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("no exe dir")?;
     // `cargo test` runs the binary from target/<profile>/ too; deps/ is one level down.
@@ -180,6 +204,7 @@ async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
         .arg(root.path())
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--warm-pool", &warm_pool.to_string()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -860,8 +885,13 @@ fn markdown_report(doc: &serde_json::Value, rows: &[Row], command: &str) -> Stri
     s
 }
 
-async fn measure(b: &mut Bench, only_figures: bool) -> Result<()> {
+async fn measure(b: &mut Bench, which: Which) -> Result<()> {
     let progress = |what: &str| eprintln!("threadbox-bench: {what}");
+    if which == Which::Interpreter {
+        progress("interpreter contexts");
+        return b.interpreter().await;
+    }
+    let only_figures = which == Which::Figures;
     progress("time to interactive");
     b.time_to_interactive().await?;
     progress("exec round trip, pause/resume");
@@ -873,11 +903,19 @@ async fn measure(b: &mut Bench, only_figures: bool) -> Result<()> {
         b.throughput().await?;
         progress("noisy neighbour");
         b.noisy_neighbour().await?;
+        progress("interpreter contexts");
+        b.interpreter().await?;
     }
     Ok(())
 }
 
-async fn run(mut opts: Opts, only_figures: bool) -> Result<()> {
+async fn run(mut opts: Opts, which: Which) -> Result<()> {
+    if which == Which::Interpreter {
+        // Only threadbox and ipykernel are measured: no OCI baselines, no pool daemon.
+        opts.warm_pool = 0;
+        opts.skip
+            .extend(["bwrap", "runc", "runsc"].map(String::from));
+    }
     if opts.smoke {
         opts.iterations = opts.iterations.min(3);
         opts.density = vec![3];
@@ -926,7 +964,7 @@ async fn run(mut opts: Opts, only_figures: bool) -> Result<()> {
     if !b.skipped("runsc") {
         b.runsc = Oci::probe("runsc", b._work.path());
     }
-    let outcome = measure(&mut b, only_figures).await;
+    let outcome = measure(&mut b, which).await;
     // Sandboxes outlive their daemon: whatever this run created goes, also on errors.
     let label = [(LABEL.to_string(), "1".to_string())].into_iter().collect();
     for c in std::iter::once(&b.client).chain(b.pool.as_ref().ok()) {
@@ -987,7 +1025,10 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Setup => baselines::setup(),
-        Cmd::All(o) => run(o, false).await,
-        Cmd::Figures(o) => run(o, true).await,
+        Cmd::All(o) => run(o, Which::All).await,
+        Cmd::Figures(o) => run(o, Which::Figures).await,
+        Cmd::Interpreter(o) => run(o, Which::Interpreter).await,
+        Cmd::Egress(o) => egress::run(o).await,
+        Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

@@ -62,6 +62,21 @@ fn smoke_run_completes_and_emits_json() {
                 && r["p50"].is_number()),
         "no warm-pool row for time to interactive"
     );
+    // The interpreter figures (issue 15): contexts measured, ipykernel left out in smoke.
+    for figure in [
+        "interpreter: create→first 1+1",
+        "interpreter: 1+1 round trip (warm)",
+    ] {
+        assert!(
+            rows.iter().any(|r| r["figure"] == figure
+                && r["contender"] == "context (threadbox API)"
+                && r["p50"].is_number()),
+            "no context row for {figure}"
+        );
+    }
+    assert!(rows
+        .iter()
+        .any(|r| r["figure"] == "interpreter: PNG round trip (100 KB)" && r["p50"].is_number()));
     // Every row either has a value or says why it was skipped.
     for r in rows {
         assert!(r["p50"].is_number() || r["skipped"].is_string(), "{r}");

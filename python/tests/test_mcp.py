@@ -31,12 +31,14 @@ TOOLS = {
     "sandbox_info",
     "exec",
     "run_python",
+    "run_code",
     "read_file",
     "write_file",
     "list_files",
     "sandbox_pause",
     "sandbox_resume",
     "sandbox_delete",
+    "preview",
 }
 
 
@@ -326,3 +328,17 @@ async def test_stdio_fails_at_initialize_when_the_daemon_is_unreachable() -> Non
     msg = str(err)
     assert "cannot connect to the threadbox daemon at http://127.0.0.1:1" in msg
     assert '"--url"' in msg and "THREADBOX_URL" in msg
+
+
+async def test_preview_tool_publishes_a_port(daemon: Daemon, transport: str, names: Names) -> None:
+    name = names.new("mcp-preview")
+    async with mcp_session(daemon, transport) as session:
+        await ok(session, "sandbox_create", name=name)
+        p = await ok(session, "preview", sandbox=name, port=8000)
+        assert not p["public"] and p["token"] and p["token"] in p["url"]
+        assert p["path_url"].startswith(daemon.url + "/preview/sb-")
+        public = await ok(session, "preview", sandbox=name, port=8001, public=True)
+        assert public["public"] and "token" not in public
+        bad = await session.call_tool("preview", {"sandbox": name, "port": 0})
+        assert bad.isError, text_of(bad)
+        await ok(session, "sandbox_delete", sandbox=name)

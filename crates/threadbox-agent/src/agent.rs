@@ -23,6 +23,12 @@ use tokio::sync::oneshot;
 pub const BASE_PATH: &str =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/threadbox/bin";
 
+/// PATH for `who`: its `~/.local/bin` first (pip's user scripts and `npm -g` bins, ADR
+/// 0067), as Debian's `~/.profile` does.
+pub fn user_path(who: &Identity) -> String {
+    format!("{}/.local/bin:{BASE_PATH}", who.home)
+}
+
 /// How often empty per-call cgroups are retried for removal (and children reaped, in case
 /// a SIGCHLD notification was coalesced away).
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
@@ -359,8 +365,11 @@ pub fn prepare(
     let mut cmd = std::process::Command::new(program);
     cmd.args(&args)
         .env_clear()
-        .env("PATH", BASE_PATH)
+        .env("PATH", user_path(&who))
         .env("HOME", who.home)
+        // `npm install -g` next to pip's user installs, on the sandbox's disk: the
+        // image's /usr is read-only (ADR 0067).
+        .env("NPM_CONFIG_PREFIX", format!("{}/.local", who.home))
         .env("USER", who.name)
         .env("LOGNAME", who.name)
         .env("LANG", "C.UTF-8")

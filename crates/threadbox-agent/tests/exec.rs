@@ -102,7 +102,8 @@ fn env_cwd_stdin_and_user() {
     assert_eq!(lines[1], "[bar baz] /home/user user user C.UTF-8");
     assert_eq!(
         lines[2],
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/threadbox/bin"
+        "/home/user/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:\
+         /opt/threadbox/bin"
     );
     assert_eq!(lines[3], dir.0.to_str().unwrap());
     assert_eq!(lines[4], "1000");

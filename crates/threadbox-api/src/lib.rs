@@ -15,6 +15,7 @@ pub mod images;
 pub mod interp;
 pub mod network;
 pub mod ops;
+pub mod previews;
 pub mod routes;
 pub use governance::*;
 

@@ -30,6 +30,8 @@ pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/re
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
+pub const SANDBOX_PREVIEWS: &str = "/v1/sandboxes/{sandbox}/previews";
+pub const SANDBOX_PREVIEW: &str = "/v1/sandboxes/{sandbox}/previews/{port}";
 
 pub const IMAGES: &str = "/v1/images";
 pub const IMAGES_PULL: &str = "/v1/images/pull";
@@ -70,6 +72,8 @@ pub const ALL: &[&str] = &[
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
     SANDBOX_NETWORK,
+    SANDBOX_PREVIEWS,
+    SANDBOX_PREVIEW,
     IMAGES,
     IMAGES_PULL,
     IMAGES_IMPORT,
@@ -157,7 +161,7 @@ mod tests {
                 assert!(
                     matches!(
                         name,
-                        "sandbox" | "process_id" | "key_id" | "tenant" | "context"
+                        "sandbox" | "process_id" | "key_id" | "tenant" | "context" | "port"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

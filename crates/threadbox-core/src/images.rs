@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use threadbox_sys::jail::Bind;
 
 pub const HOST_IMAGE: &str = "host";
-const HOST_IMAGE_VERSION: &str = "3";
+const HOST_IMAGE_VERSION: &str = "5";
 
 /// How to assemble a sandbox root from an image.
 #[derive(Debug, Clone)]
@@ -42,6 +42,8 @@ const ETC_FILES: &[&str] = &[
     "ca-certificates.conf",
     "magic",
     "login.defs",
+    // Debian's matplotlib reads its defaults from here and refuses to import without it.
+    "matplotlibrc",
 ];
 /// Directories copied from the host's /etc (symlinks kept as symlinks).
 const ETC_DIRS: &[&str] = &[
@@ -53,6 +55,15 @@ const ETC_DIRS: &[&str] = &[
     "profile.d",
     "skel",
 ];
+
+/// `/etc/pip.conf` of the host image. No `user = true`: that would break `pip` inside a
+/// venv the agent makes; pip picks the user site itself when site-packages is read-only.
+/// No version check: it would ask an index the policy may not allow.
+pub const PIP_CONF: &str =
+    "# threadbox: installs go to ~/.local on the sandbox's disk (ADR 0067)\n\
+[global]\n\
+break-system-packages = true\n\
+disable-pip-version-check = true\n";
 
 pub fn host_image_dir(root: &Path) -> PathBuf {
     root.join("images").join(HOST_IMAGE)
@@ -154,6 +165,10 @@ fn build_host_skeleton(dir: &Path) -> Result<()> {
         etc.join("nsswitch.conf"),
         "passwd: files\ngroup: files\nhosts: files dns\n",
     )?;
+    // Packages just work (issue 13, ADR 0067): the host's /usr is read-only here, so
+    // pip falls back to the user's site on the persistent disk by itself; this lets it
+    // past PEP 668's marker (which guards the host's packages, not this sandbox's home).
+    fs::write(etc.join("pip.conf"), PIP_CONF)?;
     for f in ETC_FILES {
         let src = Path::new("/etc").join(f);
         // Follow symlinks (localtime, os-release) so the image is self-contained.

@@ -21,6 +21,7 @@ pub mod relay;
 pub mod store;
 pub mod store_images;
 pub mod store_network;
+pub mod store_previews;
 pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
@@ -68,6 +69,11 @@ pub struct Config {
     pub egress_dns: Option<Vec<std::net::SocketAddr>>,
     /// The daemon's own ports, refused on any loopback or host address whatever is excepted.
     pub egress_daemon_ports: Vec<u16>,
+    /// Host form of preview URLs, `{port}-{id}.<preview_domain>` (`serve --preview-domain`;
+    /// default `localhost`, which browsers resolve to loopback without DNS).
+    pub preview_domain: String,
+    /// The daemon's TCP address, for the URLs previews answer with.
+    pub preview_addr: Option<std::net::SocketAddr>,
     /// Where the in-sandbox OTLP endpoint forwards spans (ADR 0091); `None` when the
     /// daemon exports no traces, and then no sandbox can ask for the relay.
     pub trace_relay: Option<relay::TraceRelay>,
@@ -89,6 +95,8 @@ impl Config {
             egress_hosts: Vec::new(),
             egress_dns: None,
             egress_daemon_ports: Vec::new(),
+            preview_domain: "localhost".to_string(),
+            preview_addr: None,
             trace_relay: None,
         }
     }

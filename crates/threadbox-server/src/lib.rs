@@ -12,6 +12,7 @@ mod net_routes;
 pub mod openapi;
 mod origin;
 pub mod otlp_relay;
+mod preview_routes;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;

@@ -51,6 +51,9 @@ use utoipa::OpenApi;
         context_routes::execute_code,
         crate::net_routes::get_network,
         crate::net_routes::set_network,
+        crate::preview_routes::create_preview,
+        crate::preview_routes::list_previews,
+        crate::preview_routes::delete_preview,
         gov_routes::create_key,
         gov_routes::list_keys,
         gov_routes::revoke_key,
@@ -72,6 +75,8 @@ use utoipa::OpenApi;
         threadbox_api::network::NetworkInfo, threadbox_api::network::NetworkPolicySpec,
         threadbox_api::network::NetworkRuleSpec, threadbox_api::network::NetAction,
         threadbox_api::network::NetProtocol,
+        threadbox_api::previews::PreviewRequest, threadbox_api::previews::Preview,
+        threadbox_api::previews::PreviewList,
         Scope, CreateKeyRequest, CreatedKey, ApiKeyInfo, ApiKeyList, Quota, QuotaUse,
         TenantQuota, SandboxUsage, TenantUsage, UsageReport, AuditEntry, AuditList,
         AuditVerification,
@@ -86,6 +91,7 @@ use utoipa::OpenApi;
         (name = "files", description = "Files inside a sandbox"),
         (name = "contexts", description = "Persistent code interpreter contexts"),
         (name = "images", description = "Images: the host, root filesystem directories, OCI images"),
+        (name = "previews", description = "Ports of a sandbox published through the daemon"),
         (name = "governance", description = "API keys, quotas, usage, the audit log"),
     )
 )]

@@ -15,6 +15,10 @@
 //!   The unix socket is included because a local reverse proxy may forward browser
 //!   requests to it.
 //!
+//! - **Pages without an Origin**: a request whose `Sec-Fetch-Site` says a page made it
+//!   (anything but `none`) and that carries no allowed `Origin` is refused (403): pages
+//!   of path-form previews live on the daemon's own origin (ADR 0072).
+//!
 //! The unix socket does not check `Host` (ADR 0030): only the socket's owner can connect,
 //! and clients send whatever they like there (`curl --unix-socket` sends `localhost`).
 //! `/mcp` is checked here and again by rmcp with the same lists; rmcp checks `Host` on the
@@ -179,8 +183,32 @@ fn check(
                  from origins named with `threadbox serve --allowed-origin`)"
             )));
         }
+    } else if !carries_nothing(path) && fetched_by_a_page(headers) {
+        // No Origin, yet a browser says a page made the request: a same-origin GET (a
+        // page of a path-form preview lives on the daemon's origin) or a no-cors load.
+        // No page may call the API without an allowed Origin (ADR 0072); a link to the
+        // health check or the API description still opens.
+        tracing::warn!(%path, "refused a request a web page made without an Origin");
+        return Err(forbidden(
+            "a request made by a web page (Sec-Fetch-Site) without an allowed Origin is \
+             refused: preview pages share the daemon's address but not its API"
+                .into(),
+        ));
     }
     Ok(())
+}
+
+/// Routes with nothing of anyone's in them.
+fn carries_nothing(path: &str) -> bool {
+    path == threadbox_api::routes::HEALTHZ || path == threadbox_api::routes::OPENAPI
+}
+
+/// `Sec-Fetch-Site` other than `none` (the user's own navigation): a page initiated it.
+fn fetched_by_a_page(headers: &HeaderMap) -> bool {
+    headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| !v.trim().eq_ignore_ascii_case("none"))
 }
 
 /// The middleware: refuses before authentication, so a refused page learns nothing else.
@@ -326,5 +354,27 @@ mod tests {
             Some("http://x"),
             &any
         ));
+    }
+
+    #[test]
+    fn a_page_without_an_origin_is_refused_its_users_navigation_is_not() {
+        let p = McpOptions::default();
+        for (site, passes) in [
+            (None, true),
+            (Some("none"), true),
+            (Some("same-origin"), false),
+            (Some("same-site"), false),
+            (Some("cross-site"), false),
+        ] {
+            let mut h = headers(Some("127.0.0.1:7420"), None);
+            if let Some(s) = site {
+                h.insert("sec-fetch-site", HeaderValue::from_static(s));
+            }
+            let uri: Uri = "/v1/sandboxes".parse().unwrap();
+            let r = check(Door::Tcp, "/v1/sandboxes", &uri, &h, &p);
+            assert_eq!(r.is_ok(), passes, "{site:?}");
+            let uri: Uri = "/v1/openapi.json".parse().unwrap();
+            assert!(check(Door::Tcp, "/v1/openapi.json", &uri, &h, &p).is_ok());
+        }
     }
 }

@@ -129,6 +129,10 @@ fn mcp_service(shared: &Shared) -> StreamableHttpService<ThreadboxMcp, NeverSess
 fn router(shared: Shared) -> Router {
     let mcp = mcp_service(&shared);
     let host_origin = Arc::new(shared.mcp.clone());
+    let gateway = Arc::new(crate::preview_routes::Gateway {
+        manager: shared.manager.clone(),
+        domain: shared.manager.preview_domain(),
+    });
     let shared = Arc::new(shared);
     Router::new()
         .route(routes::HEALTHZ, get(healthz))
@@ -174,6 +178,14 @@ fn router(shared: Shared) -> Router {
         .route(
             routes::SANDBOX_NETWORK,
             get(crate::net_routes::get_network).put(crate::net_routes::set_network),
+        )
+        .route(
+            routes::SANDBOX_PREVIEWS,
+            post(crate::preview_routes::create_preview).get(crate::preview_routes::list_previews),
+        )
+        .route(
+            routes::SANDBOX_PREVIEW,
+            axum::routing::delete(crate::preview_routes::delete_preview),
         )
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(routes::IMAGES_PULL, post(image_routes::pull_image))
@@ -221,6 +233,13 @@ fn router(shared: Shared) -> Router {
         ))
         // Outermost: refusals (401, 403, 429) are traced too (ADR 0090).
         .layer(axum::middleware::from_fn(crate::telemetry::trace_http))
+        // Outside everything: a request addressed to a preview (by Host or `/preview/`)
+        // is proxied to its sandbox and never meets the API's checks or routes
+        // (preview_routes.rs, ADR 0072).
+        .layer(axum::middleware::from_fn_with_state(
+            gateway,
+            crate::preview_routes::dispatch,
+        ))
         .with_state(shared)
 }
 

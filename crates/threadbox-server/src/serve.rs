@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub egress_allow_private: Vec<ipnet::IpNet>,
     pub egress_hosts: Vec<(String, Vec<std::net::Ipv4Addr>)>,
     pub egress_dns: Option<Vec<SocketAddr>>,
+    /// Domain of preview URLs (`--preview-domain`; ADR 0072).
+    pub preview_domain: String,
     /// Where in-sandbox OTLP endpoints forward (the daemon's own exporter; ADR 0091).
     pub trace_relay: Option<threadbox_core::relay::TraceRelay>,
 }
@@ -59,6 +61,7 @@ impl ServeOptions {
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
             egress_dns: None,
+            preview_domain: "localhost".to_string(),
             trace_relay: None,
         }
     }
@@ -138,6 +141,8 @@ pub async fn serve(
     config.trace_relay = opts.trace_relay.clone();
     // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
     config.egress_daemon_ports = vec![tcp_addr.port()];
+    config.preview_domain = opts.preview_domain.clone();
+    config.preview_addr = Some(tcp_addr);
     let opened = match tiers() {
         Ok(drivers) => Manager::open(config, drivers).await,
         Err(e) => Err(e),

@@ -55,6 +55,14 @@ pub const KNOWN: &[(&str, &str)] = &[
     ),
     ("no-pids-limit", "the sandbox's cgroup has no pids limit"),
     (
+        "egress-no-floor",
+        "the egress floor excepts every address (as if --egress-allow-private 0.0.0.0/0,::/0)",
+    ),
+    (
+        "egress-no-conn-cap",
+        "a sandbox's egress has no connection cap",
+    ),
+    (
         "no-memory-limit",
         "the sandbox's cgroup has no memory limit (and /tmp no size)",
     ),

@@ -76,6 +76,8 @@ pub enum Command {
     /// A sandbox's egress policy.
     #[command(subcommand)]
     Net(crate::net_cmd::NetCommand),
+    /// A port of a sandbox as a URL through the daemon (private unless --public).
+    Preview(crate::preview_cmd::PreviewArgs),
     /// Metered use: CPU-seconds, memory GiB-seconds, disk, running/paused time.
     Usage(crate::gov_cmd::UsageArgs),
     /// The hash-chained audit log (admin).
@@ -131,6 +133,11 @@ pub struct ServeArgs {
     /// [default: the host's /etc/resolv.conf].
     #[arg(long, value_name = "ADDR")]
     pub egress_dns: Vec<String>,
+    /// Domain of preview URLs, `{port}-{id}.DOMAIN` (it and its subdomains must reach
+    /// this daemon: a wildcard DNS record) [default: localhost, which browsers resolve to
+    /// loopback by themselves]. The path form `/preview/{id}/{port}/` works without it.
+    #[arg(long, value_name = "DOMAIN")]
+    pub preview_domain: Option<String>,
     /// Serve TCP WITHOUT API keys: every TCP client acts as the operator. Loopback
     /// addresses only; logged loudly at start. Without it, TCP requires a key.
     #[arg(long)]

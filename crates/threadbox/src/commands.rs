@@ -31,6 +31,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Audit(cmd) => crate::gov_cmd::audit(&client(url)?, cmd).await,
         Command::Create(args) => create(&client(url)?, args).await,
         Command::Net(cmd) => crate::net_cmd::net(&client(url)?, cmd).await,
+        Command::Preview(a) => crate::preview_cmd::preview(&client(url)?, a).await,
         Command::Ls(args) => ls(&client(url)?, args).await,
         Command::Info(a) => {
             let sb = client(url)?.get(&a.sandbox).await?;

@@ -9,6 +9,7 @@ mod image_cmd;
 mod mcp_cmd;
 mod net_cmd;
 mod parse;
+mod preview_cmd;
 mod serve_cmd;
 mod term;
 

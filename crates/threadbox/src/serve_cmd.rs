@@ -150,6 +150,9 @@ async fn serve_inner(
         }
         opts.egress_dns = Some(servers);
     }
+    if let Some(d) = &args.preview_domain {
+        opts.preview_domain = crate::preview_cmd::check_domain(d)?;
+    }
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");
     }

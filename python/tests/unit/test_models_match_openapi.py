@@ -37,6 +37,7 @@ MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "SandboxInfo": ("Sandbox", ()),
     "ExecResult": ("ExecResponse", ()),
     "ProcessInfo": ("ProcessInfo", ()),
+    "PreviewInfo": ("Preview", ()),
     "ProcessLogs": ("ProcessLogs", ()),
     "FileEntry": ("FileEntry", ()),
     "SelftestCheck": ("PostureCheck", ()),

@@ -26,6 +26,7 @@ mod lifecycle;
 mod network;
 mod oci_images;
 mod pool;
+pub mod previews;
 mod processes;
 mod reaper;
 mod reconcile;

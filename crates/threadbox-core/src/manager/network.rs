@@ -69,8 +69,19 @@ impl Manager {
     }
 
     fn egress_floor(&self) -> Floor {
+        #[allow(unused_mut)]
+        let mut allow_private = self.config.egress_allow_private.clone();
+        // Positive control of the rebinding cases (ADR 0009, 0069; test builds only).
+        #[cfg(feature = "insecure-test-hooks")]
+        if threadbox_sys::testhooks::Weaken::from_env().is_ok_and(|w| w.has("egress-no-floor")) {
+            allow_private.extend(
+                ["0.0.0.0/0", "::/0"]
+                    .iter()
+                    .filter_map(|n| n.parse::<ipnet::IpNet>().ok()),
+            );
+        }
         Floor {
-            allow_private: self.config.egress_allow_private.clone(),
+            allow_private,
             host_addrs: Default::default(),
             daemon_ports: self.config.egress_daemon_ports.iter().copied().collect(),
         }
@@ -150,7 +161,7 @@ impl Manager {
             policy,
             floor: self.egress_floor(),
             resolver: self.egress_resolver(),
-            limits: Default::default(),
+            limits: egress_limits(),
         });
         let udp = tokio::net::UdpSocket::from_std(udp)?;
         let dns_tcp = tokio::net::TcpListener::from_std(dns_tcp)?;
@@ -265,4 +276,16 @@ impl crate::ops::Run for SetNetwork {
     async fn run(self, m: &Manager, caller: &Caller) -> Result<NetworkInfo> {
         m.set_network(caller, self).await
     }
+}
+
+/// The per-sandbox egress caps (threadbox-net's defaults).
+fn egress_limits() -> threadbox_net::Limits {
+    #[allow(unused_mut)]
+    let mut limits = threadbox_net::Limits::default();
+    // Positive control of the connection-exhaustion case (ADR 0009, 0069; test builds only).
+    #[cfg(feature = "insecure-test-hooks")]
+    if threadbox_sys::testhooks::Weaken::from_env().is_ok_and(|w| w.has("egress-no-conn-cap")) {
+        limits.max_conns = 1 << 20;
+    }
+    limits
 }

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use threadbox_api::interp::{CodeExecution, CreateContextRequest, ExecuteCodeRequest};
 use threadbox_api::{
     CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
     User,
@@ -79,6 +80,26 @@ pub trait Backend: Send + Sync + 'static {
         data: Vec<u8>,
     ) -> BackendResult<()>;
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList>;
+    /// Runs a cell in a context (`run_code`). `create` is the get-or-create of a context
+    /// other than `python` (which an execute makes on first use).
+    async fn run_code(
+        &self,
+        sandbox: &str,
+        context: &str,
+        create: Option<CreateContextRequest>,
+        request: ExecuteCodeRequest,
+    ) -> BackendResult<CodeExecution>;
+    /// Publishes a port as a URL through the daemon (issue 13, ADR 0072).
+    async fn preview(
+        &self,
+        _sandbox: &str,
+        _req: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        Err(BackendError::new(
+            ErrorCode::Unavailable,
+            "previews are not offered by this backend",
+        ))
+    }
 }
 
 /// Collects at most `limit` bytes from a stream of chunks; `true` when more were left.
@@ -200,6 +221,36 @@ impl<R: RunOps> Backend for R {
 
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
         self.call(ops::ListFiles(target(sandbox, path, user))).await
+    }
+
+    async fn run_code(
+        &self,
+        sandbox: &str,
+        context: &str,
+        create: Option<CreateContextRequest>,
+        request: ExecuteCodeRequest,
+    ) -> BackendResult<CodeExecution> {
+        use threadbox_api::interp::{CreateContext, ExecuteCode};
+        if let Some(request) = create {
+            let sandbox = sandbox.into();
+            self.call(CreateContext { sandbox, request }).await?;
+        }
+        let op = ExecuteCode {
+            sandbox: sandbox.into(),
+            context: context.into(),
+            request,
+        };
+        self.call(op).await
+    }
+
+    async fn preview(
+        &self,
+        sandbox: &str,
+        request: threadbox_api::previews::PreviewRequest,
+    ) -> BackendResult<threadbox_api::previews::Preview> {
+        let sandbox = sandbox.to_string();
+        self.call(threadbox_api::previews::CreatePreview { sandbox, request })
+            .await
     }
 }
 

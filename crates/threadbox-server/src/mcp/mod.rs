@@ -10,6 +10,7 @@
 //! See ADR 0007.
 
 mod backend;
+mod run_code;
 mod tools;
 
 #[cfg(test)]
@@ -18,6 +19,7 @@ mod tests;
 pub use backend::{
     read_bounded, Backend, BackendError, BackendResult, JsonOp, ManagerBackend, RunOps,
 };
+pub use run_code::{cell_result, RunCodeArgs, DEFAULT_CONTEXT, MAX_IMAGES};
 pub use tools::{
     tools, CreateResult, DeleteArgs, DeleteResult, ExecArgs, ListArgs, ListFilesArgs, ReadFileArgs,
     ReadFileResult, ResolveBackend, RunPythonArgs, SandboxArgs, ThreadboxMcp, ToolError,

@@ -11,10 +11,21 @@ use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use threadbox_api::interp::{
+    CodeException, CodeExecution, CodeOutput, CodeStatus, CreateContextRequest, ExecuteCodeRequest,
+};
 use threadbox_api::{
     CreateSandboxRequest, Encoding, ErrorCode, ExecRequest, ExecResponse, FileList, Limits,
     Sandbox, SandboxState, TtlAction, User,
 };
+
+/// One `run_code` call: sandbox, context, the get-or-create asked for, the request.
+type Cell = (
+    String,
+    String,
+    Option<CreateContextRequest>,
+    ExecuteCodeRequest,
+);
 
 /// An in-memory stand-in for the manager: sandboxes by name, files in a map, and an
 /// `exec` that understands just enough to be told apart.
@@ -23,6 +34,8 @@ struct Fake {
     sandboxes: Mutex<BTreeMap<String, Sandbox>>,
     files: Mutex<BTreeMap<(String, String), Vec<u8>>>,
     execs: Mutex<Vec<(String, ExecRequest)>>,
+    /// `run_code` calls: sandbox, context, the get-or-create asked for, the request.
+    cells: Mutex<Vec<Cell>>,
 }
 
 fn sandbox(name: &str) -> Sandbox {
@@ -218,6 +231,61 @@ impl Backend for Fake {
         self.find(s)?;
         Ok(FileList { entries: vec![] })
     }
+
+    /// A cell whose code says what it makes: `raise` an exception, `plot N` N figures
+    /// (PNG displays), anything else the value `2`.
+    async fn run_code(
+        &self,
+        s: &str,
+        context: &str,
+        create: Option<CreateContextRequest>,
+        request: ExecuteCodeRequest,
+    ) -> BackendResult<CodeExecution> {
+        let id = self.find(s)?.id;
+        let code = request.code.clone();
+        let mut cells = self.cells.lock().unwrap();
+        cells.push((id, context.to_string(), create, request));
+        let count = cells.iter().filter(|c| c.1 == context).count() as u64;
+        let bundle = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        let mut exec = CodeExecution {
+            execution_id: format!("ex-{count}"),
+            context_id: "ctx-1".into(),
+            execution_count: count,
+            context_created: count == 1,
+            stdout: "hello\n".into(),
+            ..CodeExecution::default()
+        };
+        if code == "raise" {
+            exec.status = CodeStatus::Exception;
+            exec.exception = Some(CodeException {
+                name: "ValueError".into(),
+                value: "boom".into(),
+                traceback: "Traceback (most recent call last):\nValueError: boom\n".into(),
+            });
+        } else if let Some(n) = code.strip_prefix("plot ") {
+            let n: usize = n.parse().unwrap_or(1);
+            exec.outputs = (0..n)
+                .map(|i| CodeOutput {
+                    data: bundle(&[
+                        ("image/png", &format!("iVBORw0KGgo{i}")),
+                        ("text/plain", "<Figure size 640x480 with 1 Axes>"),
+                    ]),
+                    metadata: Default::default(),
+                })
+                .collect();
+        } else {
+            exec.result = Some(CodeOutput {
+                data: bundle(&[("text/plain", "2")]),
+                metadata: Default::default(),
+            });
+        }
+        Ok(exec)
+    }
 }
 
 type Client = RunningService<RoleClient, ()>;
@@ -287,10 +355,12 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "sandbox_pause",
         "sandbox_resume",
         "sandbox_delete",
+        "run_code",
+        "preview",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
-    assert_eq!(names.len(), 11);
+    assert_eq!(names.len(), 13);
     for t in &listed {
         let input = Value::Object((*t.input_schema).clone());
         assert_eq!(input["type"], "object", "{}: {input}", t.name);
@@ -811,4 +881,140 @@ mod http {
         .await;
         assert_eq!(status, StatusCode::OK);
     }
+}
+
+// ---- run_code (issue 15, ADR 0085) -------------------------------------------------------
+
+fn images(r: &CallToolResult) -> Vec<(String, String)> {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_image().map(|i| (i.mime_type.clone(), i.data.clone())))
+        .collect()
+}
+
+#[tokio::test]
+async fn run_code_sends_figures_as_image_content_once() {
+    let fake = Arc::new(Fake::default());
+    let client = connect(fake.clone()).await;
+    call(&client, "sandbox_create", json!({"name": "nb"})).await;
+    let r = call(
+        &client,
+        "run_code",
+        json!({"sandbox": "nb", "code": "plot 2"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    // Block 0 is the text, then one ImageContent per figure, in order.
+    assert!(r.content[0].as_text().is_some());
+    assert_eq!(
+        images(&r),
+        vec![
+            ("image/png".to_string(), "iVBORw0KGgo0".to_string()),
+            ("image/png".to_string(), "iVBORw0KGgo1".to_string()),
+        ]
+    );
+    let t = text(&r);
+    assert!(t.starts_with("ok (context python, cell 1)"), "{t}");
+    assert!(t.contains("stdout:\nhello"), "{t}");
+    assert!(
+        t.contains("[display 2: image/png image, content block 2]"),
+        "{t}"
+    );
+    assert!(t.contains("<Figure size 640x480"), "{t}");
+    // The typed result, without the image bytes a second time: each image names its block.
+    let s = structured(&r);
+    assert_eq!(s["status"], "ok");
+    assert_eq!(
+        s["outputs"][1]["metadata"]["threadbox"]["content_block"]["image/png"],
+        2
+    );
+    assert!(s["outputs"][0]["data"].get("image/png").is_none(), "{s}");
+    assert_eq!(
+        s["outputs"][0]["data"]["text/plain"],
+        "<Figure size 640x480 with 1 Axes>"
+    );
+    assert!(!s.to_string().contains("iVBORw0KGgo"), "{s}");
+    // Bounded like exec: the tool sets the cell's timeout and output bound.
+    let (_, ctx, create, req) = fake.cells.lock().unwrap()[0].clone();
+    assert_eq!(ctx, "python");
+    assert!(
+        create.is_none(),
+        "the default context is made by its first execute"
+    );
+    assert_eq!(req.timeout_secs, Some(300));
+    assert_eq!(req.max_output_bytes, Some(1 << 20));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn run_code_bounds_the_images_of_one_call() {
+    let client = connect(Arc::new(Fake::default())).await;
+    call(&client, "sandbox_create", json!({"name": "nb"})).await;
+    let r = call(
+        &client,
+        "run_code",
+        json!({"sandbox": "nb", "code": "plot 11"}),
+    )
+    .await;
+    assert_eq!(images(&r).len(), MAX_IMAGES);
+    let t = text(&r);
+    assert!(t.contains("[3 image(s) not sent"), "{t}");
+    assert!(t.contains("[display 11: image/png image, not sent"), "{t}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn run_code_names_contexts_and_reports_exceptions_as_results() {
+    let fake = Arc::new(Fake::default());
+    let client = connect(fake.clone()).await;
+    call(&client, "sandbox_create", json!({"name": "nb"})).await;
+    let r = call(
+        &client,
+        "run_code",
+        json!({"sandbox": "nb", "code": "1+1", "context": "stats", "timeout_secs": 5}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert!(text(&r).contains("result:\n2"), "{}", text(&r));
+    assert_eq!(structured(&r)["result"]["data"]["text/plain"], "2");
+    let r = call(
+        &client,
+        "run_code",
+        json!({"sandbox": "nb", "code": "raise", "context": "stats"}),
+    )
+    .await;
+    // An exception in the user's code is a result, not a failed tool call.
+    assert!(!is_error(&r), "{}", text(&r));
+    let t = text(&r);
+    assert!(
+        t.starts_with("exception ValueError (context stats, cell 2)"),
+        "{t}"
+    );
+    assert!(
+        t.contains("exception:\nTraceback (most recent call last):\nValueError: boom"),
+        "{t}"
+    );
+    assert_eq!(structured(&r)["exception"]["name"], "ValueError");
+    {
+        let cells = fake.cells.lock().unwrap();
+        // A named context is get-or-create before each execute.
+        let create = cells[0].2.as_ref().expect("a named context is created");
+        assert_eq!(create.name.as_deref(), Some("stats"));
+        assert_eq!(create.language, "python");
+        assert_eq!(cells[0].3.timeout_secs, Some(5));
+    }
+    // Bad arguments and unknown sandboxes are tool errors the model can act on.
+    let r = call(&client, "run_code", json!({"sandbox": "nb"})).await;
+    assert!(
+        is_error(&r) && text(&r).contains("invalid arguments for run_code"),
+        "{}",
+        text(&r)
+    );
+    let r = call(&client, "run_code", json!({"sandbox": "nope", "code": "1"})).await;
+    assert!(
+        is_error(&r) && text(&r).contains("sandbox_create"),
+        "{}",
+        text(&r)
+    );
+    client.cancel().await.unwrap();
 }

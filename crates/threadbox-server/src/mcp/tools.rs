@@ -153,6 +153,18 @@ pub struct DeleteArgs {
     pub force: bool,
 }
 
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewArgs {
+    /// Id (`sb-…`) or name of the sandbox.
+    pub sandbox: String,
+    /// The port a server listens on inside the sandbox (127.0.0.1 is fine).
+    pub port: u16,
+    /// No token: anyone who reaches the daemon and knows the URL opens it (default false).
+    #[serde(default)]
+    pub public: bool,
+}
+
 // ---- results (structuredContent) --------------------------------------------------------
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -322,6 +334,15 @@ pub fn tools() -> Vec<Tool> {
              values. Each call is a fresh interpreter; files written persist.",
             annotations(false, true, false),
         ),
+        tool::<super::run_code::RunCodeArgs, threadbox_api::interp::CodeExecution>(
+            "run_code",
+            "Run code in a persistent context of a sandbox (a notebook-like Python session): \
+             variables, imports and open files survive between calls with the same \
+             `context`. Returns stdout, stderr, the value of the last expression, \
+             display() outputs and matplotlib figures as images. An exception is a normal \
+             result; the context keeps its variables.",
+            annotations(false, true, false),
+        ),
         tool::<ReadFileArgs, ReadFileResult>(
             "read_file",
             "Read a file from a sandbox. Text comes back as is, binary data as base64.",
@@ -350,6 +371,14 @@ pub fn tools() -> Vec<Tool> {
              (files are kept, earlier processes are not).",
             annotations(false, false, true),
         ),
+        tool::<PreviewArgs, threadbox_api::previews::Preview>(
+            "preview",
+            "Publish a port of a sandbox (a dev server, a notebook, a web app) as a URL a \
+             person can open in a browser. Private unless `public`: the URL carries a \
+             one-time token. Start the server first (in the background, e.g. `python3 -m \
+             http.server 8000 &`); it may listen on 127.0.0.1.",
+            annotations(false, false, false),
+        ),
         tool::<DeleteArgs, DeleteResult>(
             "sandbox_delete",
             "Delete a sandbox with its disk and processes. Irreversible.",
@@ -362,7 +391,7 @@ pub fn tools() -> Vec<Tool> {
 
 const INSTRUCTIONS: &str = "threadbox runs code in isolated Linux sandboxes. Call \
     sandbox_create with a name (get-or-create), then pass that name as `sandbox` to exec, \
-    run_python, read_file, write_file and list_files. A sandbox keeps its files and \
+    run_python, run_code, read_file, write_file and list_files. A sandbox keeps its files and \
     background processes between calls; python3 and the usual shell tools are installed; \
     there is no network access. The home directory is /home/user.";
 
@@ -430,6 +459,7 @@ impl Calls {
             }
             "exec" => self.exec(parse(name, args)?).await,
             "run_python" => self.run_python(parse(name, args)?).await,
+            "run_code" => super::run_code::run_code(&*self.backend, parse(name, args)?).await,
             "read_file" => self.read_file(parse(name, args)?).await,
             "write_file" => self.write_file(parse(name, args)?).await,
             "list_files" => self.list_files(parse(name, args)?).await,
@@ -443,6 +473,20 @@ impl Calls {
                 self.backend.start(&a.sandbox).await.map(sandbox_result)
             }
             "sandbox_delete" => self.delete(parse(name, args)?).await,
+            "preview" => {
+                let a: PreviewArgs = parse(name, args)?;
+                let req = threadbox_api::previews::PreviewRequest {
+                    port: a.port,
+                    public: a.public,
+                };
+                let p = self.backend.preview(&a.sandbox, req).await?;
+                let access = if p.public { "Public" } else { "Private" };
+                let text = format!(
+                    "{access} preview of port {} in {}: {}\n(without wildcard DNS: {})",
+                    p.port, a.sandbox, p.url, p.path_url
+                );
+                Ok(structured(text, &p))
+            }
             _ => Err(BackendError::new(
                 ErrorCode::InvalidArgument,
                 format!("unknown tool {name:?}"),

@@ -2,14 +2,25 @@
 # an HTTP server (8080), a TCP sink that records every byte it receives (9000, held open),
 # and a stub DNS resolver (UDP 53) that answers every A question with ADDR and records the
 # names asked. Each writes to a file in DIR; DIR/ready appears once all are bound.
+# The HTTP server is also a local package index (issue 13, ADR 0067), built at start from a
+# tiny package: PEP 503 pages under /simple/, wheels under /files/, an npm registry under
+# /npm/ (`tbdemo`: Python `import tbdemo` and an npm module with a `tbdemo` bin).
+import base64
+import hashlib
+import io
+import json
 import socket
 import socketserver
 import struct
 import sys
+import tarfile
 import threading
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 addr, out = sys.argv[1], sys.argv[2]
+# Optional: names starting with "rebind" answer this address instead (the rebinding cases).
+rebind = sys.argv[3] if len(sys.argv) > 3 else None
 lock = threading.Lock()
 
 
@@ -18,9 +29,94 @@ def record(name, data):
         f.write(data)
 
 
+def wheel(name, version, files):
+    """A pure-Python wheel with a correct RECORD."""
+    info = f"{name}-{version}.dist-info"
+    files = dict(files)
+    files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files[f"{info}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: threadbox-test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n"
+    )
+    record_lines = []
+    for path, text in files.items():
+        data = text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        record_lines.append(f"{path},sha256={digest.decode()},{len(data)}")
+    record_lines.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record_lines) + "\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return buf.getvalue()
+
+
+def npm_tarball(files):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for path, text in files.items():
+            data = text.encode()
+            ti = tarfile.TarInfo(f"package/{path}")
+            ti.size = len(data)
+            ti.mode = 0o755 if path.startswith("bin") else 0o644
+            t.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+WHEEL_NAME = "tbdemo-1.0-py3-none-any.whl"
+WHEEL = wheel("tbdemo", "1.0", {"tbdemo/__init__.py": "VALUE = 'tbdemo works'\n"})
+TGZ = npm_tarball(
+    {
+        "package.json": json.dumps(
+            {"name": "tbdemo", "version": "1.0.0", "main": "index.js",
+             "bin": {"tbdemo": "bin.js"}}
+        ),
+        "index.js": "module.exports = 'tbdemo works';\n",
+        "bin.js": "#!/usr/bin/env node\nconsole.log(require('./index.js'));\n",
+    }
+)
+
+
+def index_page(path, host):
+    """(content type, body) of the package index at `path`, or None."""
+    if path in ("/simple/tbdemo/", "/simple/tbdemo"):
+        sha = hashlib.sha256(WHEEL).hexdigest()
+        body = f'<html><body><a href="/files/{WHEEL_NAME}#sha256={sha}">{WHEEL_NAME}</a>'
+        return "text/html", (body + "</body></html>\n").encode()
+    if path == f"/files/{WHEEL_NAME}":
+        return "application/octet-stream", WHEEL
+    if path == "/npm/tbdemo":
+        integrity = "sha512-" + base64.b64encode(hashlib.sha512(TGZ).digest()).decode()
+        version = {
+            "name": "tbdemo", "version": "1.0.0", "bin": {"tbdemo": "bin.js"},
+            "dist": {"tarball": f"http://{host}/npm/tbdemo/-/tbdemo-1.0.0.tgz",
+                     "shasum": hashlib.sha1(TGZ).hexdigest(), "integrity": integrity},
+        }
+        doc = {"name": "tbdemo", "dist-tags": {"latest": "1.0.0"},
+               "versions": {"1.0.0": version}}
+        return "application/json", json.dumps(doc).encode()
+    if path == "/npm/tbdemo/-/tbdemo-1.0.0.tgz":
+        return "application/octet-stream", TGZ
+    return None
+
+
 class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         record("http.log", (self.path + "\n").encode())
+        page = index_page(self.path, self.headers.get("Host", addr))
+        if page is not None:
+            self.send_response(200)
+            self.send_header("Content-Type", page[0])
+            self.send_header("Content-Length", str(len(page[1])))
+            self.end_headers()
+            self.wfile.write(page[1])
+            return
+        if self.path.startswith(("/simple/", "/npm/", "/files/")):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body = b"hello from the upstream\n"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -46,6 +142,8 @@ class Sink(socketserver.BaseRequestHandler):
 class Threaded(socketserver.ThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
     daemon_threads = True
+    # The connection-exhaustion case opens hundreds at once.
+    request_queue_size = 1024
 
 
 def dns(sock):
@@ -65,17 +163,66 @@ def dns(sock):
         answers = b""
         count = 0
         if qtype == 1:
-            answers = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + ip
+            a = socket.inet_aton(rebind) if rebind and labels[:1] and labels[0].startswith("rebind") else ip
+            answers = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + a
             count = 1
         header = q[:2] + struct.pack("!HHHHH", 0x8180, 1, count, 0, 0)
         sock.sendto(header + question + answers, peer)
+
+
+def sink_on(port, log, family=socket.AF_INET, host=None):
+    """A TCP server on `port` that records every byte it receives in `log`."""
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self):
+            while True:
+                try:
+                    b = self.request.recv(4096)
+                except OSError:
+                    return
+                if not b:
+                    return
+                record(log, b)
+
+    class Server(Threaded):
+        address_family = family
+
+    return Server((host or addr, port), Handler)
+
+
+def udp_recorder(sock, log):
+    while True:
+        b, _ = sock.recvfrom(65535)
+        record(log, b)
+
+
+def icmp_recorder(sock):
+    while True:
+        b, _ = sock.recvfrom(65535)
+        record("icmp.log", b)
 
 
 http = ThreadingHTTPServer((addr, 8080), Http)
 sink = Threaded((addr, 9000), Sink)
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 udp.bind((addr, 53))
-for target in (http.serve_forever, sink.serve_forever, lambda: dns(udp)):
+targets = [http.serve_forever, sink.serve_forever, lambda: dns(udp)]
+# The bypass-class servers (security suite, ADR 0069): each records what reaches it.
+http80 = ThreadingHTTPServer((addr, 80), Http)
+targets.append(http80.serve_forever)
+for port, log in ((53, "dnstcp.log"), (853, "dot.log"), (443, "tls.log")):
+    targets.append(sink_on(port, log).serve_forever)
+udp443 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp443.bind((addr, 443))
+targets.append(lambda: udp_recorder(udp443, "udp.log"))
+udp_other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp_other.bind((addr, 5000))
+targets.append(lambda: udp_recorder(udp_other, "udp.log"))
+icmp = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+targets.append(lambda: icmp_recorder(icmp))
+if len(sys.argv) > 4:
+    targets.append(sink_on(9000, "sink6.log", socket.AF_INET6, sys.argv[4]).serve_forever)
+for target in targets:
     threading.Thread(target=target, daemon=True).start()
 open(f"{out}/ready", "w").close()
 threading.Event().wait()

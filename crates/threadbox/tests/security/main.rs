@@ -6,6 +6,7 @@
 //! Needs root and `cargo build --workspace --bins` first.
 
 mod cases;
+mod egress;
 mod harness;
 mod host_handles;
 mod posture;
@@ -36,6 +37,9 @@ macro_rules! require_root {
         }
     };
 }
+
+// After `require_root!`, which it uses.
+mod in_context;
 
 /// How a case ended, as judged from the host.
 #[derive(Debug)]
@@ -153,6 +157,8 @@ struct Ctx {
     sinks: Sinks,
     host_ip: Option<String>,
     victim: Option<Victim>,
+    /// Run each case's program in an interpreter context, not an exec (in_context.rs).
+    in_context: bool,
 }
 
 fn decode(s: &str, enc: Encoding) -> Vec<u8> {
@@ -336,7 +342,12 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
                 text.push_str("END\n");
             }
             _ => {
-                let r = match block(d.client.exec(&id, &req)) {
+                let r = if ctx.in_context {
+                    in_context::exec(d, &id, &req)
+                } else {
+                    block(d.client.exec(&id, &req)).map_err(|e| e.to_string())
+                };
+                let r = match r {
                     Ok(r) => r,
                     Err(e) => {
                         let _ = block(d.client.delete(&id, true));
@@ -652,6 +663,7 @@ fn new_ctx() -> Ctx {
         sinks: Sinks::new(),
         host_ip: host_ipv4(),
         victim: None,
+        in_context: false,
     }
 }
 
@@ -852,4 +864,18 @@ fn default_binaries_contain_no_test_hooks() {
     assert!(out.contains("NoNewPrivs:\t1"), "{out}");
     assert!(!out.contains(" 0 4294967295"), "{out}");
     assert!(out.trim_end().ends_with('3'), "only lo expected: {out}");
+}
+
+/// Class N: egress bypasses with a policy set, judged by bytes at a test upstream (ADR 0069).
+#[test]
+fn egress_bypasses_hold() {
+    require_root!();
+    egress::held_everywhere();
+}
+
+/// Class N's positive controls: each case shows its escape against a weakened build.
+#[test]
+fn egress_controls_detect_every_bypass() {
+    require_root!();
+    egress::controls_detect();
 }

@@ -6,6 +6,8 @@
   ``interrupt()`` before a tool runs.
 - :class:`ThreadboxSandbox`: a Deep Agents ``BaseSandbox`` backend (needs the
   ``deepagents`` extra).
+- :class:`PythonREPLTool`: a sandboxed, stateful drop-in for LangChain's tool of the
+  same name (``Python_REPL``, argument ``query``).
 - :func:`release_thread_sandbox`: stop or delete a finished thread's sandbox.
 - :data:`THREADBOX_SYSTEM_PROMPT`: tells the model where it may write.
 """
@@ -28,6 +30,7 @@ from .binding import (
     thread_sandbox_name,
 )
 from .prompts import THREADBOX_SYSTEM_PROMPT
+from .repl import PythonREPLTool
 from .tools import ThreadboxToolkit
 
 if TYPE_CHECKING:
@@ -40,6 +43,7 @@ __all__ = [
     "ClientFactory",
     "Decision",
     "FixedSandbox",
+    "PythonREPLTool",
     "SandboxBinding",
     "ThreadIdMissing",
     "ThreadSandboxes",

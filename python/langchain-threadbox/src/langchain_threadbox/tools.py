@@ -897,6 +897,26 @@ class ThreadboxToolkit(BaseToolkit):
         )
 
     @property
+    def reset_python(self) -> StructuredTool:
+        """Restarts the thread's persistent Python context (``stateful=True``)."""
+        from .repl import ResetPythonInput, areset_python, reset_python
+
+        def run(config: RunnableConfig) -> ToolResult:
+            return reset_python(self, config)
+
+        async def arun(config: RunnableConfig) -> ToolResult:
+            return await areset_python(self, config)
+
+        return self._tool(
+            "reset_python",
+            "Restart your persistent Python session: every variable and import is forgotten "
+            "(files are kept). Use it when the session is in a bad state, not between steps.",
+            ResetPythonInput,
+            run,
+            arun,
+        )
+
+    @property
     def run_shell(self) -> StructuredTool:
         """Runs a shell command line."""
         return self._tool(
@@ -948,9 +968,11 @@ class ThreadboxToolkit(BaseToolkit):
         )
 
     def get_tools(self, names: Sequence[str] | None = None) -> list[BaseTool]:
-        """The tools, all five by default or those in ``names`` (without the prefix)."""
-        wanted = list(names) if names is not None else list(TOOL_NAMES)
-        unknown = set(wanted) - set(TOOL_NAMES)
+        """The tools, all five by default (six with ``stateful=True``: ``reset_python``
+        too) or those in ``names`` (without the prefix)."""
+        known = (*TOOL_NAMES, "reset_python") if self.stateful else TOOL_NAMES
+        wanted = list(names) if names is not None else list(known)
+        unknown = set(wanted) - set(known)
         if unknown:
             raise ValueError(f"unknown threadbox tools: {sorted(unknown)}")
         return [getattr(self, n) for n in wanted]

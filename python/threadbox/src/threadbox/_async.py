@@ -17,7 +17,7 @@ from typing import IO, Any, Literal, TypeVar, cast
 import httpx
 
 from . import _common as c
-from . import _interp, _tracing
+from . import _interp, _previews, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
 from ._images import AsyncImages
@@ -231,6 +231,8 @@ class AsyncSandbox(SandboxView):
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
         self.contexts = _interp.AsyncContexts(self)
+        self.previews = _previews.AsyncPreviews(self)
+        """Ports of the sandbox published as URLs through the daemon."""
 
     async def refresh(self) -> SandboxInfo:
         """Reloads the metadata from the daemon."""

@@ -18,6 +18,7 @@ __all__ = [
     "Health",
     "Limits",
     "OutputEvent",
+    "PreviewInfo",
     "ProcessInfo",
     "ProcessLogs",
     "SandboxInfo",
@@ -453,3 +454,37 @@ class ImageInfo:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProtocolError(f"unexpected image object from daemon: {d!r}") from e
+
+
+@dataclass(frozen=True)
+class PreviewInfo:
+    """A port of a sandbox published through the daemon (``sb.previews.create``).
+
+    ``url`` is the host form (``http://{port}-{id}.{domain}:{port}/``), ``path_url`` the
+    path form for hosts without wildcard DNS (apps using absolute paths break under it).
+    For a private preview, the answer of the create carries ``token`` and both URLs carry
+    it once (``?tb_preview=``); opening the URL swaps it for a cookie. Listings have no token.
+    """
+
+    sandbox: str
+    port: int
+    public: bool
+    url: str
+    path_url: str
+    token: str | None
+    created_at: str
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PreviewInfo:
+        token = d.get("token")
+        return cls(
+            sandbox=str(d["sandbox"]),
+            port=int(d["port"]),
+            public=bool(d.get("public", False)),
+            url=str(d.get("url", "")),
+            path_url=str(d.get("path_url", "")),
+            token=str(token) if token is not None else None,
+            created_at=str(d.get("created_at", "")),
+            raw=dict(d),
+        )

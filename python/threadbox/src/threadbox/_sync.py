@@ -14,7 +14,7 @@ from typing import IO, Any, Literal, TypeVar
 import httpx
 
 from . import _common as c
-from . import _interp, _tracing
+from . import _interp, _previews, _tracing
 from . import _ops as ops
 from ._errors import FileNotFound, ThreadboxError
 from ._images import Images
@@ -263,6 +263,8 @@ class Sandbox(SandboxView):
         self.files = Files(self)
         self.processes = Processes(self)
         self.contexts = _interp.Contexts(self)
+        self.previews = _previews.Previews(self)
+        """Ports of the sandbox published as URLs through the daemon."""
         """Persistent interpreter contexts (variables survive between calls)."""
 
     # -- class-level constructors (default client) ----------------------------
