@@ -39,6 +39,9 @@ TOOLS = {
     "sandbox_resume",
     "sandbox_delete",
     "preview",
+    "checkpoint",
+    "rewind",
+    "fork",
 }
 
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
+pub mod checkpoints;
 mod gov_ops;
 mod governance;
 mod image_ops;

@@ -32,6 +32,10 @@ pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/ex
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
 pub const SANDBOX_PREVIEWS: &str = "/v1/sandboxes/{sandbox}/previews";
 pub const SANDBOX_PREVIEW: &str = "/v1/sandboxes/{sandbox}/previews/{port}";
+pub const CHECKPOINTS: &str = "/v1/sandboxes/{sandbox}/checkpoints";
+pub const CHECKPOINT: &str = "/v1/sandboxes/{sandbox}/checkpoints/{checkpoint}";
+pub const SANDBOX_REWIND: &str = "/v1/sandboxes/{sandbox}/rewind";
+pub const SANDBOX_FORK: &str = "/v1/sandboxes/{sandbox}/fork";
 
 pub const IMAGES: &str = "/v1/images";
 pub const IMAGES_PULL: &str = "/v1/images/pull";
@@ -74,6 +78,10 @@ pub const ALL: &[&str] = &[
     SANDBOX_NETWORK,
     SANDBOX_PREVIEWS,
     SANDBOX_PREVIEW,
+    CHECKPOINTS,
+    CHECKPOINT,
+    SANDBOX_REWIND,
+    SANDBOX_FORK,
     IMAGES,
     IMAGES_PULL,
     IMAGES_IMPORT,
@@ -161,7 +169,13 @@ mod tests {
                 assert!(
                     matches!(
                         name,
-                        "sandbox" | "process_id" | "key_id" | "tenant" | "context" | "port"
+                        "sandbox"
+                            | "process_id"
+                            | "key_id"
+                            | "tenant"
+                            | "context"
+                            | "port"
+                            | "checkpoint"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

@@ -111,6 +111,60 @@ pub trait Driver: Send + Sync {
     ) -> Result<Option<threadbox_sys::net::NetNs>> {
         Ok(None)
     }
+
+    // ---- checkpoints (issue 14, ADR 0100): clones of the whole disk ----
+
+    /// Writes back what the sandbox's processes wrote (agent `agent_pid`), so a freeze that
+    /// follows only waits for what is written meanwhile.
+    async fn sync_disk(&self, _id: &str, _agent_pid: Option<i32>) -> Result<()> {
+        Ok(())
+    }
+    /// Clones the sandbox's disk into checkpoint `ckpt` (the sandbox is frozen or stopped;
+    /// `agent_pid` is its agent when it runs, whose file system is synced first).
+    async fn checkpoint_disk(
+        &self,
+        _id: &str,
+        _ckpt: &str,
+        _agent_pid: Option<i32>,
+    ) -> Result<DiskClone> {
+        Err(no_checkpoints(self.tier()))
+    }
+    /// Replaces the (stopped) sandbox's disk by a clone of its checkpoint `ckpt`, atomically.
+    async fn restore_disk(&self, _id: &str, _ckpt: &str) -> Result<()> {
+        Err(no_checkpoints(self.tier()))
+    }
+    /// Creates `spec`'s disk as a clone of checkpoint `ckpt` of sandbox `from` (index
+    /// `from_index`), instead of [`Driver::prepare`]: a fork's disk.
+    async fn fork_disk(
+        &self,
+        _spec: &SandboxSpec,
+        _from: &str,
+        _from_index: u32,
+        _ckpt: &str,
+    ) -> Result<()> {
+        Err(no_checkpoints(self.tier()))
+    }
+    /// Removes checkpoint `ckpt`'s disk (absent: Ok).
+    async fn remove_checkpoint_disk(&self, _id: &str, _ckpt: &str) -> Result<()> {
+        Ok(())
+    }
+    /// The checkpoints whose disks exist for sandbox `id` (for reconciliation).
+    async fn checkpoint_disks(&self, _id: &str) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// A clone of a sandbox's disk (ADR 0100).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskClone {
+    /// Bytes the clone occupies (allocated; shared with the source under reflink).
+    pub bytes: u64,
+    /// `reflink` (nothing copied) or `copy`.
+    pub method: &'static str,
+}
+
+fn no_checkpoints(tier: &str) -> CoreError {
+    CoreError::InvalidArgument(format!("the {tier} tier has no checkpoints"))
 }
 
 /// Runs blocking driver work on tokio's blocking pool.

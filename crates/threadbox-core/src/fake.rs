@@ -505,7 +505,39 @@ impl Driver for FakeDriver {
     async fn agent_alive(&self, id: &str, pid: i32) -> bool {
         FakeDriver::agent_alive(self, id, pid)
     }
+
+    async fn checkpoint_disk(
+        &self,
+        id: &str,
+        ckpt: &str,
+        _agent_pid: Option<i32>,
+    ) -> Result<crate::driver::DiskClone> {
+        FakeDriver::checkpoint_disk(self, id, ckpt)
+    }
+
+    async fn restore_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        FakeDriver::restore_disk(self, id, id, ckpt)
+    }
+
+    async fn fork_disk(
+        &self,
+        spec: &SandboxSpec,
+        from: &str,
+        _from_index: u32,
+        ckpt: &str,
+    ) -> Result<()> {
+        FakeDriver::restore_disk(self, &spec.id, from, ckpt)
+    }
+
+    async fn remove_checkpoint_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        FakeDriver::remove_checkpoint_disk(self, id, ckpt)
+    }
+
+    async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
+        FakeDriver::checkpoint_disks(self, id)
+    }
 }
 
+mod checkpoint;
 #[cfg(test)]
 mod tests;

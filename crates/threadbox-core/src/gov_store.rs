@@ -511,26 +511,33 @@ impl Store {
     }
 
     /// Disk bytes a tenant's existing sandboxes may fill: each one's allocated disk size,
-    /// or its sampled use when that is larger (a sandbox without a disk image). This, not
+    /// or its sampled use when that is larger (a sandbox without a disk image), plus its
+    /// checkpoints (ADR 0100). This, not
     /// the sampled use alone, is what a new sandbox's disk must fit beside: an image can
     /// fill up between two samples.
     pub async fn allocated_disk_of(&self, tenant: &str) -> Result<i64> {
         Ok(sqlx::query_scalar(
             "SELECT COALESCE(SUM(MAX(s.disk_bytes, COALESCE(u.disk_bytes, 0))), 0) \
+             + (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) \
              FROM sandboxes s LEFT JOIN sandbox_usage u \
              ON u.sandbox_id = s.id AND u.deleted_at IS NULL WHERE s.tenant = ?",
         )
+        .bind(tenant)
         .bind(tenant)
         .fetch_one(&self.pool)
         .await?)
     }
 
-    /// Disk bytes of a tenant's existing sandboxes at their last samples.
+    /// Disk bytes of a tenant's existing sandboxes at their last samples, plus their
+    /// checkpoints.
     pub async fn disk_bytes_of(&self, tenant: &str) -> Result<i64> {
         Ok(sqlx::query_scalar(
-            "SELECT COALESCE(SUM(u.disk_bytes), 0) FROM sandbox_usage u JOIN sandboxes s \
+            "SELECT COALESCE(SUM(u.disk_bytes), 0) \
+             + (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) \
+             FROM sandbox_usage u JOIN sandboxes s \
              ON s.id = u.sandbox_id WHERE u.tenant = ? AND u.deleted_at IS NULL",
         )
+        .bind(tenant)
         .bind(tenant)
         .fetch_one(&self.pool)
         .await?)

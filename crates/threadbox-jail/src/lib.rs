@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod checkpoint;
 pub mod uid_range;
 
 use std::io::Write;
@@ -517,6 +518,9 @@ impl Jail {
     pub fn destroy(&self, id: &str) -> Result<()> {
         self.stop(id)?;
         let p = self.paths(id);
+        // A fork interrupted while its clone was mounted (ADR 0100): never walk into it.
+        threadbox_sys::jail::unmount_leftover(&p.disk_mount)
+            .map_err(|e| CoreError::Internal(e.to_string()))?;
         match std::fs::remove_dir_all(&p.dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -693,6 +697,53 @@ impl Driver for JailDriver {
                 CoreError::Unavailable(format!("connection to the sandbox agent failed: {e}"))
             })?;
         Ok(Box::new(s))
+    }
+
+    async fn sync_disk(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |j| j.sync_disk(&id, agent_pid)).await
+    }
+
+    async fn checkpoint_disk(
+        &self,
+        id: &str,
+        ckpt: &str,
+        agent_pid: Option<i32>,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (id, ckpt) = (id.to_string(), ckpt.to_string());
+        self.run(move |j| j.checkpoint_disk(&id, &ckpt, agent_pid))
+            .await
+    }
+
+    async fn restore_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        let (id, ckpt) = (id.to_string(), ckpt.to_string());
+        self.run(move |j| j.restore_disk(&id, &ckpt)).await
+    }
+
+    async fn fork_disk(
+        &self,
+        spec: &SandboxSpec,
+        from: &str,
+        from_index: u32,
+        ckpt: &str,
+    ) -> Result<()> {
+        let (id, index) = (spec.id.clone(), spec.index);
+        let (from, ckpt) = (from.to_string(), ckpt.to_string());
+        self.run(move |j| j.fork_disk(&id, index, &from, from_index, &ckpt))
+            .await
+    }
+
+    async fn remove_checkpoint_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        let (id, ckpt) = (id.to_string(), ckpt.to_string());
+        self.run(move |j| j.remove_checkpoint_disk(&id, &ckpt))
+            .await
+    }
+
+    async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
+        let id = id.to_string();
+        self.run(move |j| Ok(j.checkpoint_disks(&id)))
+            .await
+            .unwrap_or_default()
     }
 
     async fn freeze(&self, id: &str) -> Result<()> {

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+mod ckpt_routes;
 mod context_routes;
 pub mod error;
 mod gov_routes;

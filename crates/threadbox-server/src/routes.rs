@@ -187,6 +187,16 @@ fn router(shared: Shared) -> Router {
             routes::SANDBOX_PREVIEW,
             axum::routing::delete(crate::preview_routes::delete_preview),
         )
+        .route(
+            routes::CHECKPOINTS,
+            post(crate::ckpt_routes::create_checkpoint).get(crate::ckpt_routes::list_checkpoints),
+        )
+        .route(
+            routes::CHECKPOINT,
+            axum::routing::delete(crate::ckpt_routes::delete_checkpoint),
+        )
+        .route(routes::SANDBOX_REWIND, post(crate::ckpt_routes::rewind))
+        .route(routes::SANDBOX_FORK, post(crate::ckpt_routes::fork))
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(routes::IMAGES_PULL, post(image_routes::pull_image))
         .route(routes::IMAGES_IMPORT, post(image_routes::import_image))

@@ -10,6 +10,7 @@
 
 pub mod cgroup;
 pub mod child;
+pub mod clonefile;
 pub mod fs;
 pub mod jail;
 pub mod landlock;

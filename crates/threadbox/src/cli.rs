@@ -78,6 +78,14 @@ pub enum Command {
     Net(crate::net_cmd::NetCommand),
     /// A port of a sandbox as a URL through the daemon (private unless --public).
     Preview(crate::preview_cmd::PreviewArgs),
+    /// Checkpoint a sandbox's disk (frozen for the instant); `checkpoint rm SB CK` deletes one.
+    Checkpoint(crate::ckpt_cmd::CheckpointArgs),
+    /// List a sandbox's checkpoints (size, parent, label, time).
+    Checkpoints(crate::ckpt_cmd::CheckpointsArgs),
+    /// Return a sandbox's disk to a checkpoint; its processes are restarted on it.
+    Rewind(crate::ckpt_cmd::RewindArgs),
+    /// New running sandboxes with a sandbox's files, limits, image, network and labels.
+    Fork(crate::ckpt_cmd::ForkArgs),
     /// Metered use: CPU-seconds, memory GiB-seconds, disk, running/paused time.
     Usage(crate::gov_cmd::UsageArgs),
     /// The hash-chained audit log (admin).

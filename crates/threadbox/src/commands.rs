@@ -32,6 +32,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Create(args) => create(&client(url)?, args).await,
         Command::Net(cmd) => crate::net_cmd::net(&client(url)?, cmd).await,
         Command::Preview(a) => crate::preview_cmd::preview(&client(url)?, a).await,
+        Command::Checkpoint(a) => crate::ckpt_cmd::checkpoint(&client(url)?, a).await,
+        Command::Checkpoints(a) => crate::ckpt_cmd::checkpoints(&client(url)?, a).await,
+        Command::Rewind(a) => crate::ckpt_cmd::rewind(&client(url)?, a).await,
+        Command::Fork(a) => crate::ckpt_cmd::fork(&client(url)?, a).await,
         Command::Ls(args) => ls(&client(url)?, args).await,
         Command::Info(a) => {
             let sb = client(url)?.get(&a.sandbox).await?;

@@ -1,6 +1,7 @@
 //! The `threadbox` binary: the CLI, `serve`, and the jail launch helper. Wiring only.
 #![forbid(unsafe_code)]
 
+mod ckpt_cmd;
 mod cli;
 mod code_cmd;
 mod commands;

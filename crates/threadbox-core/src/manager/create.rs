@@ -60,7 +60,7 @@ impl Manager {
         // Bounded: every round waits for one whole failed create of that name.
         let mut r = Ok(None);
         for _ in 0..8 {
-            r = self.create_inner(caller, req.clone()).await;
+            r = self.create_inner(caller, req.clone(), None).await;
             if !matches!(r, Ok(None)) {
                 break;
             }
@@ -85,6 +85,7 @@ impl Manager {
         &self,
         caller: &Caller,
         req: CreateSandboxRequest,
+        fork: Option<&super::checkpoints::ForkSource>,
     ) -> Result<Option<(Sandbox, bool)>> {
         caller.require(ops::CreateSandbox::SCOPE)?;
         if let Some(name) = &req.name {
@@ -231,8 +232,13 @@ impl Manager {
                     return Err(e);
                 }
             }
-            // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE.
-            match self.adopt_from_pool(&row).await {
+            // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE (not
+            // for a fork: its disk is the parent's).
+            let pooled = match fork {
+                Some(_) => Ok(None),
+                None => self.adopt_from_pool(&row).await,
+            };
+            match pooled {
                 Ok(Some(adopted)) => {
                     self.forget(&id);
                     if let Some(json) = &network_json {
@@ -284,7 +290,14 @@ impl Manager {
         };
         let result: Result<i32> = async {
             let spec = self.spec_of(&row).await?;
-            self.driver_for(&row)?.prepare(&spec).await?;
+            match fork {
+                Some(f) => {
+                    self.driver_for(&row)?
+                        .fork_disk(&spec, &f.from, f.from_index, &f.ckpt)
+                        .await?
+                }
+                None => self.driver_for(&row)?.prepare(&spec).await?,
+            }
             self.boot(&row, &live).await
         }
         .await;

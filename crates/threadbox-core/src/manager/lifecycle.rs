@@ -96,6 +96,8 @@ impl Manager {
                     return Err(e);
                 }
                 self.store.delete_sandbox(&row.id).await?;
+                // Their clones went with the sandbox's directory (ADR 0100).
+                self.store.delete_checkpoints_of(&row.id).await?;
                 self.store.mark_usage_deleted(&row.id, now_ms()).await?;
                 self.forget(&row.id);
                 tracing::info!(sandbox = %row.id, "deleted");

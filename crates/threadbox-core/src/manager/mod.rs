@@ -15,6 +15,7 @@
 //! `governance` (keys, quotas, audit), `pool` (warm pool); `validate` and `convert` hold
 //! the pure functions (request checks; store/protocol/API mapping).
 
+mod checkpoints;
 mod contexts;
 mod convert;
 mod create;

@@ -38,7 +38,7 @@ impl Manager {
                 (step, _) => tracing::info!(sandbox = %row.id, ?step, "reconciled"),
             }
         }
-        Ok(())
+        self.reconcile_checkpoints().await
     }
 
     /// What is on the host for `row`. A live sandbox whose agent answers gets its

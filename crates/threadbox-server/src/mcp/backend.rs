@@ -11,6 +11,10 @@ use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use threadbox_api::checkpoints::{
+    Checkpoint, CreateCheckpoint, CreateCheckpointRequest, Fork, ForkRequest, ForkResponse, Rewind,
+    RewindRequest,
+};
 use threadbox_api::interp::{CodeExecution, CreateContextRequest, ExecuteCodeRequest};
 use threadbox_api::{
     CreateSandboxRequest, ErrorCode, ExecRequest, ExecResponse, FileList, Sandbox, SandboxState,
@@ -80,6 +84,9 @@ pub trait Backend: Send + Sync + 'static {
         data: Vec<u8>,
     ) -> BackendResult<()>;
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList>;
+    async fn checkpoint(&self, sandbox: &str, label: Option<String>) -> BackendResult<Checkpoint>;
+    async fn rewind(&self, sandbox: &str, to: &str) -> BackendResult<Sandbox>;
+    async fn fork(&self, sandbox: &str, count: Option<u32>) -> BackendResult<ForkResponse>;
     /// Runs a cell in a context (`run_code`). `create` is the get-or-create of a context
     /// other than `python` (which an execute makes on first use).
     async fn run_code(
@@ -221,6 +228,36 @@ impl<R: RunOps> Backend for R {
 
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList> {
         self.call(ops::ListFiles(target(sandbox, path, user))).await
+    }
+
+    async fn checkpoint(&self, sandbox: &str, label: Option<String>) -> BackendResult<Checkpoint> {
+        let op = CreateCheckpoint {
+            sandbox: sandbox.into(),
+            request: CreateCheckpointRequest { label },
+        };
+        self.call(op).await
+    }
+
+    async fn rewind(&self, sandbox: &str, to: &str) -> BackendResult<Sandbox> {
+        let op = Rewind {
+            sandbox: sandbox.into(),
+            request: RewindRequest {
+                to: to.into(),
+                drop_later: false,
+            },
+        };
+        self.call(op).await
+    }
+
+    async fn fork(&self, sandbox: &str, count: Option<u32>) -> BackendResult<ForkResponse> {
+        let op = Fork {
+            sandbox: sandbox.into(),
+            request: ForkRequest {
+                count,
+                name_prefix: None,
+            },
+        };
+        self.call(op).await
     }
 
     async fn run_code(

@@ -34,9 +34,14 @@ struct Fake {
     sandboxes: Mutex<BTreeMap<String, Sandbox>>,
     files: Mutex<BTreeMap<(String, String), Vec<u8>>>,
     execs: Mutex<Vec<(String, ExecRequest)>>,
+    /// Checkpoints: (sandbox id, label) -> that sandbox's files then.
+    checkpoints: Mutex<BTreeMap<(String, String), SavedFiles>>,
     /// `run_code` calls: sandbox, context, the get-or-create asked for, the request.
     cells: Mutex<Vec<Cell>>,
 }
+
+/// A sandbox's files as a checkpoint of the fake keeps them: (path, content).
+type SavedFiles = Vec<(String, Vec<u8>)>;
 
 fn sandbox(name: &str) -> Sandbox {
     Sandbox {
@@ -232,6 +237,78 @@ impl Backend for Fake {
         Ok(FileList { entries: vec![] })
     }
 
+    async fn checkpoint(
+        &self,
+        s: &str,
+        label: Option<String>,
+    ) -> BackendResult<threadbox_api::checkpoints::Checkpoint> {
+        let id = self.find(s)?.id;
+        let label = label.unwrap_or_else(|| "unlabelled".into());
+        let files: Vec<_> = self
+            .files
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((sb, _), _)| *sb == id)
+            .map(|((_, p), d)| (p.clone(), d.clone()))
+            .collect();
+        self.checkpoints
+            .lock()
+            .unwrap()
+            .insert((id.clone(), label.clone()), files);
+        Ok(threadbox_api::checkpoints::Checkpoint {
+            id: format!("ck-{label}"),
+            sandbox: id,
+            label: Some(label),
+            parent: None,
+            size_bytes: 0,
+            method: "copy".into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+        })
+    }
+
+    async fn rewind(&self, s: &str, to: &str) -> BackendResult<Sandbox> {
+        let sb = self.find(s)?;
+        let saved = self
+            .checkpoints
+            .lock()
+            .unwrap()
+            .get(&(sb.id.clone(), to.to_string()))
+            .cloned()
+            .ok_or_else(|| BackendError::new(ErrorCode::NotFound, format!("checkpoint {to:?}")))?;
+        let mut files = self.files.lock().unwrap();
+        files.retain(|(id, _), _| *id != sb.id);
+        for (p, d) in saved {
+            files.insert((sb.id.clone(), p), d);
+        }
+        Ok(sb)
+    }
+
+    async fn fork(
+        &self,
+        s: &str,
+        count: Option<u32>,
+    ) -> BackendResult<threadbox_api::checkpoints::ForkResponse> {
+        let parent = self.find(s)?;
+        let mut out = Vec::new();
+        for i in 1..=count.unwrap_or(1) {
+            let name = format!("{}-fork{i}", parent.name.clone().unwrap_or_default());
+            let sb = sandbox(&name);
+            let copied: Vec<_> = self
+                .files
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|((id, _), _)| *id == parent.id)
+                .map(|((_, p), d)| ((sb.id.clone(), p.clone()), d.clone()))
+                .collect();
+            self.files.lock().unwrap().extend(copied);
+            self.sandboxes.lock().unwrap().insert(name, sb.clone());
+            out.push(sb);
+        }
+        Ok(threadbox_api::checkpoints::ForkResponse { sandboxes: out })
+    }
+
     /// A cell whose code says what it makes: `raise` an exception, `plot N` N figures
     /// (PNG displays), anything else the value `2`.
     async fn run_code(
@@ -355,12 +432,15 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "sandbox_pause",
         "sandbox_resume",
         "sandbox_delete",
+        "checkpoint",
+        "rewind",
+        "fork",
         "run_code",
         "preview",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
-    assert_eq!(names.len(), 13);
+    assert_eq!(names.len(), 16);
     for t in &listed {
         let input = Value::Object((*t.input_schema).clone());
         assert_eq!(input["type"], "object", "{}: {input}", t.name);
@@ -575,6 +655,49 @@ async fn create_is_get_or_create_and_exec_returns_structured_results() {
         assert_eq!(req.stdin.as_deref(), Some("print(6*7)"));
         assert_eq!(req.timeout_secs, Some(DEFAULT_TIMEOUT_SECS));
     }
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn checkpoint_rewind_and_fork_tools() {
+    let client = connect(Arc::new(Fake::default())).await;
+    call(&client, "sandbox_create", json!({"name": "c"})).await;
+    let write = |content: &'static str| json!({"sandbox": "c", "path": "f", "content": content});
+    call(&client, "write_file", write("one")).await;
+    let r = call(
+        &client,
+        "checkpoint",
+        json!({"sandbox": "c", "label": "clean"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    assert_eq!(structured(&r)["label"], "clean");
+    assert!(text(&r).contains("clean"), "{}", text(&r));
+    call(&client, "write_file", write("two")).await;
+    let r = call(&client, "rewind", json!({"sandbox": "c", "to": "clean"})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let r = call(&client, "read_file", json!({"sandbox": "c", "path": "f"})).await;
+    assert_eq!(structured(&r)["content"], "one");
+    let r = call(&client, "rewind", json!({"sandbox": "c", "to": "nope"})).await;
+    assert!(is_error(&r));
+    assert_eq!(structured(&r)["code"], "not_found");
+    let r = call(&client, "fork", json!({"sandbox": "c", "count": 2})).await;
+    assert!(!is_error(&r), "{}", text(&r));
+    let forks = structured(&r)["sandboxes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(forks.len(), 2);
+    assert!(text(&r).contains("sb-c-fork1"), "{}", text(&r));
+    let r = call(
+        &client,
+        "read_file",
+        json!({"sandbox": "c-fork2", "path": "f"}),
+    )
+    .await;
+    assert_eq!(structured(&r)["content"], "one");
+    let r = call(&client, "checkpoint", json!({"sandbox": "c", "bogus": 1})).await;
+    assert!(is_error(&r), "unknown arguments are refused");
     client.cancel().await.unwrap();
 }
 

@@ -128,6 +128,33 @@ pub struct WriteFileArgs {
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct CheckpointArgs {
+    /// Id (`sb-…`) or name of the sandbox.
+    pub sandbox: String,
+    /// A label to rewind to later (unique per sandbox), e.g. `clean`.
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RewindArgs {
+    /// Id (`sb-…`) or name of the sandbox.
+    pub sandbox: String,
+    /// The checkpoint's label or id.
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkArgs {
+    /// Id (`sb-…`) or name of the sandbox.
+    pub sandbox: String,
+    /// How many forks (1–16, default 1).
+    pub count: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListFilesArgs {
     /// Id (`sb-…`) or name of the sandbox.
     pub sandbox: String,
@@ -379,6 +406,25 @@ pub fn tools() -> Vec<Tool> {
              http.server 8000 &`); it may listen on 127.0.0.1.",
             annotations(false, false, false),
         ),
+        tool::<CheckpointArgs, threadbox_api::checkpoints::Checkpoint>(
+            "checkpoint",
+            "Checkpoint a sandbox's files (the whole disk, at this instant; processes keep \
+             running). Rewind to it later by its label.",
+            annotations(false, false, false),
+        ),
+        tool::<RewindArgs, Sandbox>(
+            "rewind",
+            "Return a sandbox's files to a checkpoint (by label or id): files written since \
+             are gone, its processes are restarted; same sandbox name and id.",
+            annotations(false, true, true),
+        ),
+        tool::<ForkArgs, threadbox_api::checkpoints::ForkResponse>(
+            "fork",
+            "Make `count` new running sandboxes with a copy of this sandbox's files, limits, \
+             network policy and labels, e.g. to try several fixes in parallel. Each has its \
+             own id; the original keeps running.",
+            annotations(false, false, false),
+        ),
         tool::<DeleteArgs, DeleteResult>(
             "sandbox_delete",
             "Delete a sandbox with its disk and processes. Irreversible.",
@@ -486,6 +532,39 @@ impl Calls {
                     p.port, a.sandbox, p.url, p.path_url
                 );
                 Ok(structured(text, &p))
+            }
+            "checkpoint" => {
+                let a: CheckpointArgs = parse(name, args)?;
+                let c = self.backend.checkpoint(&a.sandbox, a.label).await?;
+                let text = format!(
+                    "Checkpoint {} of sandbox {}{}.",
+                    c.id,
+                    a.sandbox,
+                    c.label
+                        .as_ref()
+                        .map(|l| format!(" labelled {l:?}"))
+                        .unwrap_or_default()
+                );
+                Ok(structured(text, &c))
+            }
+            "rewind" => {
+                let a: RewindArgs = parse(name, args)?;
+                self.backend
+                    .rewind(&a.sandbox, &a.to)
+                    .await
+                    .map(sandbox_result)
+            }
+            "fork" => {
+                let a: ForkArgs = parse(name, args)?;
+                let out = self.backend.fork(&a.sandbox, a.count).await?;
+                let ids: Vec<&str> = out.sandboxes.iter().map(|s| s.id.as_str()).collect();
+                let text = format!(
+                    "Forked {} into {} new running sandboxes: {}",
+                    a.sandbox,
+                    ids.len(),
+                    ids.join(", ")
+                );
+                Ok(structured(text, &out))
             }
             _ => Err(BackendError::new(
                 ErrorCode::InvalidArgument,

@@ -50,3 +50,80 @@ pub(super) fn attach_loop(image: &Path) -> Result<(OwnedFd, PathBuf)> {
     }
     Err(SysError::Other("no free loop device".into()))
 }
+
+/// Mounts the ext4 `image` on `target` (nosuid, nodev, noexec) in the caller's mount
+/// namespace, runs `f` on it and unmounts it again (detached, so the autoclear loop device
+/// goes with it). For the daemon's own work on a disk no sandbox uses (a fork's clone
+/// before its first boot, ADR 0100); `target` must be in a directory only root can reach.
+pub fn with_image_mounted<T>(
+    image: &Path,
+    target: &Path,
+    f: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let (dev_fd, dev) = attach_loop(image)?;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| SysError::Other(format!("NUL in path {}", p.display())))
+    };
+    let (cdev, ctarget) = (c(&dev)?, c(target)?);
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    raw::mount::mount(Some(&cdev), &ctarget, Some(c"ext4"), flags, None)
+        .map_err(|e| SysError::os(format!("mount {}", image.display()), e))?;
+    // The mount holds the device now; autoclear releases it at the unmount.
+    drop(dev_fd);
+    let out = f(target);
+    let un = raw::mount::umount2(&ctarget, libc::MNT_DETACH)
+        .map_err(|e| SysError::os(format!("umount {}", target.display()), e));
+    let out = out?;
+    un?;
+    Ok(out)
+}
+
+/// Unmounts whatever a crashed [`with_image_mounted`] left on `target` (nothing: Ok).
+pub fn unmount_leftover(target: &Path) -> Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let ctarget = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| SysError::Other(format!("NUL in path {}", target.display())))?;
+    match raw::mount::umount2(&ctarget, libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => Ok(()),
+        Err(e) => Err(SysError::os(format!("umount {}", target.display()), e)),
+    }
+}
+
+/// Moves every owner (uid and gid) under `root` that lies in `[from, from + span)` to the
+/// same offset from `to`, without following symlinks; modes are written back after the
+/// `lchown` (which clears setuid/setgid). Idempotent while the two ranges are disjoint, so
+/// a walk cut short is finished by running it again. The number of entries changed.
+pub fn shift_owners(root: &Path, from: u32, to: u32, span: u32) -> Result<u64> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let map = |id: u32| (id >= from && id - from < span).then(|| to + (id - from));
+    let mut changed = 0u64;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let md = fs::symlink_metadata(&p)
+            .map_err(|e| SysError::os(format!("stat {}", p.display()), e))?;
+        let (uid, gid) = (map(md.uid()), map(md.gid()));
+        if uid.is_some() || gid.is_some() {
+            std::os::unix::fs::lchown(&p, uid, gid)
+                .map_err(|e| SysError::os(format!("lchown {}", p.display()), e))?;
+            if !md.file_type().is_symlink() && md.mode() & 0o6000 != 0 {
+                fs::set_permissions(&p, fs::Permissions::from_mode(md.mode() & 0o7777))
+                    .map_err(|e| SysError::os(format!("chmod {}", p.display()), e))?;
+            }
+            changed += 1;
+        }
+        if md.is_dir() {
+            let rd =
+                fs::read_dir(&p).map_err(|e| SysError::os(format!("read {}", p.display()), e))?;
+            for e in rd {
+                let e = e.map_err(|e| SysError::os(format!("read {}", p.display()), e))?;
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(changed)
+}

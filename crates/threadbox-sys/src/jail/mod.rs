@@ -22,6 +22,7 @@ mod disk;
 mod init;
 pub mod rootfs;
 
+pub use disk::{shift_owners, unmount_leftover, with_image_mounted};
 pub use rootfs::DEVICES;
 
 use crate::raw;

@@ -20,6 +20,7 @@ from ._async import (
     AsyncSandbox,
     AsyncThreadbox,
 )
+from ._checkpoints import CheckpointInfo
 from ._common import DEFAULT_URL, resolve_config
 from ._errors import (
     Conflict,
@@ -117,6 +118,7 @@ __all__ = [
     "QuotaExceeded",
     "Sandbox",
     "SandboxInfo",
+    "CheckpointInfo",
     "SandboxNotFound",
     "SandboxNotRunning",
     "SelftestCheck",

@@ -17,8 +17,9 @@ from typing import IO, Any, Literal, TypeVar, cast
 import httpx
 
 from . import _common as c
-from . import _interp, _previews, _tracing
+from . import _checkpoints, _interp, _previews, _tracing
 from . import _ops as ops
+from ._checkpoints import CheckpointInfo
 from ._errors import FileNotFound, ThreadboxError
 from ._images import AsyncImages
 from ._models import (
@@ -258,6 +259,32 @@ class AsyncSandbox(SandboxView):
     async def start(self) -> SandboxInfo:
         """Starts a stopped sandbox."""
         return await self._lifecycle("start")
+
+    # -- checkpoints (issue 14) ------------------------------------------------
+
+    async def checkpoint(self, label: str | None = None) -> CheckpointInfo:
+        """Checkpoints the sandbox's disk (its processes frozen for the instant)."""
+        return await self.client._call(_checkpoints.create(self.id, label))
+
+    async def checkpoints(self) -> builtins.list[CheckpointInfo]:
+        """The sandbox's checkpoints, oldest first."""
+        return await self.client._call(_checkpoints.list_(self.id))
+
+    async def delete_checkpoint(self, checkpoint: str) -> None:
+        """Deletes a checkpoint (label or id)."""
+        await self.client._call(_checkpoints.delete(self.id, checkpoint))
+
+    async def rewind(self, to: str, *, drop_later: bool = False) -> SandboxInfo:
+        """Returns the disk to checkpoint ``to`` (label or id); processes are restarted,
+        the id and name stay."""
+        self.info = await self.client._call(_checkpoints.rewind(self.id, to, drop_later))
+        return self.info
+
+    async def fork(self, count: int = 1, *, name_prefix: str | None = None) -> builtins.list[AsyncSandbox]:
+        """``count`` new running sandboxes with this one's files, limits, image, network
+        policy and labels; this one keeps running."""
+        infos = await self.client._call(_checkpoints.fork(self.id, count, name_prefix))
+        return [AsyncSandbox(self.client, i, created=True) for i in infos]
 
     async def delete(self, *, force: bool = True, missing_ok: bool = False) -> None:
         """Deletes the sandbox and its files."""

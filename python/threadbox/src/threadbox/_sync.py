@@ -14,8 +14,9 @@ from typing import IO, Any, Literal, TypeVar
 import httpx
 
 from . import _common as c
-from . import _interp, _previews, _tracing
+from . import _checkpoints, _interp, _previews, _tracing
 from . import _ops as ops
+from ._checkpoints import CheckpointInfo
 from ._errors import FileNotFound, ThreadboxError
 from ._images import Images
 from ._models import (
@@ -321,6 +322,32 @@ class Sandbox(SandboxView):
     def start(self) -> SandboxInfo:
         """Starts a stopped sandbox."""
         return self._lifecycle("start")
+
+    # -- checkpoints (issue 14) ------------------------------------------------
+
+    def checkpoint(self, label: str | None = None) -> CheckpointInfo:
+        """Checkpoints the sandbox's disk (its processes frozen for the instant)."""
+        return self.client._call(_checkpoints.create(self.id, label))
+
+    def checkpoints(self) -> builtins.list[CheckpointInfo]:
+        """The sandbox's checkpoints, oldest first."""
+        return self.client._call(_checkpoints.list_(self.id))
+
+    def delete_checkpoint(self, checkpoint: str) -> None:
+        """Deletes a checkpoint (label or id)."""
+        self.client._call(_checkpoints.delete(self.id, checkpoint))
+
+    def rewind(self, to: str, *, drop_later: bool = False) -> SandboxInfo:
+        """Returns the disk to checkpoint ``to`` (label or id); processes are restarted,
+        the id and name stay."""
+        self.info = self.client._call(_checkpoints.rewind(self.id, to, drop_later))
+        return self.info
+
+    def fork(self, count: int = 1, *, name_prefix: str | None = None) -> builtins.list[Sandbox]:
+        """``count`` new running sandboxes with this one's files, limits, image, network
+        policy and labels; this one keeps running."""
+        infos = self.client._call(_checkpoints.fork(self.id, count, name_prefix))
+        return [Sandbox(self.client, i, created=True) for i in infos]
 
     def delete(self, *, force: bool = True, missing_ok: bool = False) -> None:
         """Deletes the sandbox and its files."""

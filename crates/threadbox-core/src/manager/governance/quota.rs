@@ -60,7 +60,7 @@ impl Manager {
     }
 
     /// The quota of `tenant` (None: none), from the cache when it holds it.
-    pub(super) async fn cached_quota(&self, tenant: &str) -> Result<Option<Quota>> {
+    pub(crate) async fn cached_quota(&self, tenant: &str) -> Result<Option<Quota>> {
         let generation = {
             let cache = self.gov.quotas.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(q) = cache.by_tenant.get(tenant) {

@@ -1,0 +1,198 @@
+//! Checkpoints of a jailed sandbox's disk (issue 14, ADR 0100): reflink clones of its ext4
+//! image under `sandboxes/<id>/checkpoints/`, a rewind's atomic swap of `disk.img`, and a
+//! fork's clone with its owners moved into the fork's uid range.
+
+use crate::{mkdir, Jail};
+use std::path::{Path, PathBuf};
+use threadbox_core::driver::DiskClone;
+use threadbox_core::error::{CoreError, Result};
+use threadbox_sys::clonefile::{clone_file, syncfs};
+
+/// At the root of a disk image (outside `upper/`, so invisible inside): the host uid base
+/// the image's owners are relative to. Absent: the base of the sandbox it was made for.
+const UID_BASE_FILE: &str = "uid-base";
+
+/// Checkpoint ids are ours (`ck-<hex>`), but a path is built from them: refuse anything else.
+fn check_ckpt(ckpt: &str) -> Result<()> {
+    if ckpt.is_empty()
+        || ckpt.len() > 64
+        || !ckpt
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(CoreError::InvalidArgument(format!(
+            "bad checkpoint id {ckpt:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn sys(e: threadbox_sys::SysError) -> CoreError {
+    CoreError::Internal(e.to_string())
+}
+
+impl Jail {
+    fn checkpoint_dir(&self, id: &str) -> PathBuf {
+        self.paths(id).dir.join("checkpoints")
+    }
+
+    fn checkpoint_image(&self, id: &str, ckpt: &str) -> Result<PathBuf> {
+        check_ckpt(ckpt)?;
+        Ok(self.checkpoint_dir(id).join(format!("{ckpt}.img")))
+    }
+
+    /// Image of a sandbox that has one (ADR 0011); the older plain upper has no checkpoints.
+    fn image_of(&self, id: &str) -> Result<PathBuf> {
+        let img = self.paths(id).disk_image;
+        if !img.is_file() {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {id} has no disk image (made before disk quotas): it cannot be \
+                 checkpointed"
+            )));
+        }
+        Ok(img)
+    }
+
+    /// `syncfs` of the sandbox's root as its agent sees it: overlayfs syncs its upper,
+    /// the ext4 of the image, which flushes the loop device into the image file.
+    pub fn sync_disk(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
+        let Some(pid) = agent_pid.filter(|p| self.agent_alive(id, *p)) else {
+            return Ok(());
+        };
+        syncfs(Path::new(&format!("/proc/{pid}/root/"))).map_err(sys)
+    }
+
+    pub fn checkpoint_disk(
+        &self,
+        id: &str,
+        ckpt: &str,
+        agent_pid: Option<i32>,
+    ) -> Result<DiskClone> {
+        use std::os::unix::fs::MetadataExt;
+        let img = self.image_of(id)?;
+        let dst = self.checkpoint_image(id, ckpt)?;
+        mkdir(&self.checkpoint_dir(id))?;
+        self.sync_disk(id, agent_pid)?;
+        let tmp = dst.with_extension("img.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        let method = clone_file(&img, &tmp).map_err(sys)?;
+        // Renamed only once whole: a crash leaves a `.tmp` that reconciliation removes.
+        if let Err(e) = std::fs::rename(&tmp, &dst) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        sync_dir(&self.checkpoint_dir(id));
+        let bytes = std::fs::metadata(&dst)?.blocks().saturating_mul(512);
+        Ok(DiskClone {
+            bytes,
+            method: method.as_str(),
+        })
+    }
+
+    pub fn restore_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        let src = self.checkpoint_image(id, ckpt)?;
+        if !src.is_file() {
+            return Err(CoreError::NotFound(format!("checkpoint {ckpt} of {id}")));
+        }
+        let p = self.paths(id);
+        let tmp = p.dir.join("disk.img.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        clone_file(&src, &tmp).map_err(sys)?;
+        // The swap is one rename: a crash leaves the old disk or the new one, whole.
+        if let Err(e) = std::fs::rename(&tmp, &p.disk_image) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
+        sync_dir(&p.dir);
+        Ok(())
+    }
+
+    /// A fork's disk: the checkpoint's clone, its owners moved from `from_index`'s uid
+    /// range into `index`'s before it is renamed into place (so a disk that exists is
+    /// always whole and owned right).
+    pub fn fork_disk(
+        &self,
+        id: &str,
+        index: u32,
+        from: &str,
+        from_index: u32,
+        ckpt: &str,
+    ) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let src = self.checkpoint_image(from, ckpt)?;
+        let p = self.paths(id);
+        for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
+            mkdir(d)?;
+        }
+        std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
+        let tmp = p.dir.join("disk.img.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        clone_file(&src, &tmp).map_err(sys)?;
+        let (from_base, to_base) = (
+            self.uid_range.slot_base(from_index)?,
+            self.uid_range.slot_base(index)?,
+        );
+        let shifted = threadbox_sys::jail::with_image_mounted(&tmp, &p.disk_mount, |root| {
+            let file = root.join(UID_BASE_FILE);
+            let recorded = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .unwrap_or(from_base);
+            if recorded != to_base {
+                threadbox_sys::jail::shift_owners(
+                    root,
+                    recorded,
+                    to_base,
+                    threadbox_sys::jail::ID_RANGE,
+                )?;
+            }
+            // Written last: a walk cut short is done again (it is idempotent).
+            std::fs::write(&file, to_base.to_string())
+                .map_err(|e| threadbox_sys::SysError::os("write uid-base", e))?;
+            syncfs(root)
+        });
+        if let Err(e) = shifted
+            .map_err(sys)
+            .and_then(|()| std::fs::rename(&tmp, &p.disk_image).map_err(CoreError::from))
+        {
+            let _ = threadbox_sys::jail::unmount_leftover(&p.disk_mount);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        sync_dir(&p.dir);
+        Ok(())
+    }
+
+    pub fn remove_checkpoint_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        match std::fs::remove_file(self.checkpoint_image(id, ckpt)?) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The checkpoints whose images exist; half-made clones (`.tmp`) are removed on the way.
+    pub fn checkpoint_disks(&self, id: &str) -> Vec<String> {
+        let dir = self.checkpoint_dir(id);
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+            } else if let Some(ck) = name.strip_suffix(".img") {
+                out.push(ck.to_string());
+            }
+        }
+        out
+    }
+}
+
+/// Makes a rename durable (best effort: the rename itself is what matters for consistency).
+fn sync_dir(dir: &Path) {
+    if let Ok(f) = std::fs::File::open(dir) {
+        let _ = f.sync_all();
+    }
+}
