@@ -16,8 +16,8 @@ from typing import IO, Any, Literal, TypeVar, cast
 
 import httpx
 
-from . import _common as c
 from . import _checkpoints, _interp, _previews, _tracing
+from . import _common as c
 from . import _ops as ops
 from ._checkpoints import CheckpointInfo
 from ._errors import FileNotFound, ThreadboxError
