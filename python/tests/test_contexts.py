@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import Names
 
-from threadbox import AsyncThreadbox, Threadbox
+from threadbox import AsyncThreadbox, CodeEvent, Threadbox
 
 PNG_CLASS = """
 class Pic:
@@ -66,4 +66,47 @@ async def test_async_context(atb: AsyncThreadbox, names: Names) -> None:
     assert r.text == "42"
     assert (await sb.run_code("1 + 1")).text == "2"
     await ctx.delete()
+    await sb.delete()
+
+
+STREAMED = """
+import subprocess, sys
+print('one', flush=True)
+subprocess.run([sys.executable, '-c', 'print("two")'])
+display(3)
+4
+"""
+
+
+def test_run_streams_events_and_folds_the_same_execution(tb: Threadbox, names: Names) -> None:
+    sb = tb.create(names.new("ctxs"))
+    seen: list[CodeEvent] = []
+    r = sb.run_code(STREAMED, on_output=seen.append)
+    kinds = [e.type for e in seen]
+    assert kinds[0] == "stdout" and kinds[-1] == "result", kinds
+    assert kinds.index("display") < kinds.index("result")
+    assert "".join(e.text or "" for e in seen if e.type == "stdout") == "one\ntwo\n"
+    assert r.status == "ok" and r.stdout == "one\ntwo\n" and r.text == "4"
+    assert [o.text for o in r.results] == ["3", "4"]
+    assert r.execution_id.startswith("exe-")
+    # The kept execution replays the same events.
+    again: list[CodeEvent] = []
+    ctx = sb.contexts.list()[0]
+    replayed = ctx.attach(r.execution_id, on_output=again.append)
+    assert [e.raw for e in again] == [e.raw for e in seen]
+    assert replayed.text == "4" and replayed.stdout == r.stdout
+    # An exception is an event and a result, not an error of the call.
+    errs: list[CodeEvent] = []
+    r = sb.run_code("1/0", on_output=errs.append)
+    assert r.status == "exception" and r.error is not None and r.error.name == "ZeroDivisionError"
+    assert [e.type for e in errs] == ["exception"]
+    sb.delete()
+
+
+async def test_async_run_streams(atb: AsyncThreadbox, names: Names) -> None:
+    sb = await atb.create(names.new("actxs"))
+    seen: list[CodeEvent] = []
+    r = await sb.run_code("print('a')\n5", on_output=seen.append)
+    assert {e.type for e in seen} == {"stdout", "result"} and seen[-1].type == "result"
+    assert r.stdout == "a\n" and r.text == "5"
     await sb.delete()

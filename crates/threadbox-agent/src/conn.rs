@@ -192,6 +192,12 @@ async fn handle(
         Request::ContextRestart { ctx } => done(interp::restart(&agent, &ctx).await),
         Request::ContextInterrupt { ctx } => done(interp::interrupt(&agent, &ctx)),
         Request::ContextExecute(spec) => interp::execute(agent, id, spec, tx, cancel).await,
+        Request::ContextAttach {
+            ctx,
+            execution,
+            from,
+        } => interp::attach(agent, id, ctx, execution, from, tx, cancel).await,
+        Request::ContextReason { ctx, reason } => interp::set_reason(&agent, &ctx, reason),
         #[allow(unreachable_patterns)]
         _ => AgentError::new(
             ErrorKind::InvalidArgument,

@@ -357,3 +357,88 @@ fn interrupt_request_and_busy_context() {
         matches!(c.call(Request::ContextList), Response::Contexts { contexts } if contexts.is_empty())
     );
 }
+
+#[test]
+fn escalation_kills_the_cells_children_before_the_worker() {
+    if skip_unless_root() {
+        return;
+    }
+    // The cell's children are found in the context's cgroup.
+    let cg = TestCgroup::new();
+    let agent = Agent::start_with(cg.as_ref());
+    let mut c = agent.connect();
+    python_ctx(&mut c, "e");
+    run(&mut c, cell("e", "kept = 7"));
+    // The cell ignores SIGINT and waits on a child: after the grace the child is
+    // killed, the cell ends, and the worker with its variables stays.
+    let mut spec = cell(
+        "e",
+        "import signal, subprocess\nold = signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+         try:\n    subprocess.run(['sleep', '100'])\nfinally:\n    signal.signal(signal.SIGINT, old)",
+    );
+    spec.timeout_ms = Some(300);
+    let e = run(&mut c, spec);
+    assert_eq!(e.status, CellStatus::TimedOut, "{e:?}");
+    assert!(!e.context_restarted, "{e:?}");
+    assert_eq!(
+        text_result(&run(&mut c, cell("e", "kept"))),
+        Some("7".into())
+    );
+
+    // Positive control: with no child to kill, a cell that ignores SIGINT still ends by
+    // the worker's restart, and the answer says the state is gone.
+    let mut spec = cell(
+        "e",
+        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+    );
+    spec.timeout_ms = Some(300);
+    let e = run(&mut c, spec);
+    assert_eq!(e.status, CellStatus::TimedOut, "{e:?}");
+    assert!(e.context_restarted, "{e:?}");
+    let e = run(&mut c, cell("e", "'kept' in globals()"));
+    assert_eq!(text_result(&e), Some("False".into()), "{e:?}");
+}
+
+#[test]
+fn output_of_leftover_processes_is_drained_between_cells() {
+    if skip_unless_root() {
+        return;
+    }
+    let agent = Agent::start();
+    let mut c = agent.connect();
+    python_ctx(&mut c, "d");
+    // A process the cell leaves behind writes 1 MB on the worker's stdout after the
+    // cell ended: more than a pipe holds. Undrained, it would block before its marker.
+    let e = run(
+        &mut c,
+        cell(
+            "d",
+            "import subprocess, os, tempfile\nmark = tempfile.mktemp()\n\
+             subprocess.Popen(['sh', '-c', 'sleep 0.2; head -c 1000000 /dev/zero; touch ' + mark])\n\
+             mark",
+        ),
+    );
+    assert_eq!(e.status, CellStatus::Ok, "{e:?}");
+    let mark = text_result(&e).expect("the marker's path");
+    // Another context waits for the marker, so that `d` stays idle the whole time
+    // (a cell of `d` would read its pipes itself).
+    python_ctx(&mut c, "w");
+    let mut spec = cell(
+        "w",
+        &format!(
+            "import os, time\nwhile not os.path.exists({mark}):\n    time.sleep(0.02)\n'seen'"
+        ),
+    );
+    spec.timeout_ms = Some(20_000);
+    let e = run(&mut c, spec);
+    assert_eq!(e.status, CellStatus::Ok, "{e:?}");
+    assert_eq!(text_result(&e), Some("'seen'".into()));
+    // What it wrote between the cells is not the next cell's output.
+    let e = run(&mut c, cell("d", "print('only this')"));
+    assert_eq!(
+        e.stdout,
+        "only this\n",
+        "{:?}",
+        &e.stdout[..e.stdout.len().min(80)]
+    );
+}

@@ -2,7 +2,7 @@
 //! the executions of code in them.
 
 use crate::ops::{HttpMethod, Operation};
-use crate::{routes, Scope, User};
+use crate::{routes, ErrorCode, Scope, User};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -161,6 +161,13 @@ pub struct ListContexts {
     pub sandbox: String,
 }
 
+/// One context by id or name: its state and, when its worker died, why.
+#[derive(Debug, Clone)]
+pub struct GetContext {
+    pub sandbox: String,
+    pub context: String,
+}
+
 /// A context by id or name: delete, restart, interrupt.
 #[derive(Debug, Clone)]
 pub struct DeleteContext {
@@ -211,6 +218,8 @@ ctx_op!(CreateContext => Context, "context.create", SandboxesWrite, Post, routes
     |s| serde_json::to_value(&s.request).ok());
 ctx_op!(ListContexts => ContextList, "context.list", SandboxesRead, Get, routes::CONTEXTS, sandbox;
     |_| None);
+ctx_op!(GetContext => Context, "context.get", SandboxesRead, Get, routes::CONTEXT, sandbox, context;
+    |_| None);
 ctx_op!(DeleteContext => (), "context.delete", SandboxesWrite, Delete, routes::CONTEXT, sandbox, context;
     |_| None);
 ctx_op!(RestartContext => Context, "context.restart", SandboxesWrite, Post, routes::CONTEXT_RESTART, sandbox, context;
@@ -219,3 +228,65 @@ ctx_op!(InterruptContext => InterruptResult, "context.interrupt", SandboxesWrite
     |_| None);
 ctx_op!(ExecuteCode => CodeExecution, "code.execute", SandboxesWrite, Post, routes::CONTEXT_EXECUTE, sandbox, context;
     |s| serde_json::to_value(&s.request).ok());
+
+/// One line of the NDJSON stream of `execute/stream` and of `executions/{execution}`:
+/// `start`, then `stdout`/`stderr`/`display`/`result`/`exception` in the order the cell
+/// made them, then `end` (or `error` when the call failed).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CodeEvent {
+    Start {
+        /// Re-attach with `GET .../executions/{execution_id}`.
+        execution_id: String,
+        context_id: String,
+        execution_count: u64,
+        context_created: bool,
+    },
+    /// Text; a character is never split between two events.
+    Stdout {
+        text: String,
+    },
+    Stderr {
+        text: String,
+    },
+    /// A `display()` output or a flushed figure.
+    Display {
+        #[schema(value_type = Object)]
+        data: MimeBundle,
+        #[schema(value_type = Object)]
+        #[serde(default)]
+        metadata: serde_json::Map<String, serde_json::Value>,
+    },
+    /// The value of the last expression.
+    Result {
+        #[schema(value_type = Object)]
+        data: MimeBundle,
+        #[schema(value_type = Object)]
+        #[serde(default)]
+        metadata: serde_json::Map<String, serde_json::Value>,
+    },
+    Exception {
+        name: String,
+        value: String,
+        traceback: String,
+    },
+    /// The summary of the execution (the fields of `CodeExecution` without the outputs).
+    End {
+        execution_id: String,
+        context_id: String,
+        execution_count: u64,
+        context_created: bool,
+        status: CodeStatus,
+        duration_ms: u64,
+        truncated: bool,
+        context_restarted: bool,
+        reason: Option<String>,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+    /// Sent after a few seconds without another event, so that a client that went away
+    /// is noticed (and its cell interrupted) even while the cell is silent. Ignore it.
+    Keepalive,
+}

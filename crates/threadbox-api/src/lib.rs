@@ -18,6 +18,7 @@ pub mod network;
 pub mod ops;
 pub mod previews;
 pub mod routes;
+pub mod secrets;
 pub use governance::*;
 
 /// Stable error codes. Scripts and SDKs match on these strings.
@@ -179,6 +180,11 @@ pub struct CreateSandboxRequest {
     /// sandbox reaches nothing outside itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<network::NetworkPolicySpec>,
+    /// Secrets of the tenant (issue 13, ADR 0068) the sandbox may use: each is an env
+    /// variable holding a random placeholder, swapped for the value by the daemon only on
+    /// requests to the secret's host. The policy must still allow that host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
     /// An OTLP/HTTP endpoint inside the sandbox (`127.0.0.1:4318`, named in every exec's
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`) whose spans the daemon forwards to its own collector.
     /// Only on a daemon that exports traces (`serve --otlp-endpoint`).

@@ -29,7 +29,13 @@ pub const CONTEXT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}";
 pub const CONTEXT_RESTART: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/restart";
 pub const CONTEXT_INTERRUPT: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/interrupt";
 pub const CONTEXT_EXECUTE: &str = "/v1/sandboxes/{sandbox}/contexts/{context}/execute";
+pub const CONTEXT_EXECUTE_STREAM: &str =
+    "/v1/sandboxes/{sandbox}/contexts/{context}/execute/stream";
+pub const CONTEXT_EXECUTION: &str =
+    "/v1/sandboxes/{sandbox}/contexts/{context}/executions/{execution}";
 pub const SANDBOX_NETWORK: &str = "/v1/sandboxes/{sandbox}/network";
+pub const SECRETS: &str = "/v1/secrets";
+pub const SECRET: &str = "/v1/secrets/{name}";
 pub const SANDBOX_PREVIEWS: &str = "/v1/sandboxes/{sandbox}/previews";
 pub const SANDBOX_PREVIEW: &str = "/v1/sandboxes/{sandbox}/previews/{port}";
 pub const CHECKPOINTS: &str = "/v1/sandboxes/{sandbox}/checkpoints";
@@ -75,7 +81,11 @@ pub const ALL: &[&str] = &[
     CONTEXT_RESTART,
     CONTEXT_INTERRUPT,
     CONTEXT_EXECUTE,
+    CONTEXT_EXECUTE_STREAM,
+    CONTEXT_EXECUTION,
     SANDBOX_NETWORK,
+    SECRETS,
+    SECRET,
     SANDBOX_PREVIEWS,
     SANDBOX_PREVIEW,
     CHECKPOINTS,

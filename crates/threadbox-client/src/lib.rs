@@ -250,6 +250,26 @@ impl Client {
         Ok(ndjson_events(resp.into_body(), self.url.clone()))
     }
 
+    /// Runs code in a context and yields its events as the cell makes them (`start`,
+    /// output, `end` or `error`). Dropping the stream interrupts the cell.
+    pub async fn execute_code_stream(
+        &self,
+        sandbox: &str,
+        context: &str,
+        req: &threadbox_api::interp::ExecuteCodeRequest,
+    ) -> Result<BoxStream<'static, Result<threadbox_api::interp::CodeEvent>>> {
+        let path = fill(routes::CONTEXT_EXECUTE_STREAM, &[sandbox, context]);
+        let resp = self
+            .send(
+                Method::POST,
+                &path,
+                json_body(req)?,
+                Some("application/json"),
+            )
+            .await?;
+        Ok(ndjson_events(resp.into_body(), self.url.clone()))
+    }
+
     // ---- background processes ---------------------------------------------------------
 
     pub async fn start_process(

@@ -6,14 +6,35 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use threadbox_api::interp::CodeEvent;
 use threadbox_api::ExecEvent;
+
+/// An event of an NDJSON stream: which ones end it.
+pub(crate) trait StreamEvent: serde::de::DeserializeOwned + Send + 'static {
+    fn is_terminal(&self) -> bool;
+}
+
+impl StreamEvent for ExecEvent {
+    fn is_terminal(&self) -> bool {
+        matches!(self, ExecEvent::End { .. } | ExecEvent::Error { .. })
+    }
+}
+
+impl StreamEvent for CodeEvent {
+    fn is_terminal(&self) -> bool {
+        matches!(self, CodeEvent::End { .. } | CodeEvent::Error { .. })
+    }
+}
 
 /// Bound on one NDJSON line of an exec stream.
 const MAX_EVENT_LINE_BYTES: usize = 64 << 20;
 
 /// Splits an NDJSON body into events. A body that ends without a terminal event yields
 /// a final error, so callers never mistake a cut stream for a finished process.
-pub(crate) fn ndjson_events(body: Incoming, url: String) -> BoxStream<'static, Result<ExecEvent>> {
+pub(crate) fn ndjson_events<T: StreamEvent>(
+    body: Incoming,
+    url: String,
+) -> BoxStream<'static, Result<T>> {
     struct St {
         body: Incoming,
         buf: BytesMut,
@@ -37,12 +58,9 @@ pub(crate) fn ndjson_events(body: Incoming, url: String) -> BoxStream<'static, R
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                let item = serde_json::from_slice::<ExecEvent>(line)
-                    .map_err(|e| ClientError::Decode(format!("bad exec event: {e}")));
-                if matches!(
-                    item,
-                    Ok(ExecEvent::End { .. } | ExecEvent::Error { .. }) | Err(_)
-                ) {
+                let item = serde_json::from_slice::<T>(line)
+                    .map_err(|e| ClientError::Decode(format!("bad stream event: {e}")));
+                if item.as_ref().map_or(true, T::is_terminal) {
                     st.done = true;
                 }
                 return Some((item, st));
@@ -71,15 +89,15 @@ pub(crate) fn ndjson_events(body: Incoming, url: String) -> BoxStream<'static, R
                     st.done = true;
                     if !st.buf.iter().all(u8::is_ascii_whitespace) {
                         // A last line without its newline.
-                        let item = serde_json::from_slice::<ExecEvent>(&st.buf)
-                            .map_err(|e| ClientError::Decode(format!("bad exec event: {e}")));
-                        if matches!(item, Ok(ExecEvent::End { .. } | ExecEvent::Error { .. })) {
+                        let item = serde_json::from_slice::<T>(&st.buf)
+                            .map_err(|e| ClientError::Decode(format!("bad stream event: {e}")));
+                        if item.as_ref().is_ok_and(T::is_terminal) {
                             return Some((item, st));
                         }
                     }
                     return Some((
                         Err(ClientError::Decode(
-                            "the exec stream ended before the process did".to_string(),
+                            "the stream ended before its end event".to_string(),
                         )),
                         st,
                     ));

@@ -24,6 +24,7 @@ pub mod store_checkpoints;
 pub mod store_images;
 pub mod store_network;
 pub mod store_previews;
+pub mod store_secrets;
 pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
@@ -71,6 +72,9 @@ pub struct Config {
     pub egress_dns: Option<Vec<std::net::SocketAddr>>,
     /// The daemon's own ports, refused on any loopback or host address whatever is excepted.
     pub egress_daemon_ports: Vec<u16>,
+    /// Extra CAs (PEM files) upstreams of intercepted hosts may be signed by, besides the
+    /// host's roots (`serve --egress-upstream-ca`; the tests' own upstream CA).
+    pub egress_upstream_ca: Vec<PathBuf>,
     /// Host form of preview URLs, `{port}-{id}.<preview_domain>` (`serve --preview-domain`;
     /// default `localhost`, which browsers resolve to loopback without DNS).
     pub preview_domain: String,
@@ -97,6 +101,7 @@ impl Config {
             egress_hosts: Vec::new(),
             egress_dns: None,
             egress_daemon_ports: Vec::new(),
+            egress_upstream_ca: Vec::new(),
             preview_domain: "localhost".to_string(),
             preview_addr: None,
             trace_relay: None,

@@ -8,10 +8,12 @@
 #![forbid(unsafe_code)]
 
 pub mod dns;
+pub mod mitm;
 pub mod peek;
 pub mod policy;
 pub mod proxy;
 mod sandbox;
+pub mod secrets;
 
 pub use dns::{ResolveError, Resolver, StaticResolver, SystemResolver, UpstreamResolver};
 pub use policy::{Floor, FloorHit, NetworkPolicy, PolicyError};

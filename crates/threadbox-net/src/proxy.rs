@@ -350,6 +350,59 @@ async fn connection(
     let _ = upstream.set_nodelay(true);
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
+    // Secrets (ADR 0068): TLS dialled by name for a host a secret names is intercepted.
+    let intercept = match (&decided, mode) {
+        (Plan::ByName { name, .. }, NetProtocol::Tls) => net.intercept_for(name),
+        _ => None,
+    };
+    if let (Some(i), Some(sni)) = (intercept, name.as_deref()) {
+        let replay = std::mem::take(&mut replay);
+        let swaps = i.swaps_for(sni);
+        {
+            let session = i.mitm.serve(
+                &net.sandbox,
+                sni,
+                &swaps,
+                &mut client,
+                replay,
+                &mut upstream,
+                &up,
+                &down,
+            );
+            tokio::pin!(session);
+            let mut shutdown = net.watch_shutdown();
+            loop {
+                tokio::select! {
+                    r = &mut session => {
+                        if let Err(e) = r {
+                            tracing::debug!(sandbox = %net.sandbox, host = sni, "egress: intercepted session: {e}");
+                        }
+                        break;
+                    }
+                    _ = shutdown.wait_for(|s| *s) => break,
+                    // Like a spliced connection: a new policy that refuses it closes it.
+                    changed = policy_rx.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        let p = policy_rx.borrow_and_update().clone();
+                        if let Plan::Deny { .. } = plan(&p, od, name.as_deref(), &pins) {
+                            entry.reason = NetReason::PolicyRevoked;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if entry.reason == NetReason::PolicyRevoked {
+            reset(&client);
+            reset(&upstream);
+        }
+        entry.bytes_up = up.load(Ordering::Relaxed);
+        entry.bytes_down = down.load(Ordering::Relaxed);
+        net.emit(entry);
+        return;
+    }
     if upstream.write_all(&replay).await.is_err() {
         entry.reason = NetReason::DialFailed;
         entry.decision = NetAction::Deny;

@@ -113,6 +113,8 @@ pub struct SandboxNet {
     dns_bucket: Mutex<TokenBucket>,
     shutdown: watch::Sender<bool>,
     pub(crate) limits: Limits,
+    /// Secrets (ADR 0068): the hosts whose TLS is intercepted, and with what.
+    intercept: RwLock<Option<crate::mitm::Intercept>>,
 }
 
 impl SandboxNet {
@@ -140,6 +142,7 @@ impl SandboxNet {
             )),
             shutdown,
             limits: cfg.limits,
+            intercept: RwLock::new(None),
         };
         (Arc::new(net), rx)
     }
@@ -177,6 +180,23 @@ impl SandboxNet {
             Ok(mut f) => *f = Arc::new(floor),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(floor),
         }
+    }
+
+    /// Sets (or clears) the secrets whose hosts are intercepted; new connections see it.
+    pub fn set_intercept(&self, i: Option<crate::mitm::Intercept>) {
+        match self.intercept.write() {
+            Ok(mut g) => *g = i,
+            Err(poisoned) => *poisoned.into_inner() = i,
+        }
+    }
+
+    /// The interception for `host`, if a secret of this sandbox names it.
+    pub(crate) fn intercept_for(&self, host: &str) -> Option<crate::mitm::Intercept> {
+        let g = match self.intercept.read() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        g.as_ref().filter(|i| i.covers(host)).cloned()
     }
 
     /// Stops the serve loops and closes every open connection.

@@ -229,6 +229,20 @@ pub enum Request {
         ctx: String,
     },
     ContextExecute(CellSpec),
+    /// Follows an execution: its kept events from index `from`, then the new ones
+    /// (`Cell`), then `Executed`. Leaving does not interrupt the cell.
+    ContextAttach {
+        ctx: String,
+        execution: String,
+        #[serde(default)]
+        from: u64,
+    },
+    /// The host's verdict on why a dead worker died (`oom`, from the sandbox's memory
+    /// cgroup, which the agent may not see). Ignored when the worker was replaced since.
+    ContextReason {
+        ctx: String,
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

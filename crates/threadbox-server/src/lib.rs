@@ -15,6 +15,7 @@ mod origin;
 pub mod otlp_relay;
 mod preview_routes;
 pub mod routes;
+mod secret_routes;
 pub mod serve;
 pub mod telemetry;
 

@@ -164,7 +164,7 @@ fn router(shared: Shared) -> Router {
         )
         .route(
             routes::CONTEXT,
-            axum::routing::delete(context_routes::delete_context),
+            axum::routing::delete(context_routes::delete_context).get(context_routes::get_context),
         )
         .route(
             routes::CONTEXT_RESTART,
@@ -176,8 +176,22 @@ fn router(shared: Shared) -> Router {
         )
         .route(routes::CONTEXT_EXECUTE, post(context_routes::execute_code))
         .route(
+            routes::CONTEXT_EXECUTE_STREAM,
+            post(context_routes::execute_code_stream),
+        )
+        .route(
+            routes::CONTEXT_EXECUTION,
+            get(context_routes::get_execution),
+        )
+        .route(
             routes::SANDBOX_NETWORK,
             get(crate::net_routes::get_network).put(crate::net_routes::set_network),
+        )
+        .route(routes::SECRETS, get(crate::secret_routes::list_secrets))
+        .route(
+            routes::SECRET,
+            axum::routing::put(crate::secret_routes::set_secret)
+                .delete(crate::secret_routes::delete_secret),
         )
         .route(
             routes::SANDBOX_PREVIEWS,

@@ -41,6 +41,8 @@ pub struct ServeOptions {
     pub egress_allow_private: Vec<ipnet::IpNet>,
     pub egress_hosts: Vec<(String, Vec<std::net::Ipv4Addr>)>,
     pub egress_dns: Option<Vec<SocketAddr>>,
+    /// Extra CAs for the upstreams of intercepted hosts (`--egress-upstream-ca`).
+    pub egress_upstream_ca: Vec<std::path::PathBuf>,
     /// Domain of preview URLs (`--preview-domain`; ADR 0072).
     pub preview_domain: String,
     /// Where in-sandbox OTLP endpoints forward (the daemon's own exporter; ADR 0091).
@@ -61,6 +63,7 @@ impl ServeOptions {
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
             egress_dns: None,
+            egress_upstream_ca: Vec::new(),
             preview_domain: "localhost".to_string(),
             trace_relay: None,
         }
@@ -138,6 +141,7 @@ pub async fn serve(
     config.egress_allow_private = opts.egress_allow_private.clone();
     config.egress_hosts = opts.egress_hosts.clone();
     config.egress_dns = opts.egress_dns.clone();
+    config.egress_upstream_ca = opts.egress_upstream_ca.clone();
     config.trace_relay = opts.trace_relay.clone();
     // The floor keeps the daemon's own ports closed to sandboxes even where excepted.
     config.egress_daemon_ports = vec![tcp_addr.port()];

@@ -118,6 +118,10 @@ pub const KNOWN: &[(&str, &str)] = &[
         "no-cgroup-tree-limit",
         "the sandbox's cgroup has no cgroup.max.descendants/max.depth limits",
     ),
+    (
+        "secrets-any-host",
+        "the egress proxy intercepts every TLS host of a sandbox with secrets and swaps them there",
+    ),
 ];
 
 /// A set of weakenings.

@@ -76,6 +76,9 @@ pub enum Command {
     /// A sandbox's egress policy.
     #[command(subcommand)]
     Net(crate::net_cmd::NetCommand),
+    /// Secrets the sandbox never holds: set (value from stdin), ls, rm.
+    #[command(subcommand)]
+    Secret(crate::secret_cmd::SecretCommand),
     /// A port of a sandbox as a URL through the daemon (private unless --public).
     Preview(crate::preview_cmd::PreviewArgs),
     /// Checkpoint a sandbox's disk (frozen for the instant); `checkpoint rm SB CK` deletes one.
@@ -141,6 +144,10 @@ pub struct ServeArgs {
     /// [default: the host's /etc/resolv.conf].
     #[arg(long, value_name = "ADDR")]
     pub egress_dns: Vec<String>,
+    /// A CA (PEM file) that upstreams of hosts named by secrets may also be signed by,
+    /// besides the host's roots (repeatable; e.g. a company CA, or a test upstream's).
+    #[arg(long, value_name = "FILE")]
+    pub egress_upstream_ca: Vec<PathBuf>,
     /// Domain of preview URLs, `{port}-{id}.DOMAIN` (it and its subdomains must reach
     /// this daemon: a wildcard DNS record) [default: localhost, which browsers resolve to
     /// loopback by themselves]. The path form `/preview/{id}/{port}/` works without it.
@@ -232,6 +239,10 @@ pub struct CreateArgs {
     /// reaches nothing outside itself.
     #[arg(long = "allow", value_name = "RULE")]
     pub allow: Vec<String>,
+    /// A secret of the tenant the sandbox may use (repeatable): env NAME holds a
+    /// placeholder the daemon swaps for the value only on requests to the secret's host.
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
     /// Open an OTLP/HTTP endpoint inside (127.0.0.1:4318, in OTEL_EXPORTER_OTLP_ENDPOINT)
     /// whose spans the daemon forwards to its collector (needs serve --otlp-endpoint)
     #[arg(long)]

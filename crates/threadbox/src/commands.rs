@@ -31,6 +31,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Audit(cmd) => crate::gov_cmd::audit(&client(url)?, cmd).await,
         Command::Create(args) => create(&client(url)?, args).await,
         Command::Net(cmd) => crate::net_cmd::net(&client(url)?, cmd).await,
+        Command::Secret(cmd) => crate::secret_cmd::secret(&client(url)?, cmd).await,
         Command::Preview(a) => crate::preview_cmd::preview(&client(url)?, a).await,
         Command::Checkpoint(a) => crate::ckpt_cmd::checkpoint(&client(url)?, a).await,
         Command::Checkpoints(a) => crate::ckpt_cmd::checkpoints(&client(url)?, a).await,
@@ -357,6 +358,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
         } else {
             Some(crate::net_cmd::policy_from_allow(&args.allow)?)
         },
+        secrets: args.secrets,
         otlp_relay: args.otlp_relay,
     };
     let (sandbox, _created) = client.create(&req).await?;

@@ -11,6 +11,7 @@ mod mcp_cmd;
 mod net_cmd;
 mod parse;
 mod preview_cmd;
+mod secret_cmd;
 mod serve_cmd;
 mod term;
 

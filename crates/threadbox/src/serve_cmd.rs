@@ -150,6 +150,7 @@ async fn serve_inner(
         }
         opts.egress_dns = Some(servers);
     }
+    opts.egress_upstream_ca = args.egress_upstream_ca.clone();
     if let Some(d) = &args.preview_domain {
         opts.preview_domain = crate::preview_cmd::check_domain(d)?;
     }

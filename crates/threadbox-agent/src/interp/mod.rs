@@ -4,9 +4,13 @@
 //! NDJSON. fds 1/2 of the worker are pipes to the agent, so subprocess and C-level output
 //! is captured; Python-level output comes on the control socket, ordered with displays.
 
+mod journal;
+mod utf8;
+
 use crate::agent::{self, Agent};
 use crate::error::{AgentError, Result};
 use crate::exec::{credit_frozen, spawn_passing, Spawned};
+use journal::{Journal, Journals};
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd};
@@ -21,9 +25,11 @@ use threadbox_proto::{
 };
 use threadbox_sys::child::{self as syschild, WaitStatus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::sleep_until;
+use utf8::Utf8Carry;
 
 const WORKER: &str = include_str!("worker.py");
 const BOOTSTRAP: &str = include_str!("bootstrap.py");
@@ -36,6 +42,85 @@ const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 const MAX_LINE: usize = 24 * 1024 * 1024;
 const FROZEN_TICK: Duration = Duration::from_millis(200);
 
+/// The worker's fd 1 and 2. Between cells a drain task reads and drops what a leftover
+/// subprocess writes, so a full pipe never blocks it; during a cell the cell reads them.
+struct Pipes {
+    out: pipe::Receiver,
+    err: pipe::Receiver,
+    busy: Cell<bool>,
+    gone: Cell<bool>,
+    out_eof: Cell<bool>,
+    err_eof: Cell<bool>,
+    wake: Notify,
+}
+
+impl Pipes {
+    fn new(out: pipe::Receiver, err: pipe::Receiver) -> Rc<Pipes> {
+        let p = Rc::new(Pipes {
+            out,
+            err,
+            busy: Cell::new(false),
+            gone: Cell::new(false),
+            out_eof: Cell::new(false),
+            err_eof: Cell::new(false),
+            wake: Notify::new(),
+        });
+        tokio::task::spawn_local(drain_idle(p.clone()));
+        p
+    }
+
+    fn set_busy(&self, busy: bool) {
+        self.busy.set(busy);
+        self.wake.notify_one();
+    }
+
+    /// Drops what is in the pipes now, without waiting.
+    fn discard(&self) {
+        let mut buf = vec![0u8; CHUNK];
+        for (pipe, eof) in [(&self.out, &self.out_eof), (&self.err, &self.err_eof)] {
+            while !eof.get() {
+                match pipe.try_read(&mut buf) {
+                    Ok(0) => eof.set(true),
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+async fn drain_idle(p: Rc<Pipes>) {
+    loop {
+        if p.gone.get() || (p.out_eof.get() && p.err_eof.get()) {
+            return;
+        }
+        if p.busy.get() {
+            p.wake.notified().await;
+            continue;
+        }
+        tokio::select! {
+            _ = p.out.readable(), if !p.out_eof.get() => {}
+            _ = p.err.readable(), if !p.err_eof.get() => {}
+            _ = p.wake.notified() => continue,
+        }
+        // The cell may have taken the pipes while this task waited.
+        if !p.busy.get() {
+            p.discard();
+        }
+    }
+}
+
+/// The next chunk of a pipe (0 at EOF).
+async fn read_pipe(pipe: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        pipe.readable().await?;
+        match pipe.try_read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            r => return r,
+        }
+    }
+}
+
 /// A running worker and its channels; held by the context while idle, by the execution
 /// while a cell runs.
 struct Worker {
@@ -43,7 +128,16 @@ struct Worker {
     cgroup: Option<String>,
     ctl: UnixStream,
     buf: Vec<u8>,
-    p: Spawned,
+    exit: oneshot::Receiver<WaitStatus>,
+    pipes: Rc<Pipes>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Ends the drain task (the pipes close once the worker's processes are gone).
+        self.pipes.gone.set(true);
+        self.pipes.wake.notify_one();
+    }
 }
 
 pub struct Ctx {
@@ -62,6 +156,10 @@ pub struct Registry {
     contexts: BTreeMap<String, Rc<Ctx>>,
     next: u64,
     next_exec: u64,
+    journals: Journals,
+    /// Makes execution ids unique across restarts of the agent (a stop/start), so an
+    /// id of an earlier boot never names a new execution.
+    boot: Option<u64>,
 }
 
 fn now_secs() -> i64 {
@@ -159,24 +257,34 @@ async fn start_worker(agent: &Rc<Agent>, spec: &ContextSpec) -> Result<Worker> {
         }
     })?;
     drop(theirs);
-    let kill = |p: &Spawned| agent.kill_tree(p.cgroup.as_deref(), p.pid);
     let ctl = ours
         .set_nonblocking(true)
         .and_then(|()| UnixStream::from_std(ours));
     let ctl = match ctl {
         Ok(c) => c,
         Err(e) => {
-            kill(&p);
+            agent.kill_tree(p.cgroup.as_deref(), p.pid);
             return Err(AgentError::internal(format!("control socket: {e}")));
         }
     };
+    let Spawned {
+        pid,
+        exit,
+        stdout,
+        stderr,
+        cgroup,
+        ..
+    } = p;
     let mut w = Worker {
-        pid: p.pid,
-        cgroup: p.cgroup.clone(),
+        pid,
+        cgroup,
         ctl,
         buf: Vec::new(),
-        p,
+        exit,
+        pipes: Pipes::new(stdout, stderr),
     };
+    // Until `ready`, the pipes are this function's (a start error is read from stderr).
+    w.pipes.set_busy(true);
     let mut hello = format!("{}\n", WORKER.len()).into_bytes();
     hello.extend_from_slice(WORKER.as_bytes());
     let ready = tokio::time::timeout(START_TIMEOUT, async {
@@ -185,17 +293,22 @@ async fn start_worker(agent: &Rc<Agent>, spec: &ContextSpec) -> Result<Worker> {
     })
     .await;
     match ready {
-        Ok(Ok(Some(v))) if v["ev"] == "ready" => Ok(w),
+        Ok(Ok(Some(v))) if v["ev"] == "ready" => {
+            w.pipes.set_busy(false);
+            Ok(w)
+        }
         other => {
-            kill(&w.p);
+            agent.kill_tree(w.cgroup.as_deref(), w.pid);
             let mut err = vec![0u8; 4096];
-            let n =
-                match tokio::time::timeout(Duration::from_millis(500), w.p.stderr.read(&mut err))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => 0,
-                };
+            let n = match tokio::time::timeout(
+                Duration::from_millis(500),
+                read_pipe(&w.pipes.err, &mut err),
+            )
+            .await
+            {
+                Ok(Ok(n)) => n,
+                _ => 0,
+            };
             Err(AgentError::internal(format!(
                 "the python worker did not start ({}): {}",
                 match other {
@@ -319,6 +432,15 @@ pub async fn restart(agent: &Rc<Agent>, key: &str) -> Result<Response> {
     Ok(Response::Context(ctx.snapshot()))
 }
 
+pub fn set_reason(agent: &Agent, key: &str, reason: String) -> Response {
+    if let Some(ctx) = find(agent, key) {
+        if ctx.pid.get().is_none() {
+            ctx.info.borrow_mut().reason = Some(reason);
+        }
+    }
+    Response::Done
+}
+
 pub fn interrupt(agent: &Agent, key: &str) -> Result<Response> {
     let ctx = find(agent, key).ok_or_else(|| not_found(key))?;
     let busy = ctx.running.borrow().is_some();
@@ -328,12 +450,14 @@ pub fn interrupt(agent: &Agent, key: &str) -> Result<Response> {
     Ok(Response::Interrupted { interrupted: busy })
 }
 
-/// Collects the events of one execution: sends them in stream mode, folds them always.
+/// Collects the events of one execution: keeps them in its journal (for re-attach),
+/// sends them in stream mode, folds them always.
 struct Fold {
     id: u64,
     stream: bool,
     tx: mpsc::Sender<Frame>,
     ex: Execution,
+    journal: Rc<Journal>,
     limit: usize,
     out_bytes: usize,
     err_bytes: usize,
@@ -341,51 +465,59 @@ struct Fold {
 
 impl Fold {
     async fn emit(&mut self, ev: CodeEvent) {
+        let ev = match ev {
+            CodeEvent::Stdout { text } => match self.bound(true, text) {
+                Some(text) => CodeEvent::Stdout { text },
+                None => return,
+            },
+            CodeEvent::Stderr { text } => match self.bound(false, text) {
+                Some(text) => CodeEvent::Stderr { text },
+                None => return,
+            },
+            other => other,
+        };
         match &ev {
-            CodeEvent::Stdout { text } | CodeEvent::Stderr { text } => {
-                let is_out = matches!(ev, CodeEvent::Stdout { .. });
-                let used = if is_out {
-                    &mut self.out_bytes
-                } else {
-                    &mut self.err_bytes
-                };
-                let room = self.limit.saturating_sub(*used);
-                if room == 0 {
-                    self.ex.truncated = true;
-                    return;
-                }
-                let mut text = text.clone();
-                if text.len() > room {
-                    let mut cut = room;
-                    while !text.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    text.truncate(cut);
-                    self.ex.truncated = true;
-                }
-                *used += text.len();
-                if self.stream {
-                    let ev = if is_out {
-                        CodeEvent::Stdout { text }
-                    } else {
-                        CodeEvent::Stderr { text }
-                    };
-                    self.send(ev).await;
-                } else if is_out {
-                    self.ex.stdout.push_str(&text);
-                } else {
-                    self.ex.stderr.push_str(&text);
-                }
-                return;
-            }
+            // In stream mode the text went out in events; the final frame stays small.
+            CodeEvent::Stdout { text } if !self.stream => self.ex.stdout.push_str(text),
+            CodeEvent::Stderr { text } if !self.stream => self.ex.stderr.push_str(text),
             CodeEvent::Display(o) => self.ex.outputs.push(o.clone()),
             CodeEvent::Result(o) => self.ex.result = Some(o.clone()),
             CodeEvent::Exception(e) => self.ex.exception = Some(e.clone()),
             _ => {}
         }
         if self.stream {
+            self.journal.push(ev.clone());
             self.send(ev).await;
+        } else {
+            self.journal.push(ev);
         }
+    }
+
+    /// The part of `text` within the stream's bound (None when nothing is left).
+    fn bound(&mut self, is_out: bool, mut text: String) -> Option<String> {
+        if text.is_empty() {
+            return None;
+        }
+        let used = if is_out {
+            &mut self.out_bytes
+        } else {
+            &mut self.err_bytes
+        };
+        let room = self.limit.saturating_sub(*used);
+        if room == 0 {
+            self.ex.truncated = true;
+            return None;
+        }
+        if text.len() > room {
+            let mut cut = room;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            self.ex.truncated = true;
+        }
+        *used += text.len();
+        (!text.is_empty()).then_some(text)
     }
 
     async fn send(&self, ev: CodeEvent) {
@@ -502,37 +634,101 @@ async fn execute_inner(
             format!("context_busy: the context is running {running}"),
         ));
     }
-    let execution_id = {
+    let (execution_id, journal) = {
         let mut reg = agent.contexts.borrow_mut();
         reg.next_exec += 1;
-        format!("exe-{}", reg.next_exec)
+        let boot = *reg.boot.get_or_insert_with(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0)
+        });
+        let eid = format!("exe-{boot:x}-{}", reg.next_exec);
+        let j = Journal::new(eid.clone(), ctx.info.borrow().id.clone());
+        reg.journals.add(j.clone());
+        (eid, j)
     };
     *ctx.running.borrow_mut() = Some(execution_id.clone());
     let r = run_cell(
         agent,
         &ctx,
-        id,
+        Fold {
+            id,
+            stream: spec.stream,
+            tx,
+            ex: Execution {
+                execution_id: execution_id.clone(),
+                ..Default::default()
+            },
+            journal: journal.clone(),
+            limit: spec.max_output.min(MAX_OUTPUT_LIMIT) as usize,
+            out_bytes: 0,
+            err_bytes: 0,
+        },
         spec,
-        tx,
         cancel,
-        execution_id,
         context_created,
         started,
     )
     .await;
     *ctx.running.borrow_mut() = None;
+    match &r {
+        Ok(ex) => journal.finish(ex.clone()),
+        // The cell did not run (its worker would not start): an end, so that a client
+        // following the execution stops.
+        Err(e) => {
+            let ex = Execution {
+                execution_id,
+                context_id: journal.context_id.clone(),
+                status: CellStatus::ContextDied,
+                reason: Some(e.message.clone()),
+                ..Default::default()
+            };
+            journal.push(CodeEvent::End(CellEnd {
+                status: ex.status,
+                reason: ex.reason.clone(),
+                ..Default::default()
+            }));
+            journal.finish(ex);
+        }
+    }
+    agent.contexts.borrow_mut().journals.trim();
     r
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Pids in the context's cgroup other than the worker: the processes its cells spawned.
+fn cell_children(agent: &Agent, cgroup: Option<&str>, worker: i32) -> Vec<i32> {
+    let (Some(dir), Some(cg)) = (agent.cgroup.as_ref(), cgroup) else {
+        return Vec::new();
+    };
+    let Ok(fd) = dir.open_read(&format!("{cg}/cgroup.procs")) else {
+        return Vec::new();
+    };
+    let mut s = String::new();
+    if std::io::Read::read_to_string(&mut std::fs::File::from(fd), &mut s).is_err() {
+        return Vec::new();
+    }
+    s.lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .filter(|&p| p != worker)
+        .collect()
+}
+
+/// Where the escalation of a stop request is.
+#[derive(PartialEq, Eq)]
+enum Escalation {
+    /// SIGINT sent; waiting for the cell to stop.
+    Signalled,
+    /// The cell's children were killed; waiting again before the worker goes.
+    ChildrenKilled,
+}
+
 async fn run_cell(
     agent: &Rc<Agent>,
     ctx: &Rc<Ctx>,
-    id: u64,
+    mut f: Fold,
     spec: CellSpec,
-    tx: mpsc::Sender<Frame>,
     cancel: &mut oneshot::Receiver<()>,
-    execution_id: String,
     mut context_created: bool,
     started: Instant,
 ) -> Result<Execution> {
@@ -555,7 +751,7 @@ async fn run_cell(
             w
         }
     };
-    if w.p.exit.try_recv().is_ok() {
+    if w.exit.try_recv().is_ok() {
         // Died while idle: start over.
         agent.kill_tree(w.cgroup.as_deref(), w.pid);
         w = start_worker(agent, &ctx.spec).await?;
@@ -566,6 +762,10 @@ async fn run_cell(
         ctx.pid.set(Some(w.pid));
         *ctx.cgroup.borrow_mut() = w.cgroup.clone();
     }
+    // The pipes are the cell's now; what leftover processes wrote before it is not its.
+    let pipes = w.pipes.clone();
+    pipes.set_busy(true);
+    pipes.discard();
     let generation = ctx.info.borrow().generation;
     let count = {
         let mut i = ctx.info.borrow_mut();
@@ -573,23 +773,11 @@ async fn run_cell(
         i.execution_count
     };
     let context_id = ctx.info.borrow().id.clone();
-    let mut f = Fold {
-        id,
-        stream: spec.stream,
-        tx,
-        ex: Execution {
-            execution_id: execution_id.clone(),
-            context_id: context_id.clone(),
-            execution_count: count,
-            context_created,
-            ..Default::default()
-        },
-        limit: spec.max_output.min(MAX_OUTPUT_LIMIT) as usize,
-        out_bytes: 0,
-        err_bytes: 0,
-    };
+    f.ex.context_id = context_id.clone();
+    f.ex.execution_count = count;
+    f.ex.context_created = context_created;
     f.emit(CodeEvent::Start {
-        execution_id,
+        execution_id: f.ex.execution_id.clone(),
         context_id,
         execution_count: count,
         context_created,
@@ -603,6 +791,7 @@ async fn run_cell(
     line.push(b'\n');
     let mut status = CellStatus::Ok;
     let mut stop: Option<Stop> = None;
+    let mut escalation: Option<Escalation> = None;
     let mut escalate_at: Option<tokio::time::Instant> = None;
     let mut died: Option<Option<WaitStatus>> = None;
     let mut worker_truncated = false;
@@ -615,7 +804,7 @@ async fn run_cell(
     let far = || tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
     let mut obuf = vec![0u8; CHUNK];
     let mut ebuf = vec![0u8; CHUNK];
-    let (mut out_eof, mut err_eof) = (false, false);
+    let (mut out_text, mut err_text) = (Utf8Carry::default(), Utf8Carry::default());
     let mut cancel_open = true;
 
     if let Err(e) = w.ctl.write_all(&line).await {
@@ -631,31 +820,21 @@ async fn run_cell(
     };
     while died.is_none() {
         credit_frozen(&mut timeout_at, &mut last_seen);
-        tokio::select! {
+        let new_stop = tokio::select! {
             biased;
             r = &mut *cancel, if cancel_open => {
                 cancel_open = false;
                 // The client went away: interrupt the cell (a lost connection without a
-                // Cancel leaves it running under its timeout).
-                if r.is_ok() && stop.is_none() {
-                    signal_int(w.pid, cell_running);
-                    stop = Some(Stop::Interrupted);
-                    escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
-                }
+                // Cancel, as in a daemon restart, leaves it running under its timeout).
+                r.is_ok().then_some(Stop::Interrupted)
             }
-            _ = ctx.interrupt.notified(), if stop.is_none() => {
-                signal_int(w.pid, cell_running);
-                stop = Some(Stop::Interrupted);
-                escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
-            }
-            _ = tick.tick(), if timeout_at.is_some() || escalate_at.is_some() => {}
+            _ = ctx.interrupt.notified(), if stop.is_none() => Some(Stop::Interrupted),
+            _ = tick.tick(), if timeout_at.is_some() || escalate_at.is_some() => None,
             _ = sleep_until(timeout_at.unwrap_or_else(far)), if timeout_at.is_some() && stop.is_none() => {
                 if credit_frozen(&mut timeout_at, &mut last_seen) {
                     continue;
                 }
-                signal_int(w.pid, cell_running);
-                stop = Some(Stop::TimedOut);
-                escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                Some(Stop::TimedOut)
             }
             _ = sleep_until(escalate_at.unwrap_or_else(far)), if escalate_at.is_some() => {
                 let mut e = escalate_at;
@@ -663,100 +842,143 @@ async fn run_cell(
                     escalate_at = e;
                     continue;
                 }
-                // The cell did not stop: the worker goes, and its state with it.
-                agent.kill_tree(w.cgroup.as_deref(), w.pid);
-                escalate_at = None;
-                died = Some(None);
-                f.ex.context_restarted = true;
-            }
-            st = &mut w.p.exit => {
-                died = Some(st.ok());
-            }
-            r = w.p.stdout.read(&mut obuf), if !out_eof => match r {
-                Ok(n) if n > 0 => {
-                    let text = String::from_utf8_lossy(&obuf[..n]).into_owned();
-                    f.emit(CodeEvent::Stdout { text }).await;
-                }
-                _ => out_eof = true,
-            },
-            r = w.p.stderr.read(&mut ebuf), if !err_eof => match r {
-                Ok(n) if n > 0 => {
-                    let text = String::from_utf8_lossy(&ebuf[..n]).into_owned();
-                    f.emit(CodeEvent::Stderr { text }).await;
-                }
-                _ => err_eof = true,
-            },
-            l = read_line(&mut w.ctl, &mut w.buf) => match l {
-                Ok(Some(v)) => match v["ev"].as_str().unwrap_or("") {
-                    "started" => {
-                        cell_running = true;
-                        if stop.is_some() {
-                            signal_int(w.pid, cell_running);
-                        }
+                let children = cell_children(agent, w.cgroup.as_deref(), w.pid);
+                if escalation == Some(Escalation::Signalled) && !children.is_empty() {
+                    // Research §5.3 step 2: the cell may be waiting on a process it
+                    // started; killing only those keeps the worker and its variables.
+                    for pid in children {
+                        let _ = syschild::kill(pid, libc::SIGKILL);
                     }
-                    "stream" => {
-                        let text = v["text"].as_str().unwrap_or("").to_string();
-                        let ev = if v["name"] == "stderr" {
-                            CodeEvent::Stderr { text }
-                        } else {
-                            CodeEvent::Stdout { text }
-                        };
-                        f.emit(ev).await;
-                    }
-                    "display" => f.emit(CodeEvent::Display(output(&v))).await,
-                    "result" => f.emit(CodeEvent::Result(output(&v))).await,
-                    "exception" => {
-                        let e = ExceptionInfo {
-                            name: v["name"].as_str().unwrap_or("").into(),
-                            value: v["value"].as_str().unwrap_or("").into(),
-                            traceback: v["traceback"].as_str().unwrap_or("").into(),
-                            frames: v["frames"].as_array().cloned().unwrap_or_default(),
-                        };
-                        f.emit(CodeEvent::Exception(e)).await;
-                    }
-                    "done" => {
-                        worker_truncated = v["truncated"] == true;
-                        if v["status"] == "exception" {
-                            status = CellStatus::Exception;
-                        }
-                        break;
-                    }
-                    _ => {}
-                },
-                Ok(None) | Err(_) => {
-                    // The socket closed or carried garbage: the worker is not usable.
+                    escalation = Some(Escalation::ChildrenKilled);
+                    escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                } else {
+                    // The cell did not stop: the worker goes, and its state with it.
                     agent.kill_tree(w.cgroup.as_deref(), w.pid);
-                    let st = tokio::time::timeout(Duration::from_secs(5), &mut w.p.exit).await;
-                    died = Some(st.ok().and_then(|s| s.ok()));
+                    escalate_at = None;
+                    died = Some(None);
+                    f.ex.context_restarted = true;
                 }
-            },
+                None
+            }
+            st = &mut w.exit => {
+                died = Some(st.ok());
+                None
+            }
+            r = read_pipe(&pipes.out, &mut obuf), if !pipes.out_eof.get() => {
+                match r {
+                    Ok(n) if n > 0 => {
+                        let text = out_text.push(&obuf[..n]);
+                        f.emit(CodeEvent::Stdout { text }).await;
+                    }
+                    _ => pipes.out_eof.set(true),
+                }
+                None
+            }
+            r = read_pipe(&pipes.err, &mut ebuf), if !pipes.err_eof.get() => {
+                match r {
+                    Ok(n) if n > 0 => {
+                        let text = err_text.push(&ebuf[..n]);
+                        f.emit(CodeEvent::Stderr { text }).await;
+                    }
+                    _ => pipes.err_eof.set(true),
+                }
+                None
+            }
+            l = read_line(&mut w.ctl, &mut w.buf) => {
+                match l {
+                    Ok(Some(v)) => match v["ev"].as_str().unwrap_or("") {
+                        "started" => {
+                            cell_running = true;
+                            if stop.is_some() {
+                                signal_int(w.pid, cell_running);
+                            }
+                        }
+                        "stream" => {
+                            let text = v["text"].as_str().unwrap_or("").to_string();
+                            let ev = if v["name"] == "stderr" {
+                                CodeEvent::Stderr { text }
+                            } else {
+                                CodeEvent::Stdout { text }
+                            };
+                            f.emit(ev).await;
+                        }
+                        "display" => f.emit(CodeEvent::Display(output(&v))).await,
+                        "result" => f.emit(CodeEvent::Result(output(&v))).await,
+                        "exception" => {
+                            let e = ExceptionInfo {
+                                name: v["name"].as_str().unwrap_or("").into(),
+                                value: v["value"].as_str().unwrap_or("").into(),
+                                traceback: v["traceback"].as_str().unwrap_or("").into(),
+                                frames: v["frames"].as_array().cloned().unwrap_or_default(),
+                            };
+                            f.emit(CodeEvent::Exception(e)).await;
+                        }
+                        "done" => {
+                            worker_truncated = v["truncated"] == true;
+                            if v["status"] == "exception" {
+                                status = CellStatus::Exception;
+                            }
+                            break;
+                        }
+                        _ => {}
+                    },
+                    Ok(None) | Err(_) => {
+                        // The socket closed or carried garbage: the worker is not usable.
+                        agent.kill_tree(w.cgroup.as_deref(), w.pid);
+                        let st = tokio::time::timeout(Duration::from_secs(5), &mut w.exit).await;
+                        died = Some(st.ok().and_then(|s| s.ok()));
+                    }
+                }
+                None
+            }
+        };
+        if let Some(s) = new_stop {
+            if stop.is_none() {
+                signal_int(w.pid, cell_running);
+                stop = Some(s);
+                escalation = Some(Escalation::Signalled);
+                escalate_at = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+            }
         }
     }
     // Output of the cell's subprocesses written before the worker answered is in the
     // pipes already: take what is there without waiting.
-    for (is_out, buf) in [(true, &mut obuf), (false, &mut ebuf)] {
-        loop {
-            let pipe = if is_out { &w.p.stdout } else { &w.p.stderr };
+    for is_out in [true, false] {
+        let (pipe, eof, buf, carry) = if is_out {
+            (&pipes.out, &pipes.out_eof, &mut obuf, &mut out_text)
+        } else {
+            (&pipes.err, &pipes.err_eof, &mut ebuf, &mut err_text)
+        };
+        while !eof.get() {
             match pipe.try_read(buf) {
                 Ok(n) if n > 0 => {
-                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                    let ev = if is_out {
+                    let text = carry.push(&buf[..n]);
+                    f.emit(if is_out {
                         CodeEvent::Stdout { text }
                     } else {
                         CodeEvent::Stderr { text }
-                    };
-                    f.emit(ev).await;
+                    })
+                    .await;
                 }
-                _ => break,
+                Ok(_) => eof.set(true),
+                Err(_) => break,
             }
         }
+        // A character cut by the end of the cell is not completed by the next one.
+        let text = carry.finish();
+        f.emit(if is_out {
+            CodeEvent::Stdout { text }
+        } else {
+            CodeEvent::Stderr { text }
+        })
+        .await;
     }
     if let Some(st) = died {
         let cg = w.cgroup.clone();
         agent.kill_tree(cg.as_deref(), w.pid);
         let st = match st {
             Some(s) => Some(s),
-            None => tokio::time::timeout(Duration::from_secs(5), &mut w.p.exit)
+            None => tokio::time::timeout(Duration::from_secs(5), &mut w.exit)
                 .await
                 .ok()
                 .and_then(|s| s.ok()),
@@ -782,6 +1004,7 @@ async fn run_cell(
             let mut i = ctx.info.borrow_mut();
             i.reason = Some(reason);
         }
+        drop(w);
         if restarted && ctx.info.borrow().generation == generation {
             // A fresh worker now, so the context answers at once; its state is empty.
             if let Ok(nw) = start_worker(agent, &ctx.spec).await {
@@ -799,7 +1022,9 @@ async fn run_cell(
                 f.ex.exception
                     .as_ref()
                     .is_some_and(|e| e.name == "KeyboardInterrupt");
-            if interrupted {
+            // A cell that ignored SIGINT but ended once its children were killed was
+            // stopped too, even though it raised nothing.
+            if interrupted || escalation == Some(Escalation::ChildrenKilled) {
                 status = match s {
                     Stop::TimedOut => CellStatus::TimedOut,
                     Stop::Interrupted => CellStatus::Interrupted,
@@ -807,6 +1032,7 @@ async fn run_cell(
             }
         }
         if ctx.info.borrow().generation == generation {
+            pipes.set_busy(false);
             *ctx.worker.borrow_mut() = Some(w);
         } else {
             agent.kill_tree(w.cgroup.as_deref(), w.pid);
@@ -823,8 +1049,67 @@ async fn run_cell(
         context_restarted: f.ex.context_restarted,
         reason: f.ex.reason.clone(),
     };
-    if f.stream {
-        f.send(CodeEvent::End(end)).await;
-    }
+    f.emit(CodeEvent::End(end)).await;
     Ok(f.ex)
+}
+
+/// Follows an execution (`ContextAttach`): its kept events from `from` on, then the new
+/// ones as they come, then its final `Executed`. Leaving does not interrupt the cell:
+/// only the execute's own caller does that.
+pub async fn attach(
+    agent: Rc<Agent>,
+    id: u64,
+    ctx: String,
+    execution: String,
+    from: u64,
+    tx: mpsc::Sender<Frame>,
+    mut cancel: oneshot::Receiver<()>,
+) -> Response {
+    let journal = agent.contexts.borrow().journals.get(&execution);
+    let Some(j) = journal else {
+        return AgentError::new(
+            ErrorKind::NotFound,
+            format!("no execution {execution:?} (not of this boot, or no longer kept)"),
+        )
+        .into_response();
+    };
+    let of_ctx = j.context_id == ctx
+        || find(&agent, &ctx).is_some_and(|c| c.info.borrow().id == j.context_id);
+    if !of_ctx {
+        return not_found(&format!("{execution} in context {ctx}")).into_response();
+    }
+    let mut next = usize::try_from(from).unwrap_or(usize::MAX);
+    loop {
+        let changed = j.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let batch: Vec<CodeEvent> = {
+            let evs = j.events.borrow();
+            let b = evs
+                .get(next..)
+                .map(<[CodeEvent]>::to_vec)
+                .unwrap_or_default();
+            next = next.max(evs.len());
+            b
+        };
+        for ev in batch {
+            let frame = Frame::Response {
+                id,
+                resp: Response::Cell(ev),
+            };
+            if tx.send(frame).await.is_err() {
+                return Response::Done;
+            }
+        }
+        if let Some(ex) = j.done.borrow().clone() {
+            if next >= j.events.borrow().len() {
+                return Response::Executed(ex);
+            }
+            continue;
+        }
+        tokio::select! {
+            _ = &mut cancel => return Response::Done,
+            _ = changed => {}
+        }
+    }
 }

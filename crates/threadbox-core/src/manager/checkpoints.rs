@@ -283,6 +283,15 @@ impl Manager {
             })?),
             None => None,
         };
+        // The same secrets by name; each fork gets placeholders of its own (one the parent's
+        // files may hold is the parent's, and is not swapped for a fork).
+        let secrets: Vec<String> = self
+            .store
+            .sandbox_secrets(&parent.id)
+            .await?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
         let source = ForkSource {
             from: parent.id.clone(),
             from_index: parent.slot,
@@ -307,6 +316,7 @@ impl Manager {
                 tier: Some(parent.tier.clone()),
                 network: network.clone(),
                 otlp_relay: parent.otlp_relay,
+                secrets: secrets.clone(),
             };
             let source = &source;
             async move {

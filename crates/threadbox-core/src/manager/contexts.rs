@@ -73,6 +73,200 @@ fn execution_of(e: proto::Execution) -> CodeExecution {
     }
 }
 
+/// The public event of an agent's one; `None` for the agent's `end` (the final
+/// `Executed` makes the public `end`, with the whole summary).
+fn event_of(ev: proto::CodeEvent) -> Option<CodeEvent> {
+    use proto::CodeEvent as P;
+    Some(match ev {
+        P::Start {
+            execution_id,
+            context_id,
+            execution_count,
+            context_created,
+        } => CodeEvent::Start {
+            execution_id,
+            context_id,
+            execution_count,
+            context_created,
+        },
+        P::Stdout { text } => CodeEvent::Stdout { text },
+        P::Stderr { text } => CodeEvent::Stderr { text },
+        P::Display(o) => CodeEvent::Display {
+            data: o.data,
+            metadata: o.metadata,
+        },
+        P::Result(o) => CodeEvent::Result {
+            data: o.data,
+            metadata: o.metadata,
+        },
+        P::Exception(e) => CodeEvent::Exception {
+            name: e.name,
+            value: e.value,
+            traceback: e.traceback,
+        },
+        P::End(_) => return None,
+    })
+}
+
+fn end_of(e: CodeExecution) -> CodeEvent {
+    CodeEvent::End {
+        execution_id: e.execution_id,
+        context_id: e.context_id,
+        execution_count: e.execution_count,
+        context_created: e.context_created,
+        status: e.status,
+        duration_ms: e.duration_ms,
+        truncated: e.truncated,
+        context_restarted: e.context_restarted,
+        reason: e.reason,
+    }
+}
+
+/// What is needed to tell an OOM kill of a worker: the sandbox's OOM counter before the
+/// cell (the agent cannot always see the memory cgroup: cgroup v1 memory in hybrid).
+struct OomWatch {
+    driver: Arc<dyn crate::driver::Driver>,
+    row: SandboxRow,
+    before: Option<u64>,
+    conn: Arc<AgentConn>,
+}
+
+impl OomWatch {
+    /// A worker that died by SIGKILL while the sandbox's counter went up died of OOM:
+    /// the execution says so, and so does the agent's record of the context.
+    async fn check(&self, e: &mut CodeExecution) {
+        if e.status != CodeStatus::ContextDied || e.reason.as_deref() != Some("killed") {
+            return;
+        }
+        let verdict =
+            oom_verdict(self.driver.as_ref(), &self.row, self.before, None, Some(9)).await;
+        if verdict.is_some() {
+            e.reason = Some("oom".into());
+            let req = proto::Request::ContextReason {
+                ctx: e.context_id.clone(),
+                reason: "oom".into(),
+            };
+            if let Ok((_, mut rx)) = self.conn.send(req) {
+                let _ = rx.recv().await;
+            }
+        }
+    }
+}
+
+/// Forwards an agent's execution frames as public events until the end. The first
+/// frame was read by the caller (so an early refusal is an HTTP error, not a line).
+/// A client that leaves (the receiver is dropped) cancels the agent's request: for an
+/// execute that interrupts the cell, for an attach it only stops following.
+fn forward_events(
+    guard: CancelGuard,
+    mut rx: mpsc::UnboundedReceiver<proto::Response>,
+    first: CodeEvent,
+    inflight: Inflight,
+    what: String,
+    oom: Option<OomWatch>,
+) -> mpsc::Receiver<CodeEvent> {
+    let (tx, out) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut guard = guard;
+        let _inflight = inflight;
+        let ended = matches!(first, CodeEvent::End { .. });
+        if tx.send(first).await.is_err() || ended {
+            return;
+        }
+        loop {
+            let next = tokio::select! {
+                r = rx.recv() => r,
+                // The client left while the cell was silent: the guard cancels.
+                () = tx.closed() => return,
+            };
+            let ev = match next {
+                Some(proto::Response::Cell(ev)) => match event_of(ev) {
+                    Some(ev) => ev,
+                    None => continue,
+                },
+                Some(proto::Response::Executed(e)) => {
+                    guard.armed = false;
+                    let mut e = execution_of(e);
+                    if let Some(w) = &oom {
+                        w.check(&mut e).await;
+                    }
+                    let _ = tx.send(end_of(e)).await;
+                    return;
+                }
+                Some(other) => {
+                    guard.armed = false;
+                    let e = unexpected(other);
+                    e.log(&what);
+                    let _ = tx
+                        .send(CodeEvent::Error {
+                            code: e.code(),
+                            message: e.public_message(),
+                        })
+                        .await;
+                    return;
+                }
+                None => {
+                    guard.armed = false;
+                    tracing::warn!("{what}: the sandbox's agent went away during the call");
+                    let _ = tx
+                        .send(CodeEvent::Error {
+                            code: ErrorCode::Unavailable,
+                            message: "the sandbox's agent went away during the call".into(),
+                        })
+                        .await;
+                    return;
+                }
+            };
+            if tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+    });
+    out
+}
+
+/// The first frame of a streamed execution: its `start`, or the refusal as an error.
+async fn first_event(
+    guard: &mut CancelGuard,
+    rx: &mut mpsc::UnboundedReceiver<proto::Response>,
+) -> Result<CodeEvent> {
+    loop {
+        match rx.recv().await {
+            Some(proto::Response::Cell(ev)) => {
+                if let Some(ev) = event_of(ev) {
+                    return Ok(ev);
+                }
+            }
+            // A finished execution with no events left to replay (not expected: its
+            // journal holds at least `start`), or an early end.
+            Some(proto::Response::Executed(e)) => {
+                guard.armed = false;
+                return Ok(end_of(execution_of(e)));
+            }
+            Some(other) => {
+                guard.armed = false;
+                return Err(unexpected(other));
+            }
+            None => {
+                guard.armed = false;
+                return Err(CoreError::Unavailable(
+                    "the sandbox's agent went away during the call".into(),
+                ));
+            }
+        }
+    }
+}
+
+fn validate_execution_id(id: &str) -> Result<()> {
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(CoreError::InvalidArgument(
+            "an execution id is `exe-...` (letters, digits and dashes)".into(),
+        ));
+    }
+    Ok(())
+}
+
 fn validate_context_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > 128 || key.contains('\0') {
         return Err(CoreError::InvalidArgument(
@@ -121,11 +315,14 @@ impl Manager {
         let r = async {
             caller.require(CreateContext::SCOPE)?;
             validate_create(&req)?;
+            let mut env = req.env;
+            let row = self.resolve(caller, sandbox).await?;
+            self.secret_env(&row.id, &mut env).await?;
             let spec = proto::ContextSpec {
                 name: req.name,
                 language: req.language,
                 cwd: req.cwd,
-                env: req.env,
+                env,
                 user: run_as(req.user),
             };
             match self
@@ -151,6 +348,19 @@ impl Manager {
                 contexts: contexts.into_iter().map(context_of).collect(),
             }),
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// One context, by id or name (from the agent's list: the agent is the truth).
+    pub async fn get_context(&self, caller: &Caller, sandbox: &str, ctx: &str) -> Result<Context> {
+        caller.require(GetContext::SCOPE)?;
+        validate_context_key(ctx)?;
+        let all = self.list_contexts(caller, sandbox).await?.contexts;
+        let by_id = all.iter().position(|c| c.id == ctx);
+        let i = by_id.or_else(|| all.iter().position(|c| c.name == ctx));
+        match i {
+            Some(i) => Ok(all.into_iter().nth(i).expect("an index of the list")),
+            None => Err(CoreError::NotFound(format!("no context {ctx:?}"))),
         }
     }
 
@@ -239,24 +449,11 @@ impl Manager {
             caller.require(ExecuteCode::SCOPE)?;
             validate_context_key(ctx)?;
             validate_execute(&req)?;
-            let spec = proto::CellSpec {
-                ctx: ctx.into(),
-                code: req.code,
-                env: req.env,
-                timeout_ms: Some(
-                    req.timeout_secs
-                        .unwrap_or(DEFAULT_CELL_TIMEOUT_SECS)
-                        .saturating_mul(1000),
-                ),
-                max_output: req
-                    .max_output_bytes
-                    .unwrap_or(proto::DEFAULT_MAX_OUTPUT)
-                    .min(proto::MAX_OUTPUT_LIMIT),
-                stream: false,
-            };
+            let spec = cell_spec(ctx, req, false);
             // `work`: a running cell counts as in flight (blocks idle auto-pause); an
             // idle context does not, since nothing is in flight between calls.
-            let (conn, _inflight) = self.running_conn(caller, sandbox, true).await?;
+            let (conn, _inflight, row) = self.running_conn_row(caller, sandbox, true).await?;
+            let oom = self.oom_watch(&conn, row).await?;
             let (id, mut rx) = conn.send(proto::Request::ContextExecute(spec))?;
             let mut guard = crate::agent::CancelGuard {
                 conn: conn.clone(),
@@ -267,7 +464,9 @@ impl Manager {
                 match rx.recv().await {
                     Some(proto::Response::Executed(e)) => {
                         guard.armed = false;
-                        return Ok(execution_of(e));
+                        let mut e = execution_of(e);
+                        oom.check(&mut e).await;
+                        return Ok(e);
                     }
                     Some(proto::Response::Cell(_)) => {}
                     Some(other) => {
@@ -289,6 +488,163 @@ impl Manager {
     }
 }
 
+fn cell_spec(ctx: &str, req: ExecuteCodeRequest, stream: bool) -> proto::CellSpec {
+    proto::CellSpec {
+        ctx: ctx.into(),
+        code: req.code,
+        env: req.env,
+        timeout_ms: Some(
+            req.timeout_secs
+                .unwrap_or(DEFAULT_CELL_TIMEOUT_SECS)
+                .saturating_mul(1000),
+        ),
+        max_output: req
+            .max_output_bytes
+            .unwrap_or(proto::DEFAULT_MAX_OUTPUT)
+            .min(proto::MAX_OUTPUT_LIMIT),
+        stream,
+    }
+}
+
+impl Manager {
+    async fn oom_watch(&self, conn: &Arc<AgentConn>, row: SandboxRow) -> Result<OomWatch> {
+        let driver = self.driver_for(&row)?;
+        let before = driver.usage(&row.id, false).await.oom_kills;
+        Ok(OomWatch {
+            driver,
+            row,
+            before,
+            conn: conn.clone(),
+        })
+    }
+
+    /// Runs a cell and streams its events. Refusals before the cell starts (a busy
+    /// context, an unknown one) are errors of the call; later failures are an `error`
+    /// event. A client that drops the receiver interrupts the cell.
+    pub async fn execute_code_stream(
+        &self,
+        caller: &Caller,
+        sandbox: &str,
+        ctx: &str,
+        req: ExecuteCodeRequest,
+    ) -> Result<mpsc::Receiver<CodeEvent>> {
+        let r = async {
+            caller.require(ExecuteCode::SCOPE)?;
+            validate_context_key(ctx)?;
+            validate_execute(&req)?;
+            let spec = cell_spec(ctx, req, true);
+            let (conn, inflight, row) = self.running_conn_row(caller, sandbox, true).await?;
+            let oom = self.oom_watch(&conn, row).await?;
+            let (id, mut rx) = conn.send(proto::Request::ContextExecute(spec))?;
+            let mut guard = crate::agent::CancelGuard {
+                conn: conn.clone(),
+                id,
+                armed: true,
+            };
+            let first = first_event(&mut guard, &mut rx).await?;
+            Ok(forward_events(
+                guard,
+                rx,
+                first,
+                inflight,
+                format!("code stream in sandbox {sandbox:?}"),
+                Some(oom),
+            ))
+        }
+        .await;
+        self.audit(caller, ExecuteCode::NAME, sandbox, &r).await;
+        r
+    }
+
+    /// Follows an execution of a context from its first kept event: after a lost
+    /// client, or after a daemon restart (the agent kept it). Running cells count as
+    /// work while followed, as they do for their own caller.
+    pub async fn get_execution(
+        &self,
+        caller: &Caller,
+        sandbox: &str,
+        ctx: &str,
+        execution: &str,
+    ) -> Result<mpsc::Receiver<CodeEvent>> {
+        caller.require(GetExecution::SCOPE)?;
+        validate_context_key(ctx)?;
+        validate_execution_id(execution)?;
+        let (conn, inflight) = self.running_conn(caller, sandbox, true).await?;
+        let (id, mut rx) = conn.send(proto::Request::ContextAttach {
+            ctx: ctx.into(),
+            execution: execution.into(),
+            from: 0,
+        })?;
+        let mut guard = crate::agent::CancelGuard {
+            conn: conn.clone(),
+            id,
+            armed: true,
+        };
+        let first = first_event(&mut guard, &mut rx).await?;
+        Ok(forward_events(
+            guard,
+            rx,
+            first,
+            inflight,
+            format!("execution {execution:?} in sandbox {sandbox:?}"),
+            None,
+        ))
+    }
+}
+
+/// Run code in a context and stream its events (`execute/stream`); the last one is
+/// `end` or `error`. A client that goes away interrupts the cell.
+#[derive(Debug, Clone)]
+pub struct ExecuteCodeStream(pub ExecuteCode);
+
+impl Operation for ExecuteCodeStream {
+    type Output = mpsc::Receiver<CodeEvent>;
+    const NAME: &'static str = ExecuteCode::NAME;
+    const SCOPE: Scope = ExecuteCode::SCOPE;
+    const METHOD: ops::HttpMethod = ops::HttpMethod::Post;
+    const PATH: &'static str = routes::CONTEXT_EXECUTE_STREAM;
+}
+
+impl Run for ExecuteCodeStream {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Self::Output> {
+        let e = self.0;
+        m.execute_code_stream(caller, &e.sandbox, &e.context, e.request)
+            .await
+    }
+}
+
+/// Follow an execution (`GET .../executions/{execution}`): the events kept (a bounded
+/// number of recent executions per sandbox), then the new ones to its `end`. Leaving
+/// does not interrupt the cell.
+#[derive(Debug, Clone)]
+pub struct GetExecution {
+    pub sandbox: String,
+    pub context: String,
+    pub execution: String,
+}
+
+impl Operation for GetExecution {
+    type Output = mpsc::Receiver<CodeEvent>;
+    const NAME: &'static str = "code.execution";
+    const SCOPE: Scope = Scope::SandboxesRead;
+    const METHOD: ops::HttpMethod = ops::HttpMethod::Get;
+    const PATH: &'static str = routes::CONTEXT_EXECUTION;
+    fn path_values(&self) -> Vec<String> {
+        vec![
+            self.sandbox.clone(),
+            self.context.clone(),
+            self.execution.clone(),
+        ]
+    }
+}
+
+impl Run for GetExecution {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Self::Output> {
+        m.get_execution(caller, &self.sandbox, &self.context, &self.execution)
+            .await
+    }
+}
+
 impl Run for CreateContext {
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Context> {
         m.create_context(caller, &self.sandbox, self.request).await
@@ -298,6 +654,12 @@ impl Run for CreateContext {
 impl Run for ListContexts {
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ContextList> {
         m.list_contexts(caller, &self.sandbox).await
+    }
+}
+
+impl Run for GetContext {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Context> {
+        m.get_context(caller, &self.sandbox, &self.context).await
     }
 }
 

@@ -36,6 +36,10 @@ impl Manager {
         })?;
         match AgentConn::connect(driver.as_ref(), &row.id, AGENT_CONNECT_TIMEOUT).await {
             Ok(conn) => {
+                // Secrets: the sandbox trusts the egress CA before anything runs in it.
+                if let Err(e) = self.install_secret_ca(&row.id, &conn).await {
+                    tracing::error!(sandbox = %row.id, "secrets: the egress CA was not installed: {e}");
+                }
                 Self::set_conn(live, Some(conn));
                 self.attach_network(row, pid).await;
                 Ok(pid)
@@ -98,6 +102,7 @@ impl Manager {
             .as_ref()
             .map(super::network::check_policy)
             .transpose()?;
+        self.check_create_secrets(caller, &req.secrets).await?;
         if req.otlp_relay && self.config.trace_relay.is_none() {
             return Err(CoreError::InvalidArgument(
                 "otlp_relay needs a daemon that exports traces (serve --otlp-endpoint)".into(),
@@ -241,6 +246,12 @@ impl Manager {
             match pooled {
                 Ok(Some(adopted)) => {
                     self.forget(&id);
+                    if !req.secrets.is_empty() {
+                        self.bind_secrets(&adopted, &req.secrets).await?;
+                        if let Some(conn) = self.conn_of(&adopted) {
+                            self.install_secret_ca(&adopted, &conn).await?;
+                        }
+                    }
                     if let Some(json) = &network_json {
                         self.network_on_adopt(&adopted, json).await?;
                     }
@@ -256,6 +267,12 @@ impl Manager {
             }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
+            // Bound before boot, so `boot` installs the CA and attaches the interception.
+            if let Err(e) = self.bind_secrets(&id, &req.secrets).await {
+                let _ = self.store.delete_sandbox(&id).await;
+                self.forget(&id);
+                return Err(e);
+            }
             if row.otlp_relay {
                 // Before boot, so `boot` opens the endpoint; a crash in between leaves a
                 // `creating` row, which the next start destroys.

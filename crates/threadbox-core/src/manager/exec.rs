@@ -43,6 +43,7 @@ impl Manager {
             let req = self.with_image_defaults(&row.image, req).await;
             let mut spec = exec_spec(req, false)?;
             crate::telemetry::inject_env(&mut spec.env);
+            self.secret_env(&row.id, &mut spec.env).await?;
             self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;
@@ -103,6 +104,7 @@ impl Manager {
             let req = self.with_image_defaults(&row.image, req).await;
             let mut spec = exec_spec(req, true)?;
             crate::telemetry::inject_env(&mut spec.env);
+            self.secret_env(&row.id, &mut spec.env).await?;
             self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
             let (id, mut rx) = conn.send(proto::Request::Exec(spec))?;

@@ -32,9 +32,11 @@ mod processes;
 mod reaper;
 mod reconcile;
 mod relay;
+mod secrets;
 pub mod state;
 pub(crate) mod validate;
 
+pub use contexts::{ExecuteCodeStream, GetExecution};
 pub use governance::{parse_time, utc_day, MAX_AUDIT_PAGE};
 
 use crate::agent::{AgentConn, CancelGuard};
@@ -108,6 +110,8 @@ pub struct Manager {
     pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Egress data planes attached to running sandboxes (issue 13).
     net: network::NetState,
+    /// The sealing key and the egress CA of secrets (issue 13, ADR 0068).
+    secrets: secrets::SecretState,
     /// Latencies and failure counters for `/metrics` (issue 17).
     metrics: Arc<crate::metrics::CoreMetrics>,
     /// In-sandbox OTLP endpoints being served, by sandbox id (ADR 0091).
@@ -143,6 +147,10 @@ impl Manager {
         let root = config.root.clone();
         blocking(move || crate::images::ensure_host_image(&root)).await?;
         let store = Store::open(&config.root.join("state.db")).await?;
+        let secrets = {
+            let (root, extra) = (config.root.clone(), config.egress_upstream_ca.clone());
+            blocking(move || secrets::SecretState::open(&root, &extra)).await?
+        };
         if store.get_image(HOST_IMAGE).await?.is_none() {
             store
                 .insert_image(&ImageRow {
@@ -170,6 +178,7 @@ impl Manager {
             pool_wake: Arc::new(tokio::sync::Notify::new()),
             pool_task: Mutex::new(None),
             net: Default::default(),
+            secrets,
             relays: Default::default(),
         });
         mgr.reconcile().await?;

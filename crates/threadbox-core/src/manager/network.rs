@@ -134,8 +134,10 @@ impl Manager {
             return Ok(());
         };
         let (_, policy) = parse_policy(&json, stored.generation)?;
+        let intercept = self.intercept_of(&row.id, &row.tenant).await?;
         if let Some(a) = lock(&self.net.attached).get(&row.id) {
             a.net.set_policy(policy);
+            a.net.set_intercept(intercept);
             return Ok(());
         }
         let Some(ns) = self.driver_for(row)?.egress_netns(&row.id, pid).await? else {
@@ -163,6 +165,7 @@ impl Manager {
             resolver: self.egress_resolver(),
             limits: egress_limits(),
         });
+        net.set_intercept(intercept);
         let udp = tokio::net::UdpSocket::from_std(udp)?;
         let dns_tcp = tokio::net::TcpListener::from_std(dns_tcp)?;
         let proxy = tokio::net::TcpListener::from_std(proxy)?;
@@ -186,6 +189,11 @@ impl Manager {
         lock(&self.net.attached).insert(row.id.clone(), Attached { net, tasks });
         tracing::info!(sandbox = %row.id, "egress attached");
         Ok(())
+    }
+
+    /// The data plane attached to `id`, if any.
+    pub(super) fn attached_net(&self, id: &str) -> Option<Arc<SandboxNet>> {
+        lock(&self.net.attached).get(id).map(|a| a.net.clone())
     }
 
     /// Detaches the data plane of `id` (stop, delete): its listeners close, so the kernel

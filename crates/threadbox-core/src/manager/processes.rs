@@ -21,6 +21,7 @@ impl Manager {
             let mut env = req.env;
             crate::telemetry::inject_env(&mut env);
             let row = self.resolve(caller, id_or_name).await?;
+            self.secret_env(&row.id, &mut env).await?;
             self.relay_env(&row, &mut env);
             let spec = proto::BackgroundSpec {
                 command,

@@ -89,6 +89,7 @@ impl Upstream {
         ] {
             assert!(ip(&args), "ip {args:?} failed");
         }
+        write_tls(up.dir.path());
         let script = up.dir.path().join("upstream.py");
         std::fs::write(&script, include_str!("../network/upstream.py")).expect("write script");
         let server = Command::new("ip")
@@ -116,6 +117,12 @@ impl Upstream {
             .unwrap_or_default()
     }
 
+    /// The upstream's test CA (PEM): its HTTPS server (443) is signed by it; the daemon
+    /// trusts it with `--egress-upstream-ca`, sandboxes never do.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("tls-ca.pem")
+    }
+
     pub fn hosts_file(&self) -> PathBuf {
         let p = self.dir.path().join("hosts");
         std::fs::write(&p, format!("{} api.test\n", self.addr())).expect("write hosts");
@@ -136,7 +143,35 @@ impl Drop for Upstream {
     }
 }
 
+/// A test CA and a certificate it signs for `*.test` (and `api.test`, `other.test`), for
+/// the HTTPS server of `upstream.py`.
+fn write_tls(dir: &std::path::Path) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.distinguished_name
+        .push(DnType::CommonName, "threadbox test upstream CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).expect("CA cert");
+    let key = KeyPair::generate().expect("leaf key");
+    let names = ["api.test", "other.test", "*.test"]
+        .map(String::from)
+        .to_vec();
+    let leaf = CertificateParams::new(names)
+        .expect("leaf params")
+        .signed_by(&key, &ca, &ca_key)
+        .expect("leaf cert");
+    std::fs::write(dir.join("tls-ca.pem"), ca.pem()).expect("write CA");
+    std::fs::write(dir.join("tls-cert.pem"), leaf.pem()).expect("write cert");
+    std::fs::write(dir.join("tls-key.pem"), key.serialize_pem()).expect("write key");
+}
+
 pub fn daemon(up: &Upstream, allow_private: bool) -> Daemon {
+    daemon_with(up, allow_private, &[])
+}
+
+/// [`daemon`] with more `serve` arguments.
+pub fn daemon_with(up: &Upstream, allow_private: bool, extra: &[&str]) -> Daemon {
     let hosts = up.hosts_file();
     let private = format!("{}.0/30", up.net);
     let dns = format!("{}:53", up.addr());
@@ -149,5 +184,6 @@ pub fn daemon(up: &Upstream, allow_private: bool) -> Daemon {
     if allow_private {
         args.extend(["--egress-allow-private", &private]);
     }
+    args.extend(extra);
     Daemon::start_with(&args)
 }

@@ -2,6 +2,8 @@
 # an HTTP server (8080), a TCP sink that records every byte it receives (9000, held open),
 # and a stub DNS resolver (UDP 53) that answers every A question with ADDR and records the
 # names asked. Each writes to a file in DIR; DIR/ready appears once all are bound.
+# With DIR/tls-cert.pem and DIR/tls-key.pem (a test CA's, written by upstream.rs), an
+# HTTPS server (443, HTTP/1.1 keep-alive) records each request's path and headers.
 # The HTTP server is also a local package index (issue 13, ADR 0067), built at start from a
 # tiny package: PEP 503 pages under /simple/, wheels under /files/, an npm registry under
 # /npm/ (`tbdemo`: Python `import tbdemo` and an npm module with a `tbdemo` bin).
@@ -9,7 +11,9 @@ import base64
 import hashlib
 import io
 import json
+import os
 import socket
+import ssl
 import socketserver
 import struct
 import sys
@@ -127,6 +131,22 @@ class Http(BaseHTTPRequestHandler):
         pass
 
 
+class Https(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        head = "".join(f"{k}: {v}\n" for k, v in self.headers.items())
+        record("https.log", f"{self.path}\n{head}\n".encode())
+        body = b"hello over tls\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
 class Sink(socketserver.BaseRequestHandler):
     def handle(self):
         while True:
@@ -210,8 +230,18 @@ targets = [http.serve_forever, sink.serve_forever, lambda: dns(udp)]
 # The bypass-class servers (security suite, ADR 0069): each records what reaches it.
 http80 = ThreadingHTTPServer((addr, 80), Http)
 targets.append(http80.serve_forever)
-for port, log in ((53, "dnstcp.log"), (853, "dot.log"), (443, "tls.log")):
+# 443: the HTTPS server when a test CA was written (the secrets tests), else a sink that
+# records raw bytes (the bypass cases judge TLS without SNI by them).
+tls_files = os.path.exists(f"{out}/tls-cert.pem")
+sinks = [(53, "dnstcp.log"), (853, "dot.log")] + ([] if tls_files else [(443, "tls.log")])
+for port, log in sinks:
     targets.append(sink_on(port, log).serve_forever)
+if tls_files:
+    https = ThreadingHTTPServer((addr, 443), Https)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(f"{out}/tls-cert.pem", f"{out}/tls-key.pem")
+    https.socket = tls.wrap_socket(https.socket, server_side=True)
+    targets.append(https.serve_forever)
 udp443 = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 udp443.bind((addr, 443))
 targets.append(lambda: udp_recorder(udp443, "udp.log"))

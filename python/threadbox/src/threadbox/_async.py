@@ -9,7 +9,7 @@ import asyncio
 import builtins
 import os
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar, cast
@@ -135,6 +135,7 @@ class AsyncThreadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Creates a sandbox, or returns the existing one with this ``name``.
@@ -153,6 +154,7 @@ class AsyncThreadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
         )
         info, created = await self._call(ops.create(body))
         return AsyncSandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
@@ -170,6 +172,7 @@ class AsyncThreadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -188,6 +191,7 @@ class AsyncThreadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
             on_exit=on_exit,
         )
 
@@ -322,10 +326,17 @@ class AsyncSandbox(SandboxView):
                     raise
 
     async def run_code(
-        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+        self,
+        code: str,
+        *,
+        context: str = "python",
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: _interp.OnOutput | None = None,
     ) -> _interp.Execution:
-        """Runs ``code`` in a persistent context (``python``, made on first use)."""
-        return await _interp.run_code_async(self, code, context=context, timeout=timeout, env=env)
+        """Runs ``code`` in a persistent context (``python``, made on first use);
+        ``on_output`` streams its events as they come (see ``CodeContext.run``)."""
+        return await _interp.run_code_async(self, code, context=context, timeout=timeout, env=env, on_output=on_output)
 
     async def exec(
         self,

@@ -125,8 +125,15 @@ def create_body(
     idle_stop_secs: int | None,
     ttl_secs: int | None,
     ttl_action: Literal["stop", "delete"] | None,
+    secrets: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"labels": dict(labels or {})}
+    if secrets:
+        # Names of the tenant's secrets: each becomes an env variable holding a placeholder
+        # the daemon swaps for the value only on requests to the secret's host.
+        if isinstance(secrets, str):
+            raise TypeError("secrets takes a list of names, not one string")
+        body["secrets"] = [str(s) for s in secrets]
     if name is not None:
         body["name"] = name
     if image is not None:

@@ -9,11 +9,16 @@ from __future__ import annotations
 import base64
 import builtins
 import dataclasses
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+import httpx
+
 from . import _common as c
+from . import _ops as ops
+from ._errors import ProtocolError, error_from_code
 
 if TYPE_CHECKING:
     from ._async import AsyncSandbox
@@ -166,6 +171,103 @@ class ContextInfo:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class CodeEvent:
+    """One event of a streamed execution, as the cell makes it (``on_output``).
+
+    ``type`` is ``stdout``/``stderr`` (``text``), ``display``/``result`` (``output``) or
+    ``exception`` (``error``).
+    """
+
+    type: str
+    text: str | None
+    output: Output | None
+    error: CodeError | None
+    raw: dict[str, Any]
+
+
+OnOutput = Callable[[CodeEvent], object]
+
+
+class CodeStreamFolder:
+    """Sans-IO: turns the NDJSON lines of ``execute/stream`` (or of a re-attach) into
+    ``on_output`` calls and, at ``end``, the :class:`Execution` the buffered call would
+    have answered."""
+
+    def __init__(self, path: str, on_output: OnOutput | None) -> None:
+        self.path = path
+        self.on_output = on_output
+        self.execution_id: str | None = None
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._outputs: list[dict[str, Any]] = []
+        self._result: dict[str, Any] | None = None
+        self._exception: dict[str, Any] | None = None
+        self.execution: Execution | None = None
+
+    def feed(self, line: str) -> None:
+        if not line.strip():
+            return
+        try:
+            ev = json.loads(line)
+        except ValueError as e:
+            raise ProtocolError(f"invalid code stream line: {line[:200]!r}") from e
+        if not isinstance(ev, dict):
+            raise ProtocolError(f"invalid code stream line: {line[:200]!r}")
+        kind = ev.get("type")
+        if kind == "error":
+            raise error_from_code(str(ev.get("code", "internal")), str(ev.get("message", "")), path=self.path)
+        if kind == "start":
+            self.execution_id = ev.get("execution_id")
+            return
+        if kind == "end":
+            d = dict(ev)
+            d.pop("type", None)
+            d.update(
+                stdout="".join(self._out),
+                stderr="".join(self._err),
+                outputs=self._outputs,
+                result=self._result,
+                exception=self._exception,
+            )
+            self.execution = Execution.from_dict(d)
+            return
+        event: CodeEvent | None = None
+        if kind in ("stdout", "stderr"):
+            text = str(ev.get("text", ""))
+            (self._out if kind == "stdout" else self._err).append(text)
+            event = CodeEvent(kind, text, None, None, ev)
+        elif kind in ("display", "result"):
+            bundle = {"data": ev.get("data") or {}, "metadata": ev.get("metadata") or {}}
+            if kind == "display":
+                self._outputs.append(bundle)
+            else:
+                self._result = bundle
+            event = CodeEvent(kind, None, Output.from_dict(bundle, is_main_result=kind == "result"), None, ev)
+        elif kind == "exception":
+            self._exception = {k: ev.get(k, "") for k in ("name", "value", "traceback")}
+            err = CodeError(str(ev.get("name", "")), str(ev.get("value", "")), str(ev.get("traceback", "")))
+            event = CodeEvent(kind, None, None, err, ev)
+        # `keepalive` and unknown types are skipped.
+        if event is not None and self.on_output is not None:
+            self.on_output(event)
+
+    def finish(self) -> Execution:
+        if self.execution is None:
+            raise ProtocolError("code stream ended without an end event")
+        return self.execution
+
+
+def stream_op(ctx_path: str, body: dict[str, Any], timeout: float | None, base: httpx.Timeout) -> ops.Op[None]:
+    return ops.Op("POST", ctx_path + "/execute/stream", json_body=body, timeout=execute_timeout(base, timeout))
+
+
+def attach_op(ctx_path: str, execution_id: str, base: httpx.Timeout) -> ops.Op[None]:
+    # A re-attached cell may run long: no read timeout (keepalives come every 5 s).
+    t = httpx.Timeout(base.connect, read=None, write=base.write, pool=base.pool)
+    return ops.Op("GET", ctx_path + "/executions/" + quote(execution_id, safe=""), timeout=t)
+
+
 def create_body(name: str | None, language: str, cwd: str | None, env: Mapping[str, str] | None) -> dict[str, Any]:
     body: dict[str, Any] = {"language": language}
     if name is not None:
@@ -213,14 +315,32 @@ class CodeContext:
     def __repr__(self) -> str:
         return f"CodeContext(id={self.id!r}, name={self.info.name!r})"
 
-    def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None) -> Execution:
+    def _ctx_path(self) -> str:
+        return self._sb._path("contexts", quote(self.id, safe=""))
+
+    def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: OnOutput | None = None,
+    ) -> Execution:
         """Runs ``code``; the last expression's value is ``.text``/``.results``.
 
         An exception raised by the code is in ``.error`` (``status == "exception"``),
         not raised here. On a timeout the cell is interrupted (``status ==
         "timed_out"``); if it would not stop, the context is restarted and
         ``context_restarted`` says the variables are gone.
+
+        With ``on_output``, the cell is streamed: the callback gets each
+        :class:`CodeEvent` (stdout/stderr text, displays, the result, the exception)
+        as the cell makes it; the returned :class:`Execution` is the same. Leaving
+        early (an exception in the callback, Ctrl-C) interrupts the cell.
         """
+        if on_output is not None:
+            op = stream_op(self._ctx_path(), execute_body(code, timeout, env), timeout, self._sb.client._timeout)
+            return self._follow(op, on_output)
         data = self._sb.client._json(
             "POST",
             self._sb._path("contexts", quote(self.id, safe=""), "execute"),
@@ -228,6 +348,26 @@ class CodeContext:
             timeout=execute_timeout(self._sb.client._timeout, timeout),
         )
         return Execution.from_dict(data)
+
+    def attach(self, execution_id: str, *, on_output: OnOutput | None = None) -> Execution:
+        """Follows an execution again (after a lost connection or a daemon restart):
+        its kept events from the start, then the new ones to its end. Leaving does not
+        interrupt the cell."""
+        return self._follow(attach_op(self._ctx_path(), execution_id, self._sb.client._timeout), on_output)
+
+    def _follow(self, op: ops.Op[None], on_output: OnOutput | None) -> Execution:
+        folder = CodeStreamFolder(op.path, on_output)
+        resp = self._sb.client._open(op, stream=True)
+        try:
+            for line in resp.iter_lines():
+                folder.feed(line)
+                if folder.execution is not None:
+                    break
+        except httpx.TransportError as e:
+            raise ops.StreamDecoder.interrupted(e) from e
+        finally:
+            resp.close()
+        return folder.finish()
 
     def interrupt(self) -> bool:
         """Interrupts the running cell; False when the context was idle."""
@@ -279,10 +419,11 @@ def run_code(
     context: str = "python",
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
+    on_output: OnOutput | None = None,
 ) -> Execution:
     """``sb.run_code``: runs ``code`` in ``context`` (``python`` is made on first use)."""
     stub = ContextInfo(context, context, "python", "idle", 0, 1, None, False, None, {})
-    return CodeContext(sandbox, stub).run(code, timeout=timeout, env=env)
+    return CodeContext(sandbox, stub).run(code, timeout=timeout, env=env, on_output=on_output)
 
 
 # ---- async ------------------------------------------------------------------------
@@ -299,7 +440,21 @@ class AsyncCodeContext:
     def id(self) -> str:
         return self.info.id
 
-    async def run(self, code: str, *, timeout: float | None = None, env: Mapping[str, str] | None = None) -> Execution:
+    def _ctx_path(self) -> str:
+        return self._sb._path("contexts", quote(self.id, safe=""))
+
+    async def run(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: OnOutput | None = None,
+    ) -> Execution:
+        """The async twin of :meth:`CodeContext.run` (``on_output`` is a plain callable)."""
+        if on_output is not None:
+            op = stream_op(self._ctx_path(), execute_body(code, timeout, env), timeout, self._sb.client._timeout)
+            return await self._follow(op, on_output)
         data = await self._sb.client._json(
             "POST",
             self._sb._path("contexts", quote(self.id, safe=""), "execute"),
@@ -307,6 +462,24 @@ class AsyncCodeContext:
             timeout=execute_timeout(self._sb.client._timeout, timeout),
         )
         return Execution.from_dict(data)
+
+    async def attach(self, execution_id: str, *, on_output: OnOutput | None = None) -> Execution:
+        """The async twin of :meth:`CodeContext.attach`."""
+        return await self._follow(attach_op(self._ctx_path(), execution_id, self._sb.client._timeout), on_output)
+
+    async def _follow(self, op: ops.Op[None], on_output: OnOutput | None) -> Execution:
+        folder = CodeStreamFolder(op.path, on_output)
+        resp = await self._sb.client._open(op, stream=True)
+        try:
+            async for line in resp.aiter_lines():
+                folder.feed(line)
+                if folder.execution is not None:
+                    break
+        except httpx.TransportError as e:
+            raise ops.StreamDecoder.interrupted(e) from e
+        finally:
+            await resp.aclose()
+        return folder.finish()
 
     async def interrupt(self) -> bool:
         data = await self._sb.client._json("POST", self._sb._path("contexts", quote(self.id, safe=""), "interrupt"))
@@ -354,6 +527,7 @@ async def run_code_async(
     context: str = "python",
     timeout: float | None = None,
     env: Mapping[str, str] | None = None,
+    on_output: OnOutput | None = None,
 ) -> Execution:
     stub = ContextInfo(context, context, "python", "idle", 0, 1, None, False, None, {})
-    return await AsyncCodeContext(sandbox, stub).run(code, timeout=timeout, env=env)
+    return await AsyncCodeContext(sandbox, stub).run(code, timeout=timeout, env=env, on_output=on_output)

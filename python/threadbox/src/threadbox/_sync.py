@@ -6,7 +6,7 @@ import builtins
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Literal, TypeVar
@@ -143,6 +143,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Creates a sandbox (``POST /v1/sandboxes``).
@@ -164,6 +165,7 @@ class Threadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
         )
         info, created = self._call(ops.create(body))
         return Sandbox(self, info, created=created, on_exit=c.effective_on_exit(on_exit, created))
@@ -181,6 +183,7 @@ class Threadbox:
         idle_stop_secs: int | None = None,
         ttl_secs: int | None = None,
         ttl_action: Literal["stop", "delete"] | None = None,
+        secrets: Sequence[str] | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -200,6 +203,7 @@ class Threadbox:
             idle_stop_secs=idle_stop_secs,
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
+            secrets=secrets,
             on_exit=on_exit,
         )
 
@@ -385,10 +389,17 @@ class Sandbox(SandboxView):
                     raise
 
     def run_code(
-        self, code: str, *, context: str = "python", timeout: float | None = None, env: Mapping[str, str] | None = None
+        self,
+        code: str,
+        *,
+        context: str = "python",
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: _interp.OnOutput | None = None,
     ) -> _interp.Execution:
-        """Runs ``code`` in a persistent context (``python``, made on first use)."""
-        return _interp.run_code(self, code, context=context, timeout=timeout, env=env)
+        """Runs ``code`` in a persistent context (``python``, made on first use);
+        ``on_output`` streams its events as they come (see ``CodeContext.run``)."""
+        return _interp.run_code(self, code, context=context, timeout=timeout, env=env, on_output=on_output)
 
     # -- exec -----------------------------------------------------------------
 
