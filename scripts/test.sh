@@ -35,6 +35,10 @@ echo "== test tools"
 # nft: only the egress golden test (threadbox-sys `net::tests`) uses it, to read back the
 # table the kernel made of our own netlink batch. threadbox itself never runs nft.
 command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftables; }
+# docker-registry and skopeo: the OCI image tests (threadbox-oci, issue 14) run a registry
+# on loopback and push the images they build into it; nothing is fetched from outside.
+command -v docker-registry >/dev/null && command -v skopeo >/dev/null ||
+    { apt-get update -q && apt-get install -y -q docker-registry skopeo; }
 # node + npm: `tests/packages.rs` runs `npm install` inside a sandbox of the host image
 # (the host's /usr), against the test upstream's local registry (ADR 0067).
 command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q nodejs npm; }

@@ -11,6 +11,8 @@ use utoipa::ToSchema;
 pub mod checkpoints;
 mod gov_ops;
 mod governance;
+mod image_ops;
+pub mod images;
 pub mod interp;
 pub mod net_log;
 pub mod network;
@@ -501,10 +503,26 @@ pub struct AddImageRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct Image {
     pub name: String,
-    /// `host` for the built-in image, else `rootfs`.
+    /// `host` for the built-in image, `rootfs` for a directory, `oci` for a pulled or
+    /// imported image.
     pub kind: String,
     pub path: Option<String>,
     pub created_at: String,
+    /// `oci` images: where it came from (the reference, or `import:<path>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// `oci` images: the manifest's digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// `oci` images: the number of layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<u32>,
+    /// `oci` images: compressed size of the layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// Sandboxes that use the image (it cannot be removed while any does).
+    #[serde(default)]
+    pub sandboxes: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

@@ -16,6 +16,7 @@
 //! are types here too, but their transport is written by each door.
 
 pub use crate::gov_ops::*;
+pub use crate::image_ops::*;
 use crate::routes;
 use crate::*;
 use std::collections::BTreeMap;

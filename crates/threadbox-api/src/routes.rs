@@ -45,6 +45,9 @@ pub const SANDBOX_FORK: &str = "/v1/sandboxes/{sandbox}/fork";
 pub const SANDBOX_NETWORK_LOG: &str = "/v1/sandboxes/{sandbox}/network/log";
 
 pub const IMAGES: &str = "/v1/images";
+pub const IMAGES_PULL: &str = "/v1/images/pull";
+pub const IMAGES_IMPORT: &str = "/v1/images/import";
+pub const IMAGE: &str = "/v1/images/{image}";
 pub const KEYS: &str = "/v1/keys";
 pub const KEY: &str = "/v1/keys/{key_id}";
 pub const QUOTA: &str = "/v1/quotas/{tenant}";
@@ -92,6 +95,9 @@ pub const ALL: &[&str] = &[
     SANDBOX_FORK,
     SANDBOX_NETWORK_LOG,
     IMAGES,
+    IMAGES_PULL,
+    IMAGES_IMPORT,
+    IMAGE,
     KEYS,
     KEY,
     QUOTA,

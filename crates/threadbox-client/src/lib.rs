@@ -9,6 +9,7 @@
 
 mod error;
 mod governance;
+mod images;
 mod ndjson;
 mod transport;
 mod url;

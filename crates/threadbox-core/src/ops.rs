@@ -188,6 +188,24 @@ impl Run for AddImage {
     }
 }
 
+impl Run for PullImage {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Image> {
+        m.pull_image(caller, self.0, None).await
+    }
+}
+
+impl Run for ImportImage {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Image> {
+        m.import_image(caller, self.0).await
+    }
+}
+
+impl Run for RemoveImage {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<()> {
+        m.remove_image(caller, &self.image).await
+    }
+}
+
 // ---- operations whose input or output is a stream: their types are core's, since the
 // client and the wire speak bytes there, not one JSON value.
 

@@ -560,14 +560,17 @@ impl Jail {
     }
 
     /// The overlay layers of `img`.
-    pub fn image_spec(&self, img: &ImageRow) -> ImageSpec {
-        match img.kind.as_str() {
+    pub fn image_spec(&self, img: &ImageRow) -> Result<ImageSpec> {
+        Ok(match img.kind.as_str() {
             "host" => threadbox_core::images::host_image_spec(&self.config.root),
+            threadbox_core::oci::OCI_KIND => {
+                threadbox_core::oci::image_spec(&self.config.root, img)?
+            }
             _ => ImageSpec {
                 lower: vec![img.path.clone().unwrap_or_default().into()],
                 binds: vec![],
             },
-        }
+        })
     }
 
     pub fn cpu_usage_usec(&self, id: &str) -> Result<u64> {
@@ -663,9 +666,9 @@ impl Driver for JailDriver {
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
-        // Every kind the store holds is an overlay lower layer (or the host skeleton).
-        let _ = self.0.image_spec(image);
-        Ok(())
+        // Every kind the store holds is an overlay lower layer (or the host skeleton);
+        // an OCI image's layers must all be in the layer store.
+        self.0.image_spec(image).map(drop)
     }
 
     async fn has_disk(&self, id: &str) -> bool {
@@ -680,7 +683,7 @@ impl Driver for JailDriver {
     async fn launch(&self, spec: &SandboxSpec) -> Result<i32> {
         let spec = spec.clone();
         self.run(move |j| {
-            let image = j.image_spec(&spec.image);
+            let image = j.image_spec(&spec.image)?;
             j.launch(&spec, &image)
         })
         .await

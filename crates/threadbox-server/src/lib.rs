@@ -6,6 +6,7 @@ mod ckpt_routes;
 mod context_routes;
 pub mod error;
 mod gov_routes;
+mod image_routes;
 pub mod mcp;
 pub mod metrics;
 mod net_log_routes;

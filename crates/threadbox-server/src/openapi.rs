@@ -1,6 +1,6 @@
 //! The OpenAPI document, generated from the handlers and the `threadbox-api` types.
 
-use crate::{context_routes, gov_routes, routes};
+use crate::{context_routes, gov_routes, image_routes, routes};
 use std::sync::OnceLock;
 use threadbox_api::interp::*;
 use threadbox_api::*;
@@ -40,6 +40,9 @@ use utoipa::OpenApi;
         routes::selftest,
         routes::list_images,
         routes::add_image,
+        image_routes::pull_image,
+        image_routes::import_image,
+        image_routes::remove_image,
         context_routes::create_context,
         context_routes::list_contexts,
         context_routes::get_context,
@@ -79,6 +82,8 @@ use utoipa::OpenApi;
         ExecEvent, StartProcessRequest, ProcessInfo, ProcessList, ProcessLogs,
         KillProcessRequest, FileKind, FileEntry, FileList, PostureCheck, SelftestReport,
         Health, AddImageRequest, Image, ImageList,
+        threadbox_api::images::PullImageRequest, threadbox_api::images::ImportImageRequest,
+        threadbox_api::images::ImageEvent,
         threadbox_api::network::NetworkInfo, threadbox_api::network::NetworkPolicySpec,
         threadbox_api::network::NetworkRuleSpec, threadbox_api::network::NetAction,
         threadbox_api::network::NetProtocol,
@@ -106,7 +111,7 @@ use utoipa::OpenApi;
         (name = "processes", description = "Background processes"),
         (name = "files", description = "Files inside a sandbox"),
         (name = "contexts", description = "Persistent code interpreter contexts"),
-        (name = "images", description = "Root filesystem images"),
+        (name = "images", description = "Images: the host, root filesystem directories, OCI images"),
         (name = "previews", description = "Ports of a sandbox published through the daemon"),
         (name = "checkpoints", description = "Checkpoints, rewind and fork of a sandbox's disk"),
         (name = "governance", description = "API keys, quotas, usage, the audit log"),

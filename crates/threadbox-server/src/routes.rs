@@ -13,7 +13,7 @@ use crate::mcp::{
 use crate::metrics::{self, Metrics};
 use crate::openapi;
 use crate::origin;
-use crate::{context_routes, gov_routes};
+use crate::{context_routes, gov_routes, image_routes};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -216,6 +216,12 @@ fn router(shared: Shared) -> Router {
             get(crate::net_log_routes::network_log),
         )
         .route(routes::IMAGES, get(list_images).post(add_image))
+        .route(routes::IMAGES_PULL, post(image_routes::pull_image))
+        .route(routes::IMAGES_IMPORT, post(image_routes::import_image))
+        .route(
+            routes::IMAGE,
+            axum::routing::delete(image_routes::remove_image),
+        )
         .route(
             routes::KEYS,
             post(gov_routes::create_key).get(gov_routes::list_keys),

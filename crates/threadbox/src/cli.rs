@@ -463,4 +463,16 @@ pub enum ImageCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Pull an OCI image from a registry (`python:3.12-slim`, `ghcr.io/o/r:tag`,
+    /// `localhost:5000/app@sha256:…`).
+    Pull(crate::image_cmd::PullArgs),
+    /// Import a `docker save` archive or an OCI layout (directory or tar) on the daemon's
+    /// host.
+    Import(crate::image_cmd::ImportArgs),
+    /// Remove an image (refused while a sandbox uses it); layers no other image uses go
+    /// with it.
+    Rm {
+        /// Image name.
+        name: String,
+    },
 }

@@ -632,6 +632,9 @@ async fn image(client: &Client, cmd: ImageCommand) -> anyhow::Result<u8> {
                 write_stdout(format!("{}\n", image.name).as_bytes())?;
             }
         }
+        ImageCommand::Pull(args) => return crate::image_cmd::pull(client, args).await,
+        ImageCommand::Import(args) => return crate::image_cmd::import(client, args).await,
+        ImageCommand::Rm { name } => client.remove_image(&name).await?,
         ImageCommand::Ls { json } => {
             let list = client.list_images().await?;
             if json {
@@ -644,12 +647,18 @@ async fn image(client: &Client, cmd: ImageCommand) -> anyhow::Result<u8> {
                         vec![
                             i.name.clone(),
                             i.kind.clone(),
+                            i.sandboxes.to_string(),
                             i.created_at.clone(),
-                            i.path.clone().unwrap_or_else(|| "-".to_string()),
+                            i.reference
+                                .clone()
+                                .or_else(|| i.path.clone())
+                                .unwrap_or_else(|| "-".to_string()),
                         ]
                     })
                     .collect();
-                write_stdout(table(&["NAME", "KIND", "CREATED", "PATH"], &rows).as_bytes())?;
+                write_stdout(
+                    table(&["NAME", "KIND", "SANDBOXES", "CREATED", "SOURCE"], &rows).as_bytes(),
+                )?;
             }
         }
     }

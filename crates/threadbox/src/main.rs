@@ -6,6 +6,7 @@ mod cli;
 mod code_cmd;
 mod commands;
 mod gov_cmd;
+mod image_cmd;
 mod mcp_cmd;
 mod net_cmd;
 mod net_log_cmd;

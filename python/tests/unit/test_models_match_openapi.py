@@ -46,6 +46,7 @@ MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
     "OutputEvent": ("ExecEvent", ("stdout", "stderr")),
     "EndEvent": ("ExecEvent", ("end",)),
     "ErrorEvent": ("ExecEvent", ("error",)),
+    "ImageInfo": ("Image", ()),
 }
 
 # SDK type aliases -> the enum schema they mirror.

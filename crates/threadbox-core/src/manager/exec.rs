@@ -37,9 +37,12 @@ impl Manager {
         let r = async {
             caller.require(ops::Exec::SCOPE)?;
 
+            // Checked before the sandbox is touched; built again with the image's defaults.
+            exec_spec(req.clone(), false)?;
+            let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
+            let req = self.with_image_defaults(&row.image, req).await;
             let mut spec = exec_spec(req, false)?;
             crate::telemetry::inject_env(&mut spec.env);
-            let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
             self.secret_env(&row.id, &mut spec.env).await?;
             self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;
@@ -96,9 +99,11 @@ impl Manager {
         let r = async {
             caller.require(ops::Exec::SCOPE)?;
 
+            exec_spec(req.clone(), true)?;
+            let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
+            let req = self.with_image_defaults(&row.image, req).await;
             let mut spec = exec_spec(req, true)?;
             crate::telemetry::inject_env(&mut spec.env);
-            let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
             self.secret_env(&row.id, &mut spec.env).await?;
             self.relay_env(&row, &mut spec.env);
             let oom_before = self.driver_for(&row)?.usage(&row.id, false).await.oom_kills;

@@ -17,12 +17,7 @@ impl Manager {
                 created_at: now_ms(),
             };
             self.store.insert_image(&row).await?;
-            Ok(Image {
-                name: row.name,
-                kind: row.kind,
-                path: row.path,
-                created_at: rfc3339(row.created_at),
-            })
+            self.image_view(row).await
         }
         .await;
         self.audit(caller, ops::AddImage::NAME, &target, &r).await;
@@ -32,19 +27,10 @@ impl Manager {
     pub async fn list_images(&self, caller: &Caller) -> Result<ImageList> {
         caller.require(ops::ListImages::SCOPE)?;
 
-        Ok(ImageList {
-            images: self
-                .store
-                .list_images()
-                .await?
-                .into_iter()
-                .map(|r| Image {
-                    name: r.name,
-                    kind: r.kind,
-                    path: r.path,
-                    created_at: rfc3339(r.created_at),
-                })
-                .collect(),
-        })
+        let mut images = Vec::new();
+        for r in self.store.list_images().await? {
+            images.push(self.image_view(r).await?);
+        }
+        Ok(ImageList { images })
     }
 }

@@ -27,6 +27,7 @@ mod lifecycle;
 mod net_floor;
 mod net_log;
 mod network;
+mod oci_images;
 mod pool;
 pub mod previews;
 mod processes;

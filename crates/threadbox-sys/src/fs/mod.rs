@@ -2,6 +2,7 @@
 //! directory handle ([`DirFd`]) and the agent's path resolver ([`resolve`]).
 
 pub mod resolve;
+pub mod tree;
 
 use crate::raw;
 use std::ffi::CString;

@@ -20,6 +20,7 @@ pub(crate) mod process;
 pub(crate) mod seccomp;
 #[cfg(test)]
 pub(crate) mod testing;
+pub(crate) mod tree;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};

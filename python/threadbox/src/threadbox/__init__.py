@@ -41,6 +41,7 @@ from ._errors import (
     Unauthenticated,
     Unavailable,
 )
+from ._images import AsyncImages, Images
 from ._interp import (
     AsyncCodeContext,
     AsyncContexts,
@@ -58,6 +59,7 @@ from ._models import (
     ExecResult,
     FileEntry,
     Health,
+    ImageInfo,
     Limits,
     OutputEvent,
     PreviewInfo,
@@ -100,6 +102,9 @@ __all__ = [
     "FileNotFound",
     "Files",
     "Health",
+    "ImageInfo",
+    "Images",
+    "AsyncImages",
     "InternalError",
     "InvalidArgument",
     "Limits",

@@ -21,6 +21,7 @@ from . import _common as c
 from . import _ops as ops
 from ._checkpoints import CheckpointInfo
 from ._errors import FileNotFound, ThreadboxError
+from ._images import AsyncImages
 from ._models import (
     EndEvent,
     ExecEvent,
@@ -111,6 +112,11 @@ class AsyncThreadbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    @property
+    def images(self) -> AsyncImages:
+        """The image catalog: ``pull()``, ``list()``, ``remove()``, ``import_archive()``."""
+        return AsyncImages(self)
 
     async def health(self) -> Health:
         """``GET /healthz``."""

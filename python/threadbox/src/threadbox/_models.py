@@ -420,6 +420,43 @@ def exec_result(end: EndEvent | None, out: list[bytes], err: list[bytes]) -> Exe
 
 
 @dataclass(frozen=True)
+class ImageInfo:
+    """An image of the daemon's catalog: ``host``, a ``rootfs`` directory or an ``oci``
+    image (pulled or imported; ``reference``, ``digest``, ``layers`` and ``size_bytes``
+    are set for those)."""
+
+    name: str
+    kind: str
+    path: str | None
+    created_at: str
+    reference: str | None
+    digest: str | None
+    layers: int | None
+    size_bytes: int | None
+    #: Sandboxes that use the image (it cannot be removed while any does).
+    sandboxes: int
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ImageInfo:
+        try:
+            return cls(
+                name=str(d["name"]),
+                kind=str(d.get("kind", "")),
+                path=d.get("path"),
+                created_at=str(d.get("created_at", "")),
+                reference=d.get("reference"),
+                digest=d.get("digest"),
+                layers=_opt_int(d.get("layers")),
+                size_bytes=_opt_int(d.get("size_bytes")),
+                sandboxes=int(d.get("sandboxes") or 0),
+                raw=d,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProtocolError(f"unexpected image object from daemon: {d!r}") from e
+
+
+@dataclass(frozen=True)
 class PreviewInfo:
     """A port of a sandbox published through the daemon (``sb.previews.create``).
 

@@ -18,6 +18,7 @@ from . import _common as c
 from . import _ops as ops
 from ._checkpoints import CheckpointInfo
 from ._errors import FileNotFound, ThreadboxError
+from ._images import Images
 from ._models import (
     EndEvent,
     ExecEvent,
@@ -115,6 +116,11 @@ class Threadbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def images(self) -> Images:
+        """The image catalog: ``pull()``, ``list()``, ``remove()``, ``import_archive()``."""
+        return Images(self)
 
     # -- daemon ---------------------------------------------------------------
 

@@ -1,0 +1,344 @@
+//! The image store on disk (ADR 0107), under one directory:
+//!
+//! ```text
+//! blobs/sha256/<hex>   manifests, configs and layer blobs, each verified before it is here
+//! layers/<hex>/        a layer unpacked, named by its diff_id (the uncompressed digest),
+//!                      so an image whose blobs are compressed differently shares it
+//! images/<hex>.json    a pulled image (by manifest digest): its layers and run config
+//! tmp/                 what is being written; emptied on open (a crash's leftovers)
+//! ```
+//!
+//! Every entry appears by `rename` from `tmp/` after it was verified and synced, so a crash
+//! at any point leaves either the whole entry or nothing (plus junk in `tmp/`).
+
+use crate::digest::{Digest, Hasher};
+use crate::error::{OciError, Result};
+use crate::manifest::RunConfig;
+use crate::unpack::{self, Ownership, UnpackReport};
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What the store keeps of an image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRecord {
+    /// Where it came from (`localhost:5000/team/app:1`, or `import:<file>`).
+    pub source: String,
+    pub manifest_digest: Digest,
+    pub config_digest: Digest,
+    pub platform: String,
+    /// The layers' diff_ids, lowest first.
+    pub layers: Vec<Digest>,
+    /// Bytes of compressed blobs the layers came from.
+    pub compressed_bytes: u64,
+    #[serde(default)]
+    pub run: RunConfig,
+}
+
+#[derive(Debug)]
+pub struct Store {
+    root: PathBuf,
+    seq: AtomicU64,
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> OciError {
+    let what = what.into();
+    move |e| OciError::io(what, e)
+}
+
+impl Store {
+    /// Opens (creating) the store at `root` and clears `tmp/`.
+    pub fn open(root: &Path) -> Result<Store> {
+        for d in ["blobs/sha256", "layers", "images", "tmp"] {
+            fs::create_dir_all(root.join(d))
+                .map_err(io(format!("create {}", root.join(d).display())))?;
+        }
+        let s = Store {
+            root: root.to_path_buf(),
+            seq: AtomicU64::new(0),
+        };
+        s.clear_tmp();
+        Ok(s)
+    }
+
+    fn clear_tmp(&self) {
+        if let Ok(rd) = fs::read_dir(self.root.join("tmp")) {
+            for e in rd.flatten() {
+                let p = e.path();
+                let _ = if p.is_dir() && !p.is_symlink() {
+                    fs::remove_dir_all(&p)
+                } else {
+                    fs::remove_file(&p)
+                };
+            }
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A fresh name in `tmp/`.
+    pub fn tmp_path(&self, tag: &str) -> PathBuf {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.root
+            .join("tmp")
+            .join(format!("{tag}.{}.{n}", std::process::id()))
+    }
+
+    pub fn blob_path(&self, d: &Digest) -> PathBuf {
+        self.root.join("blobs/sha256").join(d.hex())
+    }
+
+    pub fn layer_path(&self, diff_id: &Digest) -> PathBuf {
+        self.root.join("layers").join(diff_id.hex())
+    }
+
+    pub fn has_blob(&self, d: &Digest) -> bool {
+        self.blob_path(d).is_file()
+    }
+
+    pub fn has_layer(&self, diff_id: &Digest) -> bool {
+        self.layer_path(diff_id).is_dir()
+    }
+
+    /// A blob writer: bytes go to a temp file and are hashed; [`BlobWriter::commit`]
+    /// checks the digest and size, syncs and renames. Dropped uncommitted, it removes the
+    /// temp file.
+    pub fn blob_writer(&self, want: &Digest, size: Option<u64>) -> Result<BlobWriter> {
+        let tmp = self.tmp_path(want.hex());
+        let file = File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+        Ok(BlobWriter {
+            file: Some(file),
+            tmp,
+            dest: self.blob_path(want),
+            want: want.clone(),
+            size,
+            hasher: Hasher::new(),
+        })
+    }
+
+    /// Stores `bytes` as the blob `want` (after checking the digest).
+    pub fn put_blob(&self, want: &Digest, bytes: &[u8]) -> Result<()> {
+        let mut w = self.blob_writer(want, Some(bytes.len() as u64))?;
+        w.write(bytes)?;
+        w.commit()
+    }
+
+    pub fn read_blob(&self, d: &Digest, max: u64) -> Result<Vec<u8>> {
+        let p = self.blob_path(d);
+        let m = fs::metadata(&p).map_err(io(format!("blob {d}")))?;
+        if m.len() > max {
+            return Err(OciError::Invalid(format!(
+                "blob {d} is larger than {max} bytes"
+            )));
+        }
+        let b = fs::read(&p).map_err(io(format!("read blob {d}")))?;
+        if Digest::of(&b) != *d {
+            return Err(OciError::Integrity(format!(
+                "stored blob {d} does not match its digest"
+            )));
+        }
+        Ok(b)
+    }
+
+    /// Unpacks the stored blob `blob` as the layer `diff_id` (once: an existing layer is
+    /// kept). The unpacked tree's digest must be `diff_id`, or nothing is kept.
+    pub fn unpack_layer(
+        &self,
+        blob: &Digest,
+        diff_id: &Digest,
+        own: Ownership,
+    ) -> Result<Option<UnpackReport>> {
+        if self.has_layer(diff_id) {
+            return Ok(None);
+        }
+        let tmp = self.tmp_path(&format!("layer-{}", diff_id.hex()));
+        fs::create_dir(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+        let r = (|| {
+            let f = File::open(self.blob_path(blob)).map_err(io(format!("open blob {blob}")))?;
+            let rep = unpack::unpack(blob.as_str(), unpack::decompressed(f)?, &tmp, own)?;
+            if rep.diff_id.as_ref() != Some(diff_id) {
+                return Err(OciError::Integrity(format!(
+                    "layer {blob} unpacks to {} but the image config says {diff_id}",
+                    rep.diff_id.as_ref().map(|d| d.as_str()).unwrap_or("?")
+                )));
+            }
+            // The layer's root directory itself: what overlay shows as the lowest `/`.
+            fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .map_err(io("chmod layer"))?;
+            Ok(rep)
+        })();
+        match r {
+            Ok(rep) => match fs::rename(&tmp, self.layer_path(diff_id)) {
+                Ok(()) => Ok(Some(rep)),
+                // Another pull unpacked it meanwhile: theirs is as good.
+                Err(_) if self.has_layer(diff_id) => {
+                    let _ = fs::remove_dir_all(&tmp);
+                    Ok(None)
+                }
+                Err(e) => {
+                    let _ = fs::remove_dir_all(&tmp);
+                    Err(OciError::io("rename layer", e))
+                }
+            },
+            Err(e) => {
+                let _ = fs::remove_dir_all(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the record of an image (atomically).
+    pub fn put_image(&self, rec: &ImageRecord) -> Result<PathBuf> {
+        let dest = self.image_path(&rec.manifest_digest);
+        let tmp = self.tmp_path("image");
+        let bytes = serde_json::to_vec_pretty(rec).map_err(|e| OciError::Invalid(e.to_string()))?;
+        let mut f = File::create(&tmp).map_err(io("create image record"))?;
+        f.write_all(&bytes).map_err(io("write image record"))?;
+        f.sync_all().map_err(io("sync image record"))?;
+        fs::rename(&tmp, &dest).map_err(io("rename image record"))?;
+        Ok(dest)
+    }
+
+    pub fn image_path(&self, manifest: &Digest) -> PathBuf {
+        self.root
+            .join("images")
+            .join(format!("{}.json", manifest.hex()))
+    }
+
+    pub fn get_image(&self, manifest: &Digest) -> Result<ImageRecord> {
+        let b = fs::read(self.image_path(manifest)).map_err(io(format!("image {manifest}")))?;
+        serde_json::from_slice(&b)
+            .map_err(|e| OciError::Integrity(format!("image record {manifest}: {e}")))
+    }
+
+    /// The records of every image in the store.
+    pub fn images(&self) -> Vec<ImageRecord> {
+        let mut out = Vec::new();
+        if let Ok(rd) = fs::read_dir(self.root.join("images")) {
+            for e in rd.flatten() {
+                if let Ok(b) = fs::read(e.path()) {
+                    if let Ok(r) = serde_json::from_slice::<ImageRecord>(&b) {
+                        out.push(r);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Removes an image's record and every layer and blob no remaining image uses
+    /// (`keep`: images still referenced elsewhere, e.g. by the daemon's catalog, whose
+    /// records and layers stay). Returns the bytes freed (approximate: blob sizes).
+    pub fn remove_image(&self, manifest: &Digest) -> Result<u64> {
+        let _ = fs::remove_file(self.image_path(manifest));
+        self.gc()
+    }
+
+    /// Deletes layers and blobs that no image record names.
+    pub fn gc(&self) -> Result<u64> {
+        let imgs = self.images();
+        let mut live_layers = std::collections::BTreeSet::new();
+        let mut live_blobs = std::collections::BTreeSet::new();
+        for r in &imgs {
+            live_blobs.insert(r.manifest_digest.hex().to_string());
+            live_blobs.insert(r.config_digest.hex().to_string());
+            for l in &r.layers {
+                live_layers.insert(l.hex().to_string());
+            }
+        }
+        let mut freed = 0u64;
+        if let Ok(rd) = fs::read_dir(self.root.join("layers")) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if !live_layers.contains(&n) {
+                    // Renamed into tmp/ first: a half-removed layer is never under layers/.
+                    let t = self.tmp_path("gc");
+                    if fs::rename(e.path(), &t).is_ok() {
+                        let _ = fs::remove_dir_all(&t);
+                        freed += 1;
+                    }
+                }
+            }
+        }
+        if let Ok(rd) = fs::read_dir(self.root.join("blobs/sha256")) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if !live_blobs.contains(&n) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(freed)
+    }
+}
+
+/// A blob being written (see [`Store::blob_writer`]).
+pub struct BlobWriter {
+    file: Option<File>,
+    tmp: PathBuf,
+    dest: PathBuf,
+    want: Digest,
+    size: Option<u64>,
+    hasher: Hasher,
+}
+
+impl BlobWriter {
+    pub fn write(&mut self, b: &[u8]) -> Result<()> {
+        if let Some(s) = self.size {
+            if self.hasher.len() + b.len() as u64 > s {
+                return Err(OciError::Integrity(format!(
+                    "blob {} is longer than its {s} bytes",
+                    self.want
+                )));
+            }
+        }
+        self.hasher.update(b);
+        match &mut self.file {
+            Some(f) => f
+                .write_all(b)
+                .map_err(io(format!("write blob {}", self.want))),
+            None => Ok(()),
+        }
+    }
+
+    pub fn written(&self) -> u64 {
+        self.hasher.len()
+    }
+
+    /// Checks size and digest, syncs, renames into place.
+    pub fn commit(mut self) -> Result<()> {
+        let got_len = self.hasher.len();
+        if let Some(s) = self.size {
+            if got_len != s {
+                return Err(OciError::Integrity(format!(
+                    "blob {} is truncated: {got_len} of {s} bytes",
+                    self.want
+                )));
+            }
+        }
+        let got = std::mem::take(&mut self.hasher).finish();
+        if got != self.want {
+            return Err(OciError::Integrity(format!(
+                "blob {} arrived with digest {got}: refused",
+                self.want
+            )));
+        }
+        let f = self.file.take();
+        if let Some(f) = f {
+            f.sync_all().map_err(io("sync blob"))?;
+        }
+        fs::rename(&self.tmp, &self.dest).map_err(io("rename blob"))?;
+        Ok(())
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        // Committed: the temp name no longer exists and this is a no-op.
+        let _ = fs::remove_file(&self.tmp);
+    }
+}
