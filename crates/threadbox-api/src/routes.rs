@@ -190,6 +190,7 @@ mod tests {
                             | "checkpoint"
                             | "execution"
                             | "name"
+                            | "image"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );
