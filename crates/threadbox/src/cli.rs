@@ -229,6 +229,10 @@ pub struct CreateArgs {
     /// Stop after this many seconds without API activity (files are kept).
     #[arg(long, value_name = "SECS")]
     pub idle_stop: Option<u64>,
+    /// Hibernate after this many seconds without API activity (memory to swap; the next
+    /// call wakes it). Longer than --idle-pause, shorter than --idle-stop.
+    #[arg(long, value_name = "SECS")]
+    pub idle_hibernate: Option<u64>,
     /// Stop (or delete, see --ttl-action) this many seconds after creation.
     #[arg(long, value_name = "SECS")]
     pub ttl: Option<u64>,
