@@ -396,3 +396,111 @@ fn exec_events_over_a_websocket_and_a_session_ends_with_its_sandbox() {
         );
     });
 }
+
+/// A tmux server of its own (its socket named after this process), killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn cmd(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new("tmux")
+            .arg("-L")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run tmux (apt-get install tmux)")
+    }
+
+    fn pane(&self) -> String {
+        String::from_utf8_lossy(&self.cmd(&["capture-pane", "-p", "-t", "t"]).stdout).into_owned()
+    }
+
+    fn wait(&self, d: &Daemon, what: &str, cond: impl Fn(&str) -> bool) {
+        d.wait_for(what, DEADLINE, || cond(&self.pane()));
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("---- tmux pane ----\n{}", self.pane());
+        }
+        let _ = self.cmd(&["kill-server"]);
+    }
+}
+
+#[test]
+fn threadbox_shell_through_a_real_terminal() {
+    if !require_root("threadbox shell") {
+        return;
+    }
+    let _s = serial();
+    let d = Daemon::start();
+    let sb = d.create(&[]);
+
+    // Not a terminal: a clear error, nothing opened.
+    let run = d.cli(&["shell", &sb]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains("needs a terminal"), "{}", run.stderr);
+
+    let tmux = Tmux {
+        socket: format!("threadbox-test-{}", std::process::id()),
+    };
+    // After the session: its exit code, and whether the local terminal is back in
+    // canonical mode (`icanon`, not `-icanon`), then `cat` keeps the pane for reading.
+    let script = format!(
+        "THREADBOX_URL='{}' '{}' shell {sb}; echo shell-exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?icanon'; exec cat",
+        d.url,
+        common::threadbox_bin().display()
+    );
+    let out = tmux.cmd(&[
+        "new-session",
+        "-d",
+        "-s",
+        "t",
+        "-x",
+        "100",
+        "-y",
+        "30",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert!(
+        out.status.success(),
+        "tmux: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tmux.wait(&d, "the prompt", |p| p.contains("user@"));
+
+    tmux.cmd(&["send-keys", "-t", "t", "echo $((6*7))", "Enter"]);
+    tmux.wait(&d, "42", |p| p.lines().any(|l| l.trim() == "42"));
+
+    tmux.cmd(&["send-keys", "-t", "t", "stty size", "Enter"]);
+    tmux.wait(&d, "the first size", |p| {
+        p.lines().any(|l| l.trim() == "30 100")
+    });
+    // The local terminal changes size: SIGWINCH → a resize frame → the remote pty.
+    tmux.cmd(&["resize-window", "-t", "t", "-x", "120", "-y", "40"]);
+    // The resize travels on its own; `stty size` is asked again (at most once a second)
+    // until the answer is the new size.
+    let asked = std::cell::Cell::new(Instant::now() - Duration::from_secs(2));
+    tmux.wait(&d, "the resize", |p| {
+        if p.lines().any(|l| l.trim() == "40 120") {
+            return true;
+        }
+        if asked.get().elapsed() >= Duration::from_secs(1) {
+            tmux.cmd(&["send-keys", "-t", "t", "clear; stty size", "Enter"]);
+            asked.set(Instant::now());
+        }
+        false
+    });
+
+    tmux.cmd(&["send-keys", "-t", "t", "exit 7", "Enter"]);
+    tmux.wait(&d, "the exit code", |p| p.contains("shell-exit=7"));
+    tmux.wait(&d, "the terminal restored", |p| {
+        p.lines().any(|l| l.trim() == "icanon")
+    });
+    assert!(!tmux.pane().lines().any(|l| l.trim() == "-icanon"));
+}
