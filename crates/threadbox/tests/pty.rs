@@ -349,7 +349,7 @@ fn viewers_watch_and_type_only_when_granted_and_foreign_pages_are_refused() {
 }
 
 #[test]
-fn exec_events_over_a_websocket_and_a_session_ends_with_its_sandbox() {
+fn exec_events_over_a_websocket_and_a_session_resumes_and_ends_with_its_sandbox() {
     if !require_root("exec ws") {
         return;
     }
@@ -383,9 +383,13 @@ fn exec_events_over_a_websocket_and_a_session_ends_with_its_sandbox() {
         assert_eq!(end["type"], "end");
         assert_eq!(end["exit_code"], 4);
 
-        // A session of a sandbox that is stopped ends with an error, and closes.
+        // Opening a session resumes a paused sandbox.
+        d.cli(&["pause", &sb]).ok();
         let (_, mut t) = open(&c, &sb, request(80, 24), None).await;
         prompt(&mut t).await;
+        let state = d.cli(&["info", "--json", &sb]).ok().json()["state"].clone();
+        assert_eq!(state, "running");
+        // A session of a sandbox that is stopped ends with an error, and closes.
         d.cli(&["stop", &sb]).ok();
         t.until_closed().await;
         assert_eq!(t.exit, None);
