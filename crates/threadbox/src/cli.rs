@@ -36,6 +36,9 @@ pub enum Command {
     Info(SandboxJson),
     /// Run a command in a sandbox and wait for it; exits with its exit code.
     Exec(ExecArgs),
+    /// An interactive terminal in a sandbox (like `docker exec -it`); exits with the
+    /// program's exit code.
+    Shell(crate::shell_cmd::ShellArgs),
     /// Run code in a persistent interpreter context of a sandbox (variables survive
     /// between calls); prints output, the last expression's value, images as files.
     RunCode(crate::code_cmd::RunCodeArgs),
