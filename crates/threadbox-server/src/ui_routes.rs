@@ -252,9 +252,11 @@ fn harden(mut resp: Response) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // Not `no-referrer`: with it Chromium sends `Origin: null` on the login form's POST,
+    // which the Origin check must refuse. `same-origin` still tells no other site.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(
         "cross-origin-opener-policy",

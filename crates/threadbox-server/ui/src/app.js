@@ -190,7 +190,7 @@ async function filesPane(id, dir) {
     const up = dir.replace(/\/[^/]+\/?$/, "") || "/";
     const rows = list.entries.map((f) => {
       const name =
-        f.kind === "directory"
+        f.kind === "dir"
           ? el("a", { href: "#", on: { click: (ev) => (ev.preventDefault(), showFiles(id, f.path)) } }, `${f.name}/`)
           : el("span", {}, f.name);
       const act =
@@ -289,7 +289,7 @@ function terminalPane(id) {
     ws.binaryType = "arraybuffer";
     const encoder = new TextEncoder();
     ws.onopen = () => {
-      status.textContent = `connected · ${term.cols}×${term.rows}`;
+      status.textContent = `connected · ${term.cols}x${term.rows}`;
       term.focus();
     };
     ws.onmessage = (m) => {
@@ -313,7 +313,7 @@ function terminalPane(id) {
     term.onBinary((d) => ws.readyState === WebSocket.OPEN && ws.send(Uint8Array.from(d, (c) => c.charCodeAt(0))));
     term.onResize(({ cols, rows }) => {
       if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "resize", cols, rows }));
-      status.textContent = `connected · ${cols}×${rows}`;
+      status.textContent = `connected · ${cols}x${rows}`;
     });
   };
   const onWinResize = () => fit.fit();
