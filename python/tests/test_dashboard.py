@@ -9,6 +9,7 @@ Screenshots go to ``target/ui-screenshots/`` (CI artifacts).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -226,5 +227,61 @@ def test_open_a_terminal_type_a_command_and_resize(
         assert int(m2.group(2)) < cols, (m2.group(0), cols)
         page.keyboard.type("exit\n")
         page.wait_for_selector("#term-status:has-text('exited')", timeout=30_000)
+    finally:
+        ctx.close()
+
+
+def test_the_terminal_page_speaks_the_pty_protocol(
+    browser: Any, daemon: Daemon, dashboard_key: str, tb: Threadbox, names: Names
+) -> None:
+    """The page's half of the PTY protocol, with the daemon's half played by the test
+    (Playwright's WebSocket routing): raw bytes as binary frames both ways, resize as a
+    JSON text frame, the CSRF token offered as a subprotocol, exit shown. The test above
+    runs the same page against the daemon's real PTY sessions."""
+    sb = tb.create(names.new("dashproto"))
+    ctx, page = log_in(browser, daemon, dashboard_key)
+    got: list[str | bytes] = []
+    offered: list[list[str]] = []
+    try:
+        csrf = page.get_attribute("meta[name=tb-csrf]", "content")
+        page.route(
+            f"**/v1/sandboxes/{sb.id}/pty",
+            lambda route: route.fulfill(status=201, content_type="application/json", body='{"session":"pt-1"}'),
+        )
+
+        sockets: list[Any] = []
+
+        def serve(ws: Any) -> None:
+            sockets.append(ws)
+            offered.append(list(ws.protocols))
+
+            def on_message(m: str | bytes) -> None:
+                got.append(m)
+                if isinstance(m, bytes):
+                    ws.send(m.replace(b"\r", b"\r\n"))  # a terminal's echo
+
+            ws.on_message(on_message)
+            ws.send(b"\x1b]52;c;cHduZWQ=\x07welcome\r\n$ ")
+
+        page.route_web_socket(re.compile(rf".*/v1/sandboxes/{sb.id}/pty/pt-1/ws$"), serve)
+        page.goto(f"{daemon.url}/ui/#/sb/{sb.id}/terminal")
+        page.wait_for_selector("#term-status:has-text('connected')", timeout=30_000)
+        assert offered == [[f"tb-csrf.{csrf}"]]
+        wait_terminal(page, r"welcome")
+        page.click("#terminal")
+        page.keyboard.type("hello\n")
+        wait_terminal(page, r"\$ hello")
+        assert b"".join(m for m in got if isinstance(m, bytes)) == b"hello\r"
+        before = page.inner_text("#term-status")
+        page.set_viewport_size({"width": 700, "height": 800})
+        page.wait_for_function("(t) => document.querySelector('#term-status').textContent !== t", arg=before)
+        resizes = [json.loads(m) for m in got if isinstance(m, str)]
+        assert resizes and resizes[-1]["type"] == "resize", got
+        cols_before = int(before.split("·")[1].strip().split("x")[0])
+        assert 0 < resizes[-1]["cols"] < cols_before, (resizes, before)
+        # OSC 52 (a clipboard write) was swallowed, not shown and not obeyed.
+        assert "52;" not in terminal_text(page)
+        sockets[0].send('{"type":"exit","code":3}')
+        page.wait_for_selector("#term-status:has-text('exited with 3')")
     finally:
         ctx.close()
