@@ -527,6 +527,35 @@ mod tests {
     }
 
     #[test]
+    fn a_101_echoes_the_offered_token_protocol_only_when_the_handler_chose_none() {
+        let from = CsrfFrom::Protocol("tb-csrf.abc".into());
+        let mut resp = StatusCode::SWITCHING_PROTOCOLS.into_response();
+        echo_protocol(&mut resp, &from);
+        assert_eq!(
+            resp.headers()[header::SEC_WEBSOCKET_PROTOCOL],
+            "tb-csrf.abc"
+        );
+        let mut resp = StatusCode::SWITCHING_PROTOCOLS.into_response();
+        resp.headers_mut().insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static("threadbox.pty"),
+        );
+        echo_protocol(&mut resp, &from);
+        assert_eq!(
+            resp.headers()[header::SEC_WEBSOCKET_PROTOCOL],
+            "threadbox.pty"
+        );
+        for (status, from) in [
+            (StatusCode::OK, from.clone()),
+            (StatusCode::SWITCHING_PROTOCOLS, CsrfFrom::Header),
+        ] {
+            let mut resp = status.into_response();
+            echo_protocol(&mut resp, &from);
+            assert!(!resp.headers().contains_key(header::SEC_WEBSOCKET_PROTOCOL));
+        }
+    }
+
+    #[test]
     fn cookies_are_found_by_name() {
         let mut h = HeaderMap::new();
         h.insert(
