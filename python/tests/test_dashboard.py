@@ -285,3 +285,69 @@ def test_the_terminal_page_speaks_the_pty_protocol(
         page.wait_for_selector("#term-status:has-text('exited with 3')")
     finally:
         ctx.close()
+
+
+HOSTILE_PAGE = """<!doctype html><title>preview</title><script>
+window.results = (async () => {
+  const out = {};
+  out.cookieRead = (await fetch("/v1/sandboxes")).status;
+  out.guessedToken = (await fetch("/v1/sandboxes", {headers: {"X-Threadbox-CSRF": "0".repeat(64)}})).status;
+  const ui = await fetch("/ui/");
+  out.uiStatus = ui.status;
+  out.uiHasToken = /name="tb-csrf" content="[0-9a-f]{64}"/.test(await ui.text());
+  out.write = (await fetch("/v1/keys", {method: "POST", headers: {"Content-Type": "application/json"},
+    body: JSON.stringify({tenant: "default", scopes: ["admin"]})})).status;
+  out.ws = await new Promise((done) => {
+    const ws = new WebSocket(location.origin.replace("http", "ws") + "/v1/sandboxes/SANDBOX/pty/x/ws");
+    ws.onopen = () => done("open");
+    ws.onerror = () => done("refused");
+  });
+  const w = window.open("/ui/");
+  await new Promise((r) => setTimeout(r, 1500));
+  try { out.openedReadable = !!(w && w.document && w.document.querySelector("meta[name=tb-csrf]")); }
+  catch (e) { out.openedReadable = false; }
+  try { w && w.close(); } catch (e) {}
+  return out;
+})();
+</script>"""
+
+
+def test_a_preview_page_on_the_dashboards_origin_gets_nothing(
+    browser: Any, daemon: Daemon, dashboard_key: str, tb: Threadbox, names: Names
+) -> None:
+    """A path-form preview (ADR 0072) lives on the daemon's origin, so the browser sends
+    it the dashboard's cookie and calls its requests same-origin. Without the session's
+    CSRF token, which it cannot obtain, it can read nothing, write nothing and open no
+    WebSocket; the dashboard's page in the same browser (the positive control) can."""
+    sb = tb.create(names.new("dashprev"))
+    sb.files.write("site/index.html", HOSTILE_PAGE.replace("SANDBOX", sb.id))
+    sb.processes.start(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "site"])
+    probe = "import socket; socket.create_connection(('127.0.0.1', 8000), timeout=1).close()"
+    deadline = time.monotonic() + 30
+    while sb.exec(["python3", "-c", probe]).exit_code != 0:
+        assert time.monotonic() < deadline, "the server inside the sandbox never listened"
+        time.sleep(0.1)
+    preview = sb.previews.create(8000, public=True)
+    assert preview.path_url.startswith(daemon.url + "/preview/")
+    ctx, page = log_in(browser, daemon, dashboard_key)
+    try:
+        control = page.evaluate(
+            """() => fetch("/v1/sandboxes", {headers: {"X-Threadbox-CSRF":
+                document.querySelector("meta[name=tb-csrf]").content}}).then(r => r.status)"""
+        )
+        assert control == 200
+        hostile = ctx.new_page()
+        hostile.goto(preview.path_url)
+        out = hostile.evaluate("window.results")
+        shot(hostile, "preview-page")
+        assert out == {
+            "cookieRead": 401,
+            "guessedToken": 401,
+            "uiStatus": 403,
+            "uiHasToken": False,
+            "write": 401,
+            "ws": "refused",
+            "openedReadable": False,
+        }, out
+    finally:
+        ctx.close()
