@@ -411,15 +411,17 @@ async function auditView() {
   const badge = el("span", { class: "badge", id: "audit-verify" }, "verifying…");
   const pane = el("div", {});
   setView("Audit log", el("p", {}, "Chain: ", badge), pane);
+  let after = 0;
   try {
     const v = await api("GET", "/v1/audit/verify");
+    after = Math.max(0, v.entries - 200); // the newest 200
     badge.textContent = v.ok ? `verified (${v.entries} entries)` : `BROKEN at ${v.first_bad_seq}: ${v.reason ?? ""}`;
     badge.classList.add(v.ok ? "ok" : "bad");
   } catch (e) {
     badge.textContent = `not verified (${e.message})`;
   }
   try {
-    const a = await api("GET", "/v1/audit?limit=200");
+    const a = await api("GET", `/v1/audit?after=${after}&limit=200`);
     pane.append(
       table(
         ["Seq", "Time", "Tenant", "Key", "Action", "Target", "Result"],
