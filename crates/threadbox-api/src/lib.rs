@@ -18,6 +18,7 @@ pub mod net_log;
 pub mod network;
 pub mod ops;
 pub mod previews;
+pub mod pty;
 pub mod routes;
 pub mod secrets;
 pub use governance::*;
