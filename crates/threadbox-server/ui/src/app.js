@@ -168,8 +168,10 @@ async function sandboxesView() {
       status.replaceChildren(errorBox(e));
     }
   };
+  const mine = generation;
   await refresh();
-  timer = setInterval(refresh, 3000);
+  // The person may have moved on while the first refresh was under way.
+  if (mine === generation) timer = setInterval(refresh, 3000);
 }
 
 async function download(id, path) {
@@ -439,7 +441,10 @@ async function auditView() {
   }
 }
 
+let generation = 0; // bumped at every view change
+
 async function route() {
+  generation++;
   clearInterval(timer);
   timer = null;
   closeView();
