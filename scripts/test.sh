@@ -60,6 +60,14 @@ if [ ! -x "$PROMTOOL" ]; then
     rm -rf "$tmp"
 fi
 
+# chromium: the dashboard's browser tests (python/tests/test_dashboard.py) drive Debian's
+# Chromium with Playwright (never `playwright install`: no browser downloads).
+command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+echo "== dashboard assets"
+# The committed build of the dashboard matches its sources (rebuilt with npm, diffed).
+scripts/ui-check.sh
+
 echo "== rust tests"
 cargo test --workspace -- --test-threads=2
 

@@ -76,7 +76,12 @@ fn presented_key(headers: &HeaderMap) -> Option<Result<&str, ()>> {
 
 /// Answers 401 and audits the refusal within the daemon's budget for them (F9: anyone
 /// who reaches the port can be refused, and each row is an fsynced write).
-async fn refuse(st: &Shared, key_id: Option<&str>, target: &str, reason: &str) -> Response {
+pub(crate) async fn refuse(
+    st: &Shared,
+    key_id: Option<&str>,
+    target: &str,
+    reason: &str,
+) -> Response {
     let audit = st.refusals.admit(std::time::Instant::now());
     match audit {
         RefusalAudit::Record { suppressed_before } => {
@@ -115,8 +120,40 @@ pub(crate) async fn authenticate(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if is_public(req.uri().path()) {
+    // The dashboard's own routes check its session themselves (ui_routes.rs).
+    if is_public(req.uri().path()) || crate::ui_routes::is_ui_path(req.uri().path()) {
         return next.run(req).await;
+    }
+    // A request a page of this origin made (origin.rs): only a dashboard session
+    // authenticates it, never a door's operator default nor a key (ADR 0096).
+    if req
+        .extensions()
+        .get::<crate::origin::PageRequest>()
+        .is_some()
+    {
+        let (caller, csrf_from) = match crate::ui_routes::page_caller(&st, req.headers()).await {
+            Ok(c) => c,
+            Err(e) => {
+                let mut resp = e.into_response();
+                resp.extensions_mut()
+                    .insert(crate::metrics::RejectReason("unauthenticated"));
+                return resp;
+            }
+        };
+        let mut caller = caller;
+        if let Some(t) = req.headers().get(TENANT_HEADER) {
+            let Ok(t) = t.to_str() else {
+                return ApiError::invalid("X-Threadbox-Tenant is not valid text").into_response();
+            };
+            caller = match caller.acting_for(t.trim()) {
+                Ok(c) => c,
+                Err(e) => return ApiError::from(e).into_response(),
+            };
+        }
+        req.extensions_mut().insert(caller);
+        let mut resp = next.run(req).await;
+        crate::ui_routes::echo_protocol(&mut resp, &csrf_from);
+        return resp;
     }
     let door = req.extensions().get::<Door>().copied().unwrap_or(Door::Tcp);
     let mut caller = match door {

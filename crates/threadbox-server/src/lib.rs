@@ -20,6 +20,7 @@ pub mod routes;
 mod secret_routes;
 pub mod serve;
 pub mod telemetry;
+mod ui_routes;
 
 pub use error::ApiError;
 pub use mcp::McpOptions;
@@ -33,3 +34,5 @@ mod gov_tests;
 mod test_app;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod ui_tests;

@@ -140,25 +140,56 @@ fn origin_allowed(origin: &Origin, allowed: &[String]) -> bool {
     })
 }
 
-/// Why a request is refused, if it is.
+/// Marks a request made by a page on the daemon's own origin that may be the dashboard's
+/// (it carries the dashboard's cookie): the auth layer then accepts only a dashboard
+/// session with its CSRF token for it (ADR 0096).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PageRequest;
+
+/// Does `origin` name the daemon as the browser reached it (`Host`)?
+fn same_origin(origin: &Origin, host: Option<&Authority>) -> bool {
+    let (
+        Origin::Tuple {
+            scheme,
+            host: oh,
+            port: op,
+        },
+        Some(h),
+    ) = (origin, host)
+    else {
+        return false;
+    };
+    let d = default_port(scheme);
+    oh == &h.host && op.or(d) == h.port.or(d)
+}
+
+fn header_is(headers: &HeaderMap, name: &str, want: &str) -> bool {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(want))
+}
+
+/// Why a request is refused, if it is; `Ok(true)` for a same-origin page's request that
+/// goes to the dashboard's rules ([`PageRequest`]).
 fn check(
     door: Door,
     path: &str,
     uri: &Uri,
     headers: &HeaderMap,
     policy: &McpOptions,
-) -> Result<(), ApiError> {
+) -> Result<bool, ApiError> {
     let forbidden = |m: String| ApiError::new(ErrorCode::PermissionDenied, m);
+    let host = match headers.get(header::HOST) {
+        Some(v) => v.to_str().ok().and_then(parse_authority),
+        // HTTP/2 carries the host in `:authority`.
+        None => uri.authority().and_then(|a| parse_authority(a.as_str())),
+    };
     if door != Door::Socket && path != "/healthz" {
-        let host = match headers.get(header::HOST) {
-            Some(v) => v.to_str().ok().and_then(parse_authority),
-            // HTTP/2 carries the host in `:authority`.
-            None => uri.authority().and_then(|a| parse_authority(a.as_str())),
-        };
-        let Some(host) = host else {
+        let Some(host) = host.as_ref() else {
             return Err(ApiError::invalid("missing or malformed Host header"));
         };
-        if !host_allowed(&host, &policy.allowed_hosts) {
+        if !host_allowed(host, &policy.allowed_hosts) {
             tracing::warn!(host = %host.host, port = ?host.port, %path,
                 "refused a request for a Host that is not allowed (DNS rebinding?)");
             return Err(forbidden(format!(
@@ -169,8 +200,20 @@ fn check(
             )));
         }
     }
+    // The dashboard's page (or one that may be it: the auth layer tells): its own paths,
+    // or the API with its cookie.
+    let ui = crate::ui_routes::is_ui_path(path);
+    let dashboard =
+        ui || crate::ui_routes::cookie(headers, crate::ui_routes::SESSION_COOKIE).is_some();
     if let Some(v) = headers.get(header::ORIGIN) {
         let origin = v.to_str().ok().and_then(parse_origin);
+        if dashboard
+            && origin
+                .as_ref()
+                .is_some_and(|o| same_origin(o, host.as_ref()))
+        {
+            return Ok(true);
+        }
         let allowed = origin
             .as_ref()
             .is_some_and(|o| origin_allowed(o, &policy.allowed_origins));
@@ -184,6 +227,15 @@ fn check(
             )));
         }
     } else if !carries_nothing(path) && fetched_by_a_page(headers) {
+        // A same-origin GET sends no Origin: the dashboard's reads, or a preview page's.
+        if dashboard && header_is(headers, "sec-fetch-site", "same-origin") {
+            return Ok(true);
+        }
+        // A link to the dashboard from anywhere opens its login page (the cookie is
+        // SameSite=Strict: a cross-site navigation does not carry it).
+        if ui && header_is(headers, "sec-fetch-mode", "navigate") {
+            return Ok(true);
+        }
         // No Origin, yet a browser says a page made the request: a same-origin GET (a
         // page of a path-form preview lives on the daemon's origin) or a no-cors load.
         // No page may call the API without an allowed Origin (ADR 0072); a link to the
@@ -195,7 +247,7 @@ fn check(
                 .into(),
         ));
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Routes with nothing of anyone's in them.
@@ -214,15 +266,21 @@ fn fetched_by_a_page(headers: &HeaderMap) -> bool {
 /// The middleware: refuses before authentication, so a refused page learns nothing else.
 pub(crate) async fn check_host_and_origin(
     State(policy): State<Arc<McpOptions>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
     let door = req.extensions().get::<Door>().copied().unwrap_or(Door::Tcp);
-    if let Err(e) = check(door, req.uri().path(), req.uri(), req.headers(), &policy) {
-        let mut resp = e.into_response();
-        resp.extensions_mut()
-            .insert(crate::metrics::RejectReason("host_or_origin"));
-        return resp;
+    match check(door, req.uri().path(), req.uri(), req.headers(), &policy) {
+        Err(e) => {
+            let mut resp = e.into_response();
+            resp.extensions_mut()
+                .insert(crate::metrics::RejectReason("host_or_origin"));
+            return resp;
+        }
+        Ok(true) => {
+            req.extensions_mut().insert(PageRequest);
+        }
+        Ok(false) => {}
     }
     next.run(req).await
 }

@@ -236,6 +236,8 @@ fn split_cookies(headers: &HeaderMap) -> (Vec<String>, Option<String>) {
                 Some((name, value)) if name.trim() == PREVIEW_COOKIE => {
                     ours.push(value.trim().to_string())
                 }
+                // The dashboard's session (ADR 0096) is ours too and never forwarded.
+                Some((name, _)) if name.trim() == crate::ui_routes::SESSION_COOKIE => {}
                 _ => kept.push(pair.to_string()),
             }
         }
@@ -620,6 +622,18 @@ mod tests {
         let (ours, kept) = split_cookies(&h);
         assert_eq!(ours, ["c1", "c2"]);
         assert_eq!(kept.as_deref(), Some("a=1; b=2"));
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; tb_ui=session; tb_preview=c"),
+        );
+        let (ours, kept) = split_cookies(&h);
+        assert_eq!(ours, ["c"]);
+        assert_eq!(
+            kept.as_deref(),
+            Some("a=1"),
+            "the dashboard's session stays here"
+        );
     }
 
     #[test]

@@ -66,6 +66,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     /// How many refused authentications reach the audit log (see auth.rs).
     pub(crate) refusals: threadbox_core::audit::RefusalBudget,
+    /// The dashboard's sessions (ui_routes.rs).
+    pub(crate) ui: crate::ui_routes::UiSessions,
 }
 
 impl Shared {
@@ -85,6 +87,7 @@ pub fn app(state: AppState) -> Router {
         mcp: state.mcp,
         metrics: Arc::default(),
         refusals: Default::default(),
+        ui: Default::default(),
     })
 }
 
@@ -102,6 +105,7 @@ pub(crate) fn app_for_tests(
         mcp: McpOptions::default(),
         metrics: Arc::default(),
         refusals: Default::default(),
+        ui: Default::default(),
     })
     .layer(axum::Extension(door))
 }
@@ -239,6 +243,7 @@ fn router(shared: Shared) -> Router {
         .route(routes::AUDIT, get(gov_routes::audit_list))
         .route(routes::AUDIT_VERIFY, get(gov_routes::audit_verify))
         .route(routes::METRICS, get(gov_routes::metrics))
+        .merge(crate::ui_routes::routes())
         // Must come after the routes: it is installed on each existing method router.
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(route_not_found)
@@ -853,11 +858,27 @@ pub(crate) async fn read_file(
             std::io::Error::other(err.public_message())
         })
     });
+    // A sandbox's file is hostile content: never rendered on the daemon's origin (where
+    // the dashboard's session lives), always a download (ADR 0096).
     Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/octet-stream"),
-        )],
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (
+                header::CONTENT_DISPOSITION,
+                HeaderValue::from_static("attachment"),
+            ),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static("sandbox"),
+            ),
+        ],
         Body::from_stream(body),
     )
         .into_response())
