@@ -48,6 +48,8 @@ pub const IMAGES: &str = "/v1/images";
 pub const IMAGES_PULL: &str = "/v1/images/pull";
 pub const IMAGES_IMPORT: &str = "/v1/images/import";
 pub const IMAGE: &str = "/v1/images/{image}";
+pub const TEMPLATES: &str = "/v1/templates";
+pub const TEMPLATE: &str = "/v1/templates/{template}";
 pub const KEYS: &str = "/v1/keys";
 pub const KEY: &str = "/v1/keys/{key_id}";
 pub const QUOTA: &str = "/v1/quotas/{tenant}";
@@ -98,6 +100,8 @@ pub const ALL: &[&str] = &[
     IMAGES_PULL,
     IMAGES_IMPORT,
     IMAGE,
+    TEMPLATES,
+    TEMPLATE,
     KEYS,
     KEY,
     QUOTA,
@@ -191,6 +195,7 @@ mod tests {
                             | "execution"
                             | "name"
                             | "image"
+                            | "template"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

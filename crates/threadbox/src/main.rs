@@ -14,6 +14,7 @@ mod parse;
 mod preview_cmd;
 mod secret_cmd;
 mod serve_cmd;
+mod template_cmd;
 mod term;
 
 use clap::Parser;
