@@ -300,6 +300,10 @@ impl Manager {
             return Err(e);
         }
         tracing::info!(template = %t.id, name = %t.name, method = %t.method, bytes = t.size_bytes, "template");
+        if self.pool_holds_template(t) {
+            // The refill task sleeps until woken: it has sandboxes of this one to boot.
+            self.pool_wake.notify_one();
+        }
         self.to_api_template(t).await
     }
 
