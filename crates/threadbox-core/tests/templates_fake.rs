@@ -167,4 +167,32 @@ async fn templates_are_tenant_scoped_counted_and_reconciled() {
         .unwrap_err();
     assert!(matches!(e, CoreError::NotFound(_)), "{e}");
     assert!(fake.template_disks().await.is_empty());
+
+    // A template that does not fit the tenant's disk quota is refused and leaves no disk.
+    std::fs::write(
+        root.path().join("fake").join(&sb.id).join("disk/blob"),
+        vec![7u8; 1 << 20],
+    )
+    .unwrap();
+    let used = store.allocated_disk_of("acme").await.unwrap().max(0) as u64;
+    let quota = threadbox_api::Quota {
+        disk_bytes: Some(used + 4096),
+        ..Default::default()
+    };
+    mgr.run(
+        &Caller::operator(),
+        threadbox_api::ops::SetQuota {
+            tenant: "acme".into(),
+            quota,
+        },
+    )
+    .await
+    .unwrap();
+    let e = mgr.run(&a, from("big", "src")).await.unwrap_err();
+    assert!(matches!(e, CoreError::QuotaExceeded { .. }), "{e}");
+    assert!(
+        fake.template_disks().await.is_empty(),
+        "the refused template's disk is gone"
+    );
+    assert_eq!(store.template_bytes_of("acme").await.unwrap(), 0);
 }
