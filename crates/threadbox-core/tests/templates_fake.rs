@@ -196,3 +196,35 @@ async fn templates_are_tenant_scoped_counted_and_reconciled() {
     );
     assert_eq!(store.template_bytes_of("acme").await.unwrap(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_build_leaves_nothing_even_without_the_delete_scope() {
+    let root = tempfile::tempdir().unwrap();
+    let (mgr, fake) = open(root.path()).await;
+    let writer = Caller::key("acme", "k-w", [Scope::SandboxesRead, Scope::SandboxesWrite]);
+    let build = |run: &str| CreateTemplate {
+        request: CreateTemplateRequest {
+            name: "b".into(),
+            run: vec![run.into()],
+            ..Default::default()
+        },
+    };
+    let e = mgr.run(&writer, build("exit 3")).await.unwrap_err();
+    assert!(matches!(e, CoreError::PreconditionFailed(_)), "{e}");
+    assert!(e.to_string().contains("exited with 3"), "{e}");
+    assert!(
+        mgr.list(&writer, &Default::default(), None)
+            .await
+            .unwrap()
+            .is_empty(),
+        "the build sandbox is gone"
+    );
+    assert!(fake.template_disks().await.is_empty());
+    let ok = mgr.run(&writer, build("true")).await.unwrap();
+    assert_eq!(ok.steps.len(), 1);
+    assert!(mgr
+        .list(&writer, &Default::default(), None)
+        .await
+        .unwrap()
+        .is_empty());
+}

@@ -341,7 +341,11 @@ impl Manager {
         };
         let (sb, _) = self.create(caller, build).await?;
         let r = self.build_in(caller, req, &sb.id, timeout).await;
-        if let Err(e) = self.delete(caller, &sb.id, true).await {
+        // The daemon removes its own build sandbox: the caller may hold no delete scope.
+        if let Err(e) = self
+            .delete(&Caller::system(&caller.tenant), &sb.id, true)
+            .await
+        {
             tracing::warn!(sandbox = %sb.id, "template build: the build sandbox was not deleted: {e}");
         }
         r
