@@ -21,6 +21,7 @@ pub mod previews;
 pub mod pty;
 pub mod routes;
 pub mod secrets;
+pub mod templates;
 pub use governance::*;
 
 /// Stable error codes. Scripts and SDKs match on these strings.
@@ -200,6 +201,10 @@ pub struct CreateSandboxRequest {
     /// Only on a daemon that exports traces (`serve --otlp-endpoint`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub otlp_relay: bool,
+    /// A template (name or id, ADR 0110): the disk is a clone of the template's, and its
+    /// image, limits, labels and network policy are the defaults of the fields not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

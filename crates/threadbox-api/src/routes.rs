@@ -52,6 +52,8 @@ pub const IMAGES: &str = "/v1/images";
 pub const IMAGES_PULL: &str = "/v1/images/pull";
 pub const IMAGES_IMPORT: &str = "/v1/images/import";
 pub const IMAGE: &str = "/v1/images/{image}";
+pub const TEMPLATES: &str = "/v1/templates";
+pub const TEMPLATE: &str = "/v1/templates/{template}";
 pub const KEYS: &str = "/v1/keys";
 pub const KEY: &str = "/v1/keys/{key_id}";
 pub const QUOTA: &str = "/v1/quotas/{tenant}";
@@ -106,6 +108,8 @@ pub const ALL: &[&str] = &[
     IMAGES_PULL,
     IMAGES_IMPORT,
     IMAGE,
+    TEMPLATES,
+    TEMPLATE,
     KEYS,
     KEY,
     QUOTA,
@@ -200,6 +204,7 @@ mod tests {
                             | "name"
                             | "image"
                             | "session"
+                            | "template"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

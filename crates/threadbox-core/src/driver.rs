@@ -168,6 +168,32 @@ pub trait Driver: Send + Sync {
     async fn checkpoint_disks(&self, _id: &str) -> Vec<String> {
         Vec::new()
     }
+
+    // ---- templates (issue 14 scope 5, ADR 0110): named clones new sandboxes start from ----
+
+    /// Clones checkpoint `ckpt` of sandbox `from` (index `from_index`) into template `tpl`'s
+    /// disk, whole or not at all; the disk records whose uid range its owners are in.
+    async fn save_template_disk(
+        &self,
+        _from: &str,
+        _from_index: u32,
+        _ckpt: &str,
+        _tpl: &str,
+    ) -> Result<DiskClone> {
+        Err(no_checkpoints(self.tier()))
+    }
+    /// Creates `spec`'s disk as a clone of template `tpl`'s, instead of [`Driver::prepare`].
+    async fn template_disk(&self, _spec: &SandboxSpec, _tpl: &str) -> Result<()> {
+        Err(no_checkpoints(self.tier()))
+    }
+    /// Removes template `tpl`'s disk (absent: Ok).
+    async fn remove_template_disk(&self, _tpl: &str) -> Result<()> {
+        Ok(())
+    }
+    /// The templates whose disks exist (for reconciliation); half-made ones are removed.
+    async fn template_disks(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A clone of a sandbox's disk (ADR 0100).

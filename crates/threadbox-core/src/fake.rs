@@ -545,8 +545,31 @@ impl Driver for FakeDriver {
     async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
         FakeDriver::checkpoint_disks(self, id)
     }
+
+    async fn save_template_disk(
+        &self,
+        from: &str,
+        _from_index: u32,
+        ckpt: &str,
+        tpl: &str,
+    ) -> Result<crate::driver::DiskClone> {
+        FakeDriver::save_template_disk(self, from, ckpt, tpl)
+    }
+
+    async fn template_disk(&self, spec: &SandboxSpec, tpl: &str) -> Result<()> {
+        FakeDriver::template_disk(self, &spec.id, tpl)
+    }
+
+    async fn remove_template_disk(&self, tpl: &str) -> Result<()> {
+        FakeDriver::remove_template_disk(self, tpl)
+    }
+
+    async fn template_disks(&self) -> Vec<String> {
+        FakeDriver::template_disks(self)
+    }
 }
 
 mod checkpoint;
+mod templates;
 #[cfg(test)]
 mod tests;

@@ -519,9 +519,11 @@ impl Store {
         Ok(sqlx::query_scalar(
             "SELECT COALESCE(SUM(MAX(s.disk_bytes, COALESCE(u.disk_bytes, 0))), 0) \
              + (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) \
+             + (SELECT COALESCE(SUM(size_bytes), 0) FROM templates WHERE tenant = ?) \
              FROM sandboxes s LEFT JOIN sandbox_usage u \
              ON u.sandbox_id = s.id AND u.deleted_at IS NULL WHERE s.tenant = ?",
         )
+        .bind(tenant)
         .bind(tenant)
         .bind(tenant)
         .fetch_one(&self.pool)
@@ -534,9 +536,11 @@ impl Store {
         Ok(sqlx::query_scalar(
             "SELECT COALESCE(SUM(u.disk_bytes), 0) \
              + (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) \
+             + (SELECT COALESCE(SUM(size_bytes), 0) FROM templates WHERE tenant = ?) \
              FROM sandbox_usage u JOIN sandboxes s \
              ON s.id = u.sandbox_id WHERE u.tenant = ? AND u.deleted_at IS NULL",
         )
+        .bind(tenant)
         .bind(tenant)
         .bind(tenant)
         .fetch_one(&self.pool)

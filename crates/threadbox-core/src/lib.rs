@@ -26,6 +26,7 @@ pub mod store_net_log;
 pub mod store_network;
 pub mod store_previews;
 pub mod store_secrets;
+pub mod store_templates;
 pub mod telemetry;
 
 pub use caller::{Caller, Scope, DEFAULT_TENANT};
@@ -64,6 +65,8 @@ pub struct Config {
     /// Pre-booted sandboxes (default image, default limits) kept ready for `create`;
     /// 0 = no warm pool (ADR 0010).
     pub warm_pool: usize,
+    /// Pre-booted sandboxes of templates: (tenant, template name, how many); ADR 0110.
+    pub warm_pool_templates: Vec<(String, String, usize)>,
     /// Private ranges the operator opens to egress (`serve --egress-allow-private`); the
     /// floor refuses them otherwise, whatever a tenant's policy says.
     pub egress_allow_private: Vec<ipnet::IpNet>,
@@ -98,6 +101,7 @@ impl Config {
             reaper_interval: std::time::Duration::from_secs(1),
             meter_interval: std::time::Duration::from_secs(2),
             warm_pool: 0,
+            warm_pool_templates: Vec::new(),
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
             egress_dns: None,

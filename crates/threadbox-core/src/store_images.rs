@@ -5,12 +5,17 @@ use crate::error::Result;
 use crate::store::Store;
 
 impl Store {
-    /// Sandboxes (of any tenant, the warm pool's included) whose image is `name`.
+    /// Sandboxes (of any tenant, the warm pool's included) and templates (ADR 0110: a
+    /// template's disk is an upper over its image) whose image is `name`.
     pub async fn image_users(&self, name: &str) -> Result<u32> {
-        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM sandboxes WHERE image = ?")
-            .bind(name)
-            .fetch_one(&self.pool)
-            .await?;
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT (SELECT COUNT(*) FROM sandboxes WHERE image = ?) \
+             + (SELECT COUNT(*) FROM templates WHERE image = ?)",
+        )
+        .bind(name)
+        .bind(name)
+        .fetch_one(&self.pool)
+        .await?;
         Ok(n.max(0) as u32)
     }
 
@@ -19,9 +24,11 @@ impl Store {
     pub async fn repoint_unused_image(&self, name: &str, path: &str) -> Result<bool> {
         let r = sqlx::query(
             "UPDATE images SET path = ? WHERE name = ? \
-             AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE image = ?)",
+             AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE image = ?) \
+             AND NOT EXISTS (SELECT 1 FROM templates WHERE image = ?)",
         )
         .bind(path)
+        .bind(name)
         .bind(name)
         .bind(name)
         .execute(&self.pool)
@@ -35,8 +42,10 @@ impl Store {
     pub async fn delete_unused_image(&self, name: &str) -> Result<bool> {
         let r = sqlx::query(
             "DELETE FROM images WHERE name = ? \
-             AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE image = ?)",
+             AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE image = ?) \
+             AND NOT EXISTS (SELECT 1 FROM templates WHERE image = ?)",
         )
+        .bind(name)
         .bind(name)
         .bind(name)
         .execute(&self.pool)

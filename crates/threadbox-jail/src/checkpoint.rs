@@ -10,10 +10,10 @@ use threadbox_sys::clonefile::{clone_file, syncfs};
 
 /// At the root of a disk image (outside `upper/`, so invisible inside): the host uid base
 /// the image's owners are relative to. Absent: the base of the sandbox it was made for.
-const UID_BASE_FILE: &str = "uid-base";
+pub(crate) const UID_BASE_FILE: &str = "uid-base";
 
 /// Checkpoint ids are ours (`ck-<hex>`), but a path is built from them: refuse anything else.
-fn check_ckpt(ckpt: &str) -> Result<()> {
+pub(crate) fn check_ckpt(ckpt: &str) -> Result<()> {
     if ckpt.is_empty()
         || ckpt.len() > 64
         || !ckpt
@@ -27,7 +27,7 @@ fn check_ckpt(ckpt: &str) -> Result<()> {
     Ok(())
 }
 
-fn sys(e: threadbox_sys::SysError) -> CoreError {
+pub(crate) fn sys(e: threadbox_sys::SysError) -> CoreError {
     CoreError::Internal(e.to_string())
 }
 
@@ -36,7 +36,7 @@ impl Jail {
         self.paths(id).dir.join("checkpoints")
     }
 
-    fn checkpoint_image(&self, id: &str, ckpt: &str) -> Result<PathBuf> {
+    pub(crate) fn checkpoint_image(&self, id: &str, ckpt: &str) -> Result<PathBuf> {
         check_ckpt(ckpt)?;
         Ok(self.checkpoint_dir(id).join(format!("{ckpt}.img")))
     }
@@ -118,8 +118,21 @@ impl Jail {
         from_index: u32,
         ckpt: &str,
     ) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
         let src = self.checkpoint_image(from, ckpt)?;
+        self.disk_from_clone(&src, id, index, self.uid_range.slot_base(from_index)?)
+    }
+
+    /// Makes `id`'s disk a clone of the image `src`, its owners moved into `index`'s uid
+    /// range from the base `src` records (`default_base` when it records none), and only
+    /// then renamed into place (a disk that exists is always whole and owned right).
+    pub(crate) fn disk_from_clone(
+        &self,
+        src: &Path,
+        id: &str,
+        index: u32,
+        default_base: u32,
+    ) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
         let p = self.paths(id);
         for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
             mkdir(d)?;
@@ -127,11 +140,8 @@ impl Jail {
         std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
         let tmp = p.dir.join("disk.img.tmp");
         let _ = std::fs::remove_file(&tmp);
-        clone_file(&src, &tmp).map_err(sys)?;
-        let (from_base, to_base) = (
-            self.uid_range.slot_base(from_index)?,
-            self.uid_range.slot_base(index)?,
-        );
+        clone_file(src, &tmp).map_err(sys)?;
+        let (from_base, to_base) = (default_base, self.uid_range.slot_base(index)?);
         let shifted = threadbox_sys::jail::with_image_mounted(&tmp, &p.disk_mount, |root| {
             let file = root.join(UID_BASE_FILE);
             let recorded = std::fs::read_to_string(&file)
@@ -191,7 +201,7 @@ impl Jail {
 }
 
 /// Makes a rename durable (best effort: the rename itself is what matters for consistency).
-fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(f) = std::fs::File::open(dir) {
         let _ = f.sync_all();
     }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+mod templates;
 pub mod uid_range;
 
 use std::io::Write;
@@ -772,6 +773,34 @@ impl Driver for JailDriver {
     async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
         let id = id.to_string();
         self.run(move |j| Ok(j.checkpoint_disks(&id)))
+            .await
+            .unwrap_or_default()
+    }
+
+    async fn save_template_disk(
+        &self,
+        from: &str,
+        from_index: u32,
+        ckpt: &str,
+        tpl: &str,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (from, ckpt, tpl) = (from.to_string(), ckpt.to_string(), tpl.to_string());
+        self.run(move |j| j.save_template_disk(&from, from_index, &ckpt, &tpl))
+            .await
+    }
+
+    async fn template_disk(&self, spec: &SandboxSpec, tpl: &str) -> Result<()> {
+        let (id, index, tpl) = (spec.id.clone(), spec.index, tpl.to_string());
+        self.run(move |j| j.template_disk(&id, index, &tpl)).await
+    }
+
+    async fn remove_template_disk(&self, tpl: &str) -> Result<()> {
+        let tpl = tpl.to_string();
+        self.run(move |j| j.remove_template_disk(&tpl)).await
+    }
+
+    async fn template_disks(&self) -> Vec<String> {
+        self.run(|j| Ok(j.template_disks()))
             .await
             .unwrap_or_default()
     }

@@ -21,6 +21,7 @@ mod secret_routes;
 pub mod serve;
 pub mod telemetry;
 mod ui_routes;
+mod template_routes;
 
 pub use error::ApiError;
 pub use mcp::McpOptions;

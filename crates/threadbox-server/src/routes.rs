@@ -217,6 +217,16 @@ fn router(shared: Shared) -> Router {
         .route(routes::SANDBOX_REWIND, post(crate::ckpt_routes::rewind))
         .route(routes::SANDBOX_FORK, post(crate::ckpt_routes::fork))
         .route(
+            routes::TEMPLATES,
+            post(crate::template_routes::create_template)
+                .get(crate::template_routes::list_templates),
+        )
+        .route(
+            routes::TEMPLATE,
+            get(crate::template_routes::get_template)
+                .delete(crate::template_routes::delete_template),
+        )
+        .route(
             routes::SANDBOX_NETWORK_LOG,
             get(crate::net_log_routes::network_log),
         )

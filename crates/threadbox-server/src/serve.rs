@@ -35,6 +35,8 @@ pub struct ServeOptions {
     pub insecure_no_auth: bool,
     /// Pre-booted sandboxes kept ready for `create` (0 = none; ADR 0010).
     pub warm_pool: usize,
+    /// Warm sandboxes of templates: (tenant, template name, how many).
+    pub warm_pool_templates: Vec<(String, String, usize)>,
     /// Largest `limits.disk_bytes` one sandbox may ask for (`--max-disk-bytes`).
     pub max_disk_bytes: u64,
     /// Egress (issue 13): private ranges the operator opens, static names, upstream DNS.
@@ -59,6 +61,7 @@ impl ServeOptions {
             mcp: McpOptions::default(),
             insecure_no_auth: false,
             warm_pool: 0,
+            warm_pool_templates: Vec::new(),
             max_disk_bytes: threadbox_core::DEFAULT_MAX_DISK_BYTES,
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
@@ -137,6 +140,7 @@ pub async fn serve(
 
     let mut config = Config::new(opts.root.clone());
     config.warm_pool = opts.warm_pool;
+    config.warm_pool_templates = opts.warm_pool_templates.clone();
     config.max_disk_bytes = opts.max_disk_bytes;
     config.egress_allow_private = opts.egress_allow_private.clone();
     config.egress_hosts = opts.egress_hosts.clone();

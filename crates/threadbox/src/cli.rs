@@ -95,6 +95,9 @@ pub enum Command {
     Rewind(crate::ckpt_cmd::RewindArgs),
     /// New running sandboxes with a sandbox's files, limits, image, network and labels.
     Fork(crate::ckpt_cmd::ForkArgs),
+    /// Templates: named disks new sandboxes start from (`create --template NAME`).
+    #[command(subcommand)]
+    Template(crate::template_cmd::TemplateCommand),
     /// Metered use: CPU-seconds, memory GiB-seconds, disk, running/paused time.
     Usage(crate::gov_cmd::UsageArgs),
     /// The hash-chained audit log (admin).
@@ -139,6 +142,10 @@ pub struct ServeArgs {
     /// create they satisfy returns at once (hostname = sandbox id) [default: 0].
     #[arg(long, value_name = "N")]
     pub warm_pool: Option<usize>,
+    /// Also keep N sandboxes of a template warm: [TENANT/]NAME=N (repeatable; tenant
+    /// `default` unless given). A create with that template takes one.
+    #[arg(long, value_name = "[TENANT/]NAME=N")]
+    pub warm_pool_template: Vec<String>,
     /// Open a private range to sandbox egress (repeatable), e.g. 10.1.0.0/16 for a LAN
     /// service; a tenant's policy must still allow it. The daemon's ports stay closed.
     #[arg(long, value_name = "CIDR")]
@@ -258,6 +265,10 @@ pub struct CreateArgs {
     /// whose spans the daemon forwards to its collector (needs serve --otlp-endpoint)
     #[arg(long)]
     pub otlp_relay: bool,
+    /// Start from a template (name or id): its disk is cloned, and its image, limits,
+    /// labels and network policy are the defaults of the flags not given.
+    #[arg(long, value_name = "NAME")]
+    pub template: Option<String>,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,

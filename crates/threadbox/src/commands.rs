@@ -37,6 +37,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Checkpoints(a) => crate::ckpt_cmd::checkpoints(&client(url)?, a).await,
         Command::Rewind(a) => crate::ckpt_cmd::rewind(&client(url)?, a).await,
         Command::Fork(a) => crate::ckpt_cmd::fork(&client(url)?, a).await,
+        Command::Template(c) => crate::template_cmd::run(&client(url)?, c).await,
         Command::Ls(args) => ls(&client(url)?, args).await,
         Command::Info(a) => {
             let sb = client(url)?.get(&a.sandbox).await?;
@@ -368,6 +369,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
         },
         secrets: args.secrets,
         otlp_relay: args.otlp_relay,
+        template: args.template,
     };
     let (sandbox, _created) = client.create(&req).await?;
     if args.json {

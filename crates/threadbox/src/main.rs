@@ -15,6 +15,7 @@ mod preview_cmd;
 mod secret_cmd;
 mod serve_cmd;
 mod shell_cmd;
+mod template_cmd;
 mod term;
 
 use clap::Parser;

@@ -157,8 +157,28 @@ async fn serve_inner(
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");
     }
+    for w in &args.warm_pool_template {
+        opts.warm_pool_templates.push(parse_pool_template(w)?);
+    }
     threadbox_server::serve(opts, move || tiers(jail)).await?;
     Ok(())
+}
+
+/// `[TENANT/]NAME=N` of `--warm-pool-template` (ADR 0110).
+fn parse_pool_template(s: &str) -> anyhow::Result<(String, String, usize)> {
+    let bad = || {
+        anyhow::anyhow!("--warm-pool-template {s:?}: expected [TENANT/]NAME=N, N from 1 to 1024")
+    };
+    let (who, n) = s.rsplit_once('=').ok_or_else(bad)?;
+    let n: usize = n.parse().map_err(|_| bad())?;
+    let (tenant, name) = match who.split_once('/') {
+        Some((t, n)) => (t, n),
+        None => (threadbox_core::caller::DEFAULT_TENANT, who),
+    };
+    if tenant.is_empty() || name.is_empty() || !(1..=1024).contains(&n) {
+        return Err(bad());
+    }
+    Ok((tenant.to_string(), name.to_string(), n))
 }
 
 /// The daemon's isolation tiers: the jail, the default and only real one.

@@ -7,7 +7,7 @@ use crate::error::{CoreError, Result};
 use std::path::{Path, PathBuf};
 
 /// Copies the tree `src` to the new directory `dst` (files, directories, symlinks).
-fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
+pub(super) fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
     std::fs::create_dir(dst)?;
     for e in std::fs::read_dir(src)? {
         let e = e?;

@@ -56,7 +56,7 @@ fn find<'a>(rows: &'a [CheckpointRow], sandbox: &str, name: &str) -> Result<&'a 
 impl Manager {
     /// Clones `row`'s disk into `ckpt` with its processes frozen for the instant (a paused
     /// sandbox is frozen already, a stopped one has none). Caller holds the lifecycle lock.
-    async fn clone_disk_frozen(
+    pub(super) async fn clone_disk_frozen(
         &self,
         row: &SandboxRow,
         ckpt: &str,
@@ -93,7 +93,7 @@ impl Manager {
     }
 
     /// The bytes the tenant's disk quota still has room for, `None` without a quota.
-    async fn disk_room(&self, tenant: &str) -> Result<Option<u64>> {
+    pub(super) async fn disk_room(&self, tenant: &str) -> Result<Option<u64>> {
         let Some(limit) = self.cached_quota(tenant).await?.and_then(|q| q.disk_bytes) else {
             return Ok(None);
         };
@@ -320,10 +320,11 @@ impl Manager {
                 network: network.clone(),
                 otlp_relay: parent.otlp_relay,
                 secrets: secrets.clone(),
+                template: None,
             };
-            let source = &source;
+            let source = super::templates::DiskFrom::Fork(&source);
             async move {
-                match self.create_inner(caller, req, Some(source)).await {
+                match self.create_inner(caller, req, Some(&source)).await {
                     Ok(Some((sb, true))) => Ok(sb),
                     Ok(Some((sb, false))) => Err(CoreError::Conflict(format!(
                         "a sandbox named {:?} exists already ({})",

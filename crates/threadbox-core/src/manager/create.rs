@@ -63,8 +63,36 @@ impl Manager {
         // created and failed (and is gone): try again rather than answer `not_found` (F4).
         // Bounded: every round waits for one whole failed create of that name.
         let mut r = Ok(None);
+        // A template's defaults fill the fields the request leaves empty (ADR 0110).
+        let template = match req.template.as_deref() {
+            Some(t) => match self.resolve_template(caller, t).await {
+                Ok(row) => Some(row),
+                Err(e) => {
+                    let r = Err(e);
+                    self.audit(caller, ops::CreateSandbox::NAME, &name, &r)
+                        .await;
+                    return r;
+                }
+            },
+            None => None,
+        };
+        let (req, from) = match &template {
+            Some(t) => match self.apply_template(t, req) {
+                Ok(req) => (
+                    req,
+                    Some(super::templates::DiskFrom::Template(t.id.as_str())),
+                ),
+                Err(e) => {
+                    let r = Err(e);
+                    self.audit(caller, ops::CreateSandbox::NAME, &name, &r)
+                        .await;
+                    return r;
+                }
+            },
+            None => (req, None),
+        };
         for _ in 0..8 {
-            r = self.create_inner(caller, req.clone(), None).await;
+            r = self.create_inner(caller, req.clone(), from.as_ref()).await;
             if !matches!(r, Ok(None)) {
                 break;
             }
@@ -89,7 +117,7 @@ impl Manager {
         &self,
         caller: &Caller,
         req: CreateSandboxRequest,
-        fork: Option<&super::checkpoints::ForkSource>,
+        from: Option<&super::templates::DiskFrom<'_>>,
     ) -> Result<Option<(Sandbox, bool)>> {
         caller.require(ops::CreateSandbox::SCOPE)?;
         if let Some(name) = &req.name {
@@ -241,9 +269,12 @@ impl Manager {
             }
             // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE (not
             // for a fork: its disk is the parent's).
-            let pooled = match fork {
-                Some(_) => Ok(None),
-                None => self.adopt_from_pool(&row).await,
+            let pooled = match from {
+                Some(super::templates::DiskFrom::Fork(_)) => Ok(None),
+                Some(super::templates::DiskFrom::Template(t)) => {
+                    self.adopt_from_pool(&row, Some(t)).await
+                }
+                None => self.adopt_from_pool(&row, None).await,
             };
             match pooled {
                 Ok(Some(adopted)) => {
@@ -269,6 +300,13 @@ impl Manager {
             }
             let g = live.lifecycle.lock().await;
             row.slot = self.store.insert_sandbox(&row).await?;
+            if let Some(super::templates::DiskFrom::Template(t)) = from {
+                if let Err(e) = self.store.set_template_use(&id, t).await {
+                    let _ = self.store.delete_sandbox(&id).await;
+                    self.forget(&id);
+                    return Err(e);
+                }
+            }
             // Bound before boot, so `boot` installs the CA and attaches the interception.
             if let Err(e) = self.bind_secrets(&id, &req.secrets).await {
                 let _ = self.store.delete_sandbox(&id).await;
@@ -309,11 +347,14 @@ impl Manager {
         };
         let result: Result<i32> = async {
             let spec = self.spec_of(&row).await?;
-            match fork {
-                Some(f) => {
+            match from {
+                Some(super::templates::DiskFrom::Fork(f)) => {
                     self.driver_for(&row)?
                         .fork_disk(&spec, &f.from, f.from_index, &f.ckpt)
                         .await?
+                }
+                Some(super::templates::DiskFrom::Template(t)) => {
+                    self.driver_for(&row)?.template_disk(&spec, t).await?
                 }
                 None => self.driver_for(&row)?.prepare(&spec).await?,
             }

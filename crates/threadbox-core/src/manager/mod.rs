@@ -37,6 +37,7 @@ mod reconcile;
 mod relay;
 mod secrets;
 pub mod state;
+mod templates;
 pub(crate) mod validate;
 
 pub use contexts::{ExecuteCodeStream, GetExecution};

@@ -23,7 +23,7 @@ const REFILL_DELAY: Duration = Duration::from_millis(50);
 impl Manager {
     /// Starts the refill task when the pool is enabled.
     pub(super) fn spawn_pool(self: &Arc<Self>, mut stop_rx: tokio::sync::watch::Receiver<bool>) {
-        if self.config.warm_pool == 0 {
+        if self.config.warm_pool == 0 && self.config.warm_pool_templates.is_empty() {
             return;
         }
         let weak = Arc::downgrade(self);
@@ -63,15 +63,40 @@ impl Manager {
 
     /// Boots one pooled sandbox if the pool is short; false when it is full.
     async fn fill_pool_once(&self) -> Result<bool> {
-        let (_, total) = self.store.count_sandboxes(POOL_TENANT).await?;
-        if total as usize >= self.config.warm_pool {
-            return Ok(false);
+        if (self.store.count_pooled(None).await? as usize) < self.config.warm_pool {
+            self.boot_pooled(None).await?;
+            return Ok(true);
         }
-        self.boot_pooled().await?;
-        Ok(true)
+        // Sandboxes of templates (ADR 0110), looked up each round: a template named in the
+        // configuration may be made after the daemon starts.
+        for (tenant, name, n) in &self.config.warm_pool_templates {
+            let Some(t) = self.store.get_template(tenant, name).await? else {
+                tracing::debug!(tenant, template = name, "warm pool: no such template (yet)");
+                continue;
+            };
+            if t.tier != self.drivers.default_tier() {
+                continue;
+            }
+            if (self.store.count_pooled(Some(&t.id)).await? as usize) < *n {
+                self.boot_pooled(Some(&t)).await?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
-    async fn boot_pooled(&self) -> Result<()> {
+    /// Whether the configuration keeps sandboxes of `t` warm.
+    pub(super) fn pool_holds_template(&self, t: &crate::store_templates::TemplateRow) -> bool {
+        self.config
+            .warm_pool_templates
+            .iter()
+            .any(|(tenant, name, _)| *tenant == t.tenant && *name == t.name)
+    }
+
+    async fn boot_pooled(
+        &self,
+        template: Option<&crate::store_templates::TemplateRow>,
+    ) -> Result<()> {
         let created = now_ms();
         let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
         let mut row = SandboxRow {
@@ -80,11 +105,13 @@ impl Manager {
             name: None,
             state: State::Creating,
             labels: BTreeMap::new(),
-            image: HOST_IMAGE.to_string(),
-            memory_bytes: self.config.default_memory_bytes,
-            cpus: self.config.default_cpus,
-            pids: self.config.default_pids,
-            disk_bytes: self.config.default_disk_bytes,
+            image: template
+                .map_or(HOST_IMAGE, |t| t.image.as_str())
+                .to_string(),
+            memory_bytes: template.map_or(self.config.default_memory_bytes, |t| t.memory_bytes),
+            cpus: template.map_or(self.config.default_cpus, |t| t.cpus),
+            pids: template.map_or(self.config.default_pids, |t| t.pids),
+            disk_bytes: template.map_or(self.config.default_disk_bytes, |t| t.disk_bytes),
             idle_pause_secs: None,
             idle_stop_secs: None,
             idle_hibernate_secs: None,
@@ -110,7 +137,14 @@ impl Manager {
         };
         let result: Result<i32> = async {
             let spec = self.spec_of(&row).await?;
-            self.drivers.get(&row.tier)?.prepare(&spec).await?;
+            let driver = self.drivers.get(&row.tier)?;
+            match template {
+                Some(t) => {
+                    self.store.set_template_use(&id, &t.id).await?;
+                    driver.template_disk(&spec, &t.id).await?
+                }
+                None => driver.prepare(&spec).await?,
+            }
             self.boot(&row, &live).await
         }
         .await;
@@ -119,7 +153,7 @@ impl Manager {
                 self.store
                     .transition(&id, &[State::Creating], State::Running, Some(pid))
                     .await?;
-                tracing::info!(sandbox = %id, agent_pid = pid, "warm pool: sandbox ready");
+                tracing::info!(sandbox = %id, agent_pid = pid, template = ?template.map(|t| &t.name), "warm pool: sandbox ready");
                 Ok(())
             }
             Err(e) => {
@@ -182,19 +216,27 @@ impl Manager {
     /// image and the pool's disk size; memory, CPU and pids limits other than the defaults
     /// are applied to its cgroup first. Returns the adopted sandbox's id. Caller holds the
     /// create and admission locks and has admitted the request.
-    pub(super) async fn adopt_from_pool(&self, row: &SandboxRow) -> Result<Option<String>> {
-        if self.config.warm_pool == 0
-            || row.tier != self.drivers.default_tier()
-            || row.image != HOST_IMAGE
-            || row.disk_bytes != self.config.default_disk_bytes
-            // Pooled sandboxes booted without the OTLP endpoint (ADR 0091).
-            || row.otlp_relay
-        {
+    pub(super) async fn adopt_from_pool(
+        &self,
+        row: &SandboxRow,
+        template: Option<&str>,
+    ) -> Result<Option<String>> {
+        let kept = match template {
+            None => {
+                self.config.warm_pool > 0
+                    && row.image == HOST_IMAGE
+                    && row.disk_bytes == self.config.default_disk_bytes
+            }
+            // The candidate must be of that template, its image and disk size (below).
+            Some(_) => !self.config.warm_pool_templates.is_empty(),
+        };
+        // Pooled sandboxes booted without the OTLP endpoint (ADR 0091).
+        if !kept || row.tier != self.drivers.default_tier() || row.otlp_relay {
             return Ok(None);
         }
         let Some(id) = self
             .store
-            .pool_candidate(&row.image, row.disk_bytes)
+            .pool_candidate_of(template, &row.image, row.disk_bytes)
             .await?
         else {
             tracing::debug!("warm pool: empty, cold boot");
@@ -214,11 +256,9 @@ impl Manager {
             self.pool_wake.notify_one();
             return Ok(None);
         }
-        let defaults = (
-            self.config.default_memory_bytes,
-            self.config.default_cpus,
-            self.config.default_pids,
-        );
+        // What it was booted with: the defaults, or its template's limits.
+        let booted = self.reload(&id).await?;
+        let defaults = (booted.memory_bytes, booted.cpus, booted.pids);
         let rewritten = (row.memory_bytes, row.cpus, row.pids) != defaults;
         if rewritten {
             let limits = crate::driver::Limits {

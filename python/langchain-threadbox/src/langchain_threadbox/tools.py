@@ -358,6 +358,9 @@ class ThreadboxToolkit(BaseToolkit):
             rules (``["pypi.org", "python-packages"]``) or a policy mapping, as
             :meth:`threadbox.Threadbox.create` takes it. The tools tell the model
             what is open. Without it sandboxes reach nothing outside themselves.
+        template: A template (name or id) the sandboxes this toolkit creates start
+            from: a clone of its disk, its image, limits, labels and network policy as
+            the defaults (``tb.templates.create(...)`` makes one).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -396,7 +399,10 @@ class ThreadboxToolkit(BaseToolkit):
         stateful: bool = False,
         images: Literal["content", "none"] = "content",
         network: NetworkSpec | None = None,
+        template: str | None = None,
     ) -> None:
+        if template is not None:
+            sandbox_options = {**dict(sandbox_options or {}), "template": template}
         if network is not None:
             # Checked here, so a bad rule fails when the toolkit is built, not on a tool call.
             policy_body(network)

@@ -72,6 +72,7 @@ from ._models import (
 )
 from ._network import AsyncNetwork, NetLogPage, NetLogRecord, Network, NetworkInfo
 from ._sync import ExecStream, Files, Process, Processes, Sandbox, Threadbox, default_client
+from ._templates import AsyncTemplates, BuildStep, TemplateInfo, Templates
 
 __version__ = "0.1.0"
 
@@ -105,6 +106,10 @@ __all__ = [
     "ImageInfo",
     "Images",
     "AsyncImages",
+    "Templates",
+    "AsyncTemplates",
+    "TemplateInfo",
+    "BuildStep",
     "InternalError",
     "InvalidArgument",
     "Limits",

@@ -34,6 +34,7 @@ from ._models import (
     SandboxInfo,
     SelftestReport,
 )
+from ._templates import AsyncTemplates
 from ._views import ProcessView, SandboxView
 
 __all__ = [
@@ -121,6 +122,11 @@ class AsyncThreadbox:
         """The image catalog: ``pull()``, ``list()``, ``remove()``, ``import_archive()``."""
         return AsyncImages(self)
 
+    @property
+    def templates(self) -> AsyncTemplates:
+        """Templates: ``create()``, ``list()``, ``get()``, ``delete()``; ``create(template=...)``."""
+        return AsyncTemplates(self)
+
     async def health(self) -> Health:
         """``GET /healthz``."""
         return await self._call(ops.health())
@@ -143,6 +149,7 @@ class AsyncThreadbox:
         network: _network.NetworkSpec | None = None,
         tier: str | None = None,
         otlp_relay: bool | None = None,
+        template: str | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Creates a sandbox, or returns the existing one with this ``name``.
@@ -165,6 +172,7 @@ class AsyncThreadbox:
             secrets=secrets,
             tier=tier,
             otlp_relay=otlp_relay,
+            template=template,
         )
         if network is not None:
             body["network"] = _network.policy_body(network)
@@ -189,6 +197,7 @@ class AsyncThreadbox:
         network: _network.NetworkSpec | None = None,
         tier: str | None = None,
         otlp_relay: bool | None = None,
+        template: str | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -212,6 +221,7 @@ class AsyncThreadbox:
             network=network,
             tier=tier,
             otlp_relay=otlp_relay,
+            template=template,
             on_exit=on_exit,
         )
 

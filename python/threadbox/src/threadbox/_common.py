@@ -133,8 +133,12 @@ def create_body(
     secrets: Sequence[str] | None = None,
     tier: str | None = None,
     otlp_relay: bool | None = None,
+    template: str | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"labels": dict(labels or {})}
+    if template is not None:
+        # A template's disk is cloned; its settings fill what this call leaves out.
+        body["template"] = template
     if tier is not None:
         body["tier"] = tier
     if otlp_relay:

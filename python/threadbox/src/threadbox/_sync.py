@@ -31,6 +31,7 @@ from ._models import (
     SandboxInfo,
     SelftestReport,
 )
+from ._templates import Templates
 from ._views import ProcessView, SandboxView
 
 __all__ = ["ExecStream", "Files", "Process", "Processes", "Sandbox", "Threadbox", "default_client"]
@@ -123,6 +124,11 @@ class Threadbox:
         """The image catalog: ``pull()``, ``list()``, ``remove()``, ``import_archive()``."""
         return Images(self)
 
+    @property
+    def templates(self) -> Templates:
+        """Templates: ``create()``, ``list()``, ``get()``, ``delete()``; ``create(template=...)``."""
+        return Templates(self)
+
     # -- daemon ---------------------------------------------------------------
 
     def health(self) -> Health:
@@ -149,6 +155,7 @@ class Threadbox:
         network: _network.NetworkSpec | None = None,
         tier: str | None = None,
         otlp_relay: bool | None = None,
+        template: str | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Creates a sandbox (``POST /v1/sandboxes``).
@@ -180,6 +187,7 @@ class Threadbox:
             secrets=secrets,
             tier=tier,
             otlp_relay=otlp_relay,
+            template=template,
         )
         if network is not None:
             body["network"] = _network.policy_body(network)
@@ -204,6 +212,7 @@ class Threadbox:
         network: _network.NetworkSpec | None = None,
         tier: str | None = None,
         otlp_relay: bool | None = None,
+        template: str | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -228,6 +237,7 @@ class Threadbox:
             network=network,
             tier=tier,
             otlp_relay=otlp_relay,
+            template=template,
             on_exit=on_exit,
         )
 
