@@ -16,13 +16,27 @@ fn python() -> String {
     "python".into()
 }
 
+/// The languages a context can run, by their canonical names (ADR 0080, 0083).
+pub const LANGUAGES: &[&str] = &["python", "javascript", "bash"];
+
+/// The canonical name of a language, accepting the usual aliases (`python3`, `js`,
+/// `node`, `sh` is not bash and is refused).
+pub fn canonical_language(name: &str) -> Option<&'static str> {
+    match name {
+        "python" | "python3" | "py" => Some("python"),
+        "javascript" | "js" | "node" => Some("javascript"),
+        "bash" => Some("bash"),
+        _ => None,
+    }
+}
+
 /// Body of `POST /v1/sandboxes/{sandbox}/contexts`: get-or-create by `name`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
 pub struct CreateContextRequest {
     /// Unique within the sandbox; an existing context of that name is returned as is.
     #[serde(default)]
     pub name: Option<String>,
-    /// Only `python` for now.
+    /// `python` (default), `javascript` (node; also `js`, `node`) or `bash`.
     #[serde(default = "python")]
     pub language: String,
     #[serde(default)]

@@ -48,7 +48,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Exec(args) => exec(&client(url)?, args).await,
-        Command::RunCode(args) => crate::code_cmd::run_code(&client(url)?, args).await,
+        Command::Run(args) => crate::code_cmd::run_code(&client(url)?, args).await,
         Command::Pause(a) => {
             let c = client(url)?;
             transition(c.pause(&a.sandbox).await?, a.json)

@@ -280,10 +280,11 @@ fn validate_create(r: &CreateContextRequest) -> Result<()> {
     if let Some(name) = &r.name {
         validate_name(name)?;
     }
-    if r.language != "python" {
+    if canonical_language(&r.language).is_none() {
         return Err(CoreError::InvalidArgument(format!(
-            "language {:?} is not available (only \"python\" for now)",
-            r.language
+            "language {:?} is not available (one of {})",
+            r.language,
+            LANGUAGES.join(", ")
         )));
     }
     validate_env(&r.env)?;
@@ -320,7 +321,10 @@ impl Manager {
             self.secret_env(&row.id, &mut env).await?;
             let spec = proto::ContextSpec {
                 name: req.name,
-                language: req.language,
+                // Checked by `validate_create`; the agent knows the canonical names only.
+                language: canonical_language(&req.language)
+                    .unwrap_or("python")
+                    .to_string(),
                 cwd: req.cwd,
                 env,
                 user: run_as(req.user),
