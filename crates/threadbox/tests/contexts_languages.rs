@@ -205,3 +205,56 @@ fn bash_context_keeps_state_and_its_channel_from_the_cells_programs() {
     assert_ne!(r.code, 0);
     assert!(r.stderr.contains("is a bash context"), "{}", r.stderr);
 }
+
+#[test]
+fn idle_contexts_let_the_sandbox_auto_pause_and_a_running_cell_holds_it() {
+    if !require_root("idle_contexts_let_the_sandbox_auto_pause_and_a_running_cell_holds_it") {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let d = Daemon::start();
+    let sb = d.create(&["--idle-pause", "1"]);
+    let state = |d: &Daemon| d.cli(&["info", "--json", &sb]).ok().json()["state"].clone();
+    // Three idle contexts do not keep the sandbox awake.
+    d.cli(&["run", &sb, "-c", "x = 1"]).ok();
+    run(&d, &sb, "bash", "y=2", &[]);
+    run(&d, &sb, "javascript", "globalThis.z = 3", &[]);
+    d.wait_for(
+        "auto-pause with idle contexts",
+        Duration::from_secs(30),
+        || state(&d) == "paused",
+    );
+    // A cell several reaper ticks longer than the idle pause runs to its end: it is in
+    // flight, and the sandbox is never paused under it.
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let cell = s.spawn(|| {
+            let v = run(&d, &sb, "bash", "sleep 5; echo $y", &["--timeout", "60"]);
+            done.store(true, Ordering::SeqCst);
+            v
+        });
+        // The execute resumes the paused sandbox first.
+        let mut resumed = false;
+        while !done.load(Ordering::SeqCst) {
+            let st = state(&d);
+            resumed |= st == "running";
+            if resumed && st == "paused" && !done.load(Ordering::SeqCst) {
+                // Let the cell finish before failing, so nothing is left frozen.
+                d.cli(&["resume", &sb]).ok();
+                panic!("the sandbox was paused under a running cell");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let v = cell.join().expect("the cell's thread");
+        assert_eq!(v["stdout"], "2\n", "{v}");
+        assert!(
+            resumed,
+            "the sandbox was never seen running during the cell"
+        );
+    });
+    // And once it ended, idle again: paused.
+    d.wait_for("auto-pause after the cell", Duration::from_secs(30), || {
+        state(&d) == "paused"
+    });
+}
