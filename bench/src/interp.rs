@@ -353,13 +353,16 @@ impl Bench {
             "interpreter: create→first 1+1",
             "ms",
             exec_first,
-            [vec![create, ik_first], lang_first].concat(),
+            vec![create, ik_first]
+                .into_iter()
+                .chain(lang_first)
+                .collect(),
         ));
         self.rows.extend(rows_against(
             "interpreter: 1+1 round trip (warm)",
             "ms",
             exec_rt,
-            [vec![ctx_rt, ik_rt], lang_rt].concat(),
+            vec![ctx_rt, ik_rt].into_iter().chain(lang_rt).collect(),
         ));
         self.rows
             .push(png.row("interpreter: PNG round trip (100 KB)", "ms"));

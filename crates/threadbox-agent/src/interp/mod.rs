@@ -114,6 +114,14 @@ async fn drain_idle(p: Rc<Pipes>) {
     }
 }
 
+/// What is in a pipe now, without waiting. Not `try_read`: that trusts tokio's cached
+/// readiness, which may not know yet of output written just before the worker's `done`
+/// (a bash cell's `echo` was lost that way under load).
+fn read_now(pipe: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> {
+    let f = std::fs::File::from(pipe.as_fd().try_clone_to_owned()?);
+    std::io::Read::read(&mut &f, buf)
+}
+
 /// The next chunk of a pipe (0 at EOF).
 async fn read_pipe(pipe: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> {
     loop {
@@ -1055,7 +1063,7 @@ async fn run_cell(
             (&pipes.err, &pipes.err_eof, &mut ebuf, &mut err_text)
         };
         while !eof.get() {
-            match pipe.try_read(buf) {
+            match read_now(pipe, buf) {
                 Ok(n) if n > 0 => {
                     let text = carry.push(&buf[..n]);
                     f.emit(if is_out {
