@@ -54,10 +54,29 @@ print(json.dumps({"start": start, "first": first, "rt": rt}))
 
 const IPYKERNEL: &str = "ipykernel (venv, host, jupyter_client)";
 
+/// The other languages' contexts (ADR 0083): their `1+1` and its contender's name.
+const LANG_CELLS: [(&str, &str, &str); 2] = [
+    (
+        "javascript",
+        "1+1",
+        "javascript context (node, threadbox API)",
+    ),
+    ("bash", "echo $((1+1))", "bash context (threadbox API)"),
+];
+
+/// A `1+1` answered: the value (Python, JavaScript) or the output (bash).
+fn two(x: &CodeExecution) -> bool {
+    plain(x) == Some("2") || x.stdout == "2\n"
+}
+
 fn ctx_request(name: &str) -> CreateContextRequest {
+    lang_request(name, "python")
+}
+
+fn lang_request(name: &str, language: &str) -> CreateContextRequest {
     CreateContextRequest {
         name: Some(name.into()),
-        language: "python".into(),
+        language: language.into(),
         cwd: None,
         env: Default::default(),
         user: Default::default(),
@@ -198,6 +217,7 @@ impl Bench {
         // Create → first result: a new context each time, deleted afterwards.
         let mut create = Series::new("context (threadbox API)");
         let mut exec_first = Series::new("exec python3 -c 1+1 (threadbox API)");
+        let mut lang_first: Vec<Series> = LANG_CELLS.iter().map(|l| Series::new(l.2)).collect();
         for i in 0..self.iters {
             let name = format!("bench-{i}");
             let t = Instant::now();
@@ -221,6 +241,29 @@ impl Bench {
             })
             .await?;
             exec_first.push(tb_exec(&c, &id, ONE_PLUS_ONE).await);
+            for (k, (lang, cell, _)) in LANG_CELLS.iter().enumerate() {
+                let name = format!("bench-{lang}-{i}");
+                let t = Instant::now();
+                let r = async {
+                    c.call(&CreateContext {
+                        sandbox: id.clone(),
+                        request: lang_request(&name, lang),
+                    })
+                    .await?;
+                    let x = execute(&c, &id, &name, cell).await?;
+                    if !two(&x) {
+                        bail!("{cell} in {lang} gave {:?} {:?}", x.result, x.stdout);
+                    }
+                    Ok(ms(t.elapsed()))
+                }
+                .await;
+                lang_first[k].push(r);
+                c.call(&DeleteContext {
+                    sandbox: id.clone(),
+                    context: name,
+                })
+                .await?;
+            }
         }
 
         // Warm round trips, interleaved.
@@ -234,8 +277,18 @@ impl Bench {
         let mut ctx_rt = Series::new("context (threadbox API)");
         let mut exec_rt = Series::new("exec python3 -c 1+1 (threadbox API)");
         let mut png = Series::new("context, 100 KB _repr_png_ (threadbox API)");
+        let mut lang_rt: Vec<Series> = LANG_CELLS.iter().map(|l| Series::new(l.2)).collect();
+        for (lang, cell, _) in LANG_CELLS {
+            let name = format!("warm-{lang}");
+            c.call(&CreateContext {
+                sandbox: id.clone(),
+                request: lang_request(&name, lang),
+            })
+            .await?;
+            execute(&c, &id, &name, cell).await?;
+        }
         for i in 0..self.iters {
-            for k in rotation(i, 3) {
+            for k in rotation(i, 3 + LANG_CELLS.len()) {
                 match k {
                     0 => {
                         let t = Instant::now();
@@ -243,6 +296,17 @@ impl Bench {
                         ctx_rt.push(r.map(|_| ms(t.elapsed())));
                     }
                     1 => exec_rt.push(tb_exec(&c, &id, ONE_PLUS_ONE).await),
+                    k if k >= 3 => {
+                        let (lang, cell, _) = LANG_CELLS[k - 3];
+                        let t = Instant::now();
+                        let r = execute(&c, &id, &format!("warm-{lang}"), cell).await;
+                        lang_rt[k - 3].push(r.and_then(|x| {
+                            if !two(&x) {
+                                bail!("{cell} in {lang} gave {:?}", x.stdout);
+                            }
+                            Ok(ms(t.elapsed()))
+                        }));
+                    }
                     _ => {
                         let t = Instant::now();
                         let r = execute(&c, &id, warm, PNG_CELL).await.and_then(|x| {
@@ -289,13 +353,16 @@ impl Bench {
             "interpreter: create→first 1+1",
             "ms",
             exec_first,
-            vec![create, ik_first],
+            vec![create, ik_first]
+                .into_iter()
+                .chain(lang_first)
+                .collect(),
         ));
         self.rows.extend(rows_against(
             "interpreter: 1+1 round trip (warm)",
             "ms",
             exec_rt,
-            vec![ctx_rt, ik_rt],
+            vec![ctx_rt, ik_rt].into_iter().chain(lang_rt).collect(),
         ));
         self.rows
             .push(png.row("interpreter: PNG round trip (100 KB)", "ms"));

@@ -16,13 +16,27 @@ fn python() -> String {
     "python".into()
 }
 
+/// The languages a context can run, by their canonical names (ADR 0080, 0083).
+pub const LANGUAGES: &[&str] = &["python", "javascript", "bash"];
+
+/// The canonical name of a language, accepting the usual aliases (`python3`, `js`,
+/// `node`, `sh` is not bash and is refused).
+pub fn canonical_language(name: &str) -> Option<&'static str> {
+    match name {
+        "python" | "python3" | "py" => Some("python"),
+        "javascript" | "js" | "node" => Some("javascript"),
+        "bash" => Some("bash"),
+        _ => None,
+    }
+}
+
 /// Body of `POST /v1/sandboxes/{sandbox}/contexts`: get-or-create by `name`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
 pub struct CreateContextRequest {
     /// Unique within the sandbox; an existing context of that name is returned as is.
     #[serde(default)]
     pub name: Option<String>,
-    /// Only `python` for now.
+    /// `python` (default), `javascript` (node; also `js`, `node`) or `bash`.
     #[serde(default = "python")]
     pub language: String,
     #[serde(default)]
@@ -38,8 +52,12 @@ pub struct CreateContextRequest {
 pub enum ContextState {
     Idle,
     Busy,
-    /// The worker ended; the next execution starts a new one (`context_created: true`).
-    Dead,
+    /// The context's state is gone (`reason` says why): its worker died (`oom`,
+    /// `killed`, `exited:<code>`, `signal:<n>`; the next execution starts a new one and
+    /// says `context_created: true`), or the sandbox's agent no longer has it
+    /// (`stopped`, `daemon-restart`, `agent-restart`; a get-or-create of its name makes
+    /// it again and says `recreated: true`). Never recreated silently.
+    Lost,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
@@ -63,6 +81,12 @@ pub struct Context {
     /// True when this call made the context.
     #[serde(default)]
     pub created: bool,
+    /// True when this call made the context again after it was lost: every variable of
+    /// the earlier one is gone (`lost_reason` says why).
+    #[serde(default)]
+    pub recreated: bool,
+    #[serde(default)]
+    pub lost_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema, JsonSchema)]
@@ -146,6 +170,12 @@ pub struct CodeExecution {
     /// The worker was replaced during the call: every variable is gone.
     pub context_restarted: bool,
     pub reason: Option<String>,
+    /// This call made the context again after it was lost (a stop, an agent restart):
+    /// the variables of the earlier one are gone; `lost_reason` says why.
+    #[serde(default)]
+    pub context_recreated: bool,
+    #[serde(default)]
+    pub lost_reason: Option<String>,
 }
 
 /// Get-or-create a context in a sandbox.
@@ -281,6 +311,10 @@ pub enum CodeEvent {
         truncated: bool,
         context_restarted: bool,
         reason: Option<String>,
+        #[serde(default)]
+        context_recreated: bool,
+        #[serde(default)]
+        lost_reason: Option<String>,
     },
     Error {
         code: ErrorCode,

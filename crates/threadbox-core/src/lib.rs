@@ -21,6 +21,7 @@ pub mod range;
 pub mod relay;
 pub mod store;
 pub mod store_checkpoints;
+pub mod store_contexts;
 pub mod store_images;
 pub mod store_net_log;
 pub mod store_network;

@@ -41,7 +41,8 @@ pub enum Command {
     Shell(crate::shell_cmd::ShellArgs),
     /// Run code in a persistent interpreter context of a sandbox (variables survive
     /// between calls); prints output, the last expression's value, images as files.
-    RunCode(crate::code_cmd::RunCodeArgs),
+    #[command(alias = "run-code")]
+    Run(crate::code_cmd::RunCodeArgs),
     /// Freeze a sandbox: its processes keep their memory but use no CPU.
     Pause(SandboxJson),
     /// Freeze a sandbox and push its memory out of RAM (to swap): no CPU, next to no

@@ -1,4 +1,4 @@
-//! `threadbox run-code`: run code in a sandbox's persistent interpreter context
+//! `threadbox run` (alias `run-code`): run code in a sandbox's persistent interpreter context
 //! (issue 15, docs/interpreter.md).
 
 use crate::commands::print_json;
@@ -8,7 +8,8 @@ use base64::Engine;
 use futures::StreamExt;
 use std::io::Write;
 use threadbox_api::interp::{
-    CodeEvent, CodeExecution, CodeOutput, CodeStatus, ExecuteCode, ExecuteCodeRequest,
+    canonical_language, CodeEvent, CodeExecution, CodeOutput, CodeStatus, Context, CreateContext,
+    CreateContextRequest, ExecuteCode, ExecuteCodeRequest, LANGUAGES,
 };
 use threadbox_client::Client;
 
@@ -16,34 +17,93 @@ use threadbox_client::Client;
 pub struct RunCodeArgs {
     /// Sandbox id or name.
     pub sandbox: String,
-    /// The context (id or name); `python` is created on first use.
-    #[arg(long, default_value = "python", value_name = "NAME")]
-    pub context: String,
+    /// The code; `-` reads it from stdin.
+    #[arg(short = 'c', long = "code", value_name = "CODE")]
+    pub code_opt: Option<String>,
+    /// The context (id or name) [default: the language's name]. A context of that name
+    /// is created (in `--language`) when there is none.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// `python` (default), `javascript` (node) or `bash`: the language of a context this
+    /// call creates; an existing context must be of it.
+    #[arg(long, short = 'l', value_name = "LANG")]
+    pub language: Option<String>,
     /// Interrupt the cell after this many seconds of running time [default: 300].
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
     /// Environment variable K=V for this cell only (repeatable).
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     pub env: Vec<String>,
-    /// Write image outputs (PNG, JPEG) into this directory as `out-<n>-<i>.<ext>`.
+    /// Write image outputs (PNG, JPEG) into this directory as `out-<n>-<i>.<ext>`
+    /// [default: a new directory under the system's temporary directory]; their paths
+    /// are printed.
     #[arg(long, value_name = "DIR")]
     pub images: Option<std::path::PathBuf>,
-    /// Print the whole execution as one JSON document.
+    /// Print the whole execution as one JSON document (images stay base64 in it).
     #[arg(long)]
     pub json: bool,
-    /// The code; `-` reads it from stdin.
-    pub code: String,
+    /// The code, as `-c` (the form of `run-code`).
+    #[arg(value_name = "CODE", conflicts_with = "code_opt")]
+    pub code: Option<String>,
+}
+
+/// The context to run in: a language's own name is made by the execute itself; another
+/// name is get-or-create here, in `--language`. An explicit `--language` that does not
+/// match an existing context's is an error rather than a surprise.
+async fn resolve_context(client: &Client, args: &RunCodeArgs) -> anyhow::Result<String> {
+    let language = match &args.language {
+        Some(l) => Some(
+            canonical_language(l)
+                .with_context(|| {
+                    format!("unknown --language {l:?} (one of {})", LANGUAGES.join(", "))
+                })?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let name = match (&args.context, &language) {
+        (Some(c), _) => c.clone(),
+        (None, Some(l)) => l.clone(),
+        (None, None) => "python".to_string(),
+    };
+    let language =
+        language.unwrap_or_else(|| canonical_language(&name).unwrap_or("python").to_string());
+    if canonical_language(&name).is_some_and(|l| l == name && l == language) {
+        return Ok(name);
+    }
+    let ctx: Context = client
+        .call(&CreateContext {
+            sandbox: args.sandbox.clone(),
+            request: CreateContextRequest {
+                name: Some(name.clone()),
+                language: language.clone(),
+                cwd: None,
+                env: Default::default(),
+                user: Default::default(),
+            },
+        })
+        .await?;
+    if ctx.language != language {
+        bail!(
+            "context {name:?} is a {} context, not {language}",
+            ctx.language
+        );
+    }
+    Ok(ctx.id)
 }
 
 /// Exit status (without `--json`): 0 when the cell ran to its end, 1 when it raised,
 /// 124 on a timeout, 130 when interrupted, 137 when the context died.
 pub async fn run_code(client: &Client, args: RunCodeArgs) -> anyhow::Result<u8> {
-    let code = if args.code == "-" {
+    let Some(code) = args.code_opt.clone().or_else(|| args.code.clone()) else {
+        bail!("no code: give it with -c CODE (`-c -` reads it from stdin)");
+    };
+    let code = if code == "-" {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading stdin")?;
         s
     } else {
-        args.code
+        code
     };
     if matches!(args.timeout, Some(0)) {
         bail!("invalid --timeout 0: expected a positive number of seconds");
@@ -54,13 +114,14 @@ pub async fn run_code(client: &Client, args: RunCodeArgs) -> anyhow::Result<u8> 
         timeout_secs: args.timeout,
         max_output_bytes: None,
     };
+    let context = resolve_context(client, &args).await?;
     if !args.json {
         // The human form streams: output shows as the cell makes it.
-        return stream_code(client, &args.sandbox, &args.context, &request, args.images).await;
+        return stream_code(client, &args.sandbox, &context, &request, args.images).await;
     }
     let op = ExecuteCode {
         sandbox: args.sandbox,
-        context: args.context,
+        context,
         request,
     };
     let ex: CodeExecution = client.call(&op).await?;
@@ -93,17 +154,21 @@ async fn stream_code(
         .await?;
     let mut count = 0;
     let mut index = 0;
+    let mut images = images;
+    let mut execution = String::new();
     while let Some(ev) = events.next().await {
         let mut out = std::io::stdout().lock();
         let mut err = std::io::stderr().lock();
         match ev? {
             CodeEvent::Start {
+                execution_id,
                 context_id,
                 execution_count,
                 context_created,
                 ..
             } => {
                 count = execution_count;
+                execution = execution_id;
                 if context_created && execution_count == 1 {
                     writeln!(err, "threadbox: a new context {context_id} was started")?;
                 }
@@ -117,6 +182,12 @@ async fn stream_code(
             }
             CodeEvent::Display { data, metadata } | CodeEvent::Result { data, metadata } => {
                 let o = CodeOutput { data, metadata };
+                if images.is_none() && has_image(&o) {
+                    let dir = std::env::temp_dir().join(format!("threadbox-run-{execution}"));
+                    std::fs::create_dir_all(&dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                    images = Some(dir);
+                }
                 print_output(&mut out, &o, count, index, images.as_deref())?;
                 index += 1;
             }
@@ -172,6 +243,12 @@ fn print_notes(
     Ok(())
 }
 
+const IMAGE_TYPES: [(&str, &str); 2] = [("image/png", "png"), ("image/jpeg", "jpg")];
+
+fn has_image(o: &CodeOutput) -> bool {
+    IMAGE_TYPES.iter().any(|(m, _)| o.data.contains_key(*m))
+}
+
 fn print_output(
     out: &mut impl Write,
     o: &CodeOutput,
@@ -180,7 +257,7 @@ fn print_output(
     images: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let mut shown = false;
-    for (mime, ext) in [("image/png", "png"), ("image/jpeg", "jpg")] {
+    for (mime, ext) in IMAGE_TYPES {
         let Some(b64) = o.data.get(mime).and_then(|v| v.as_str()) else {
             continue;
         };

@@ -50,7 +50,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Exec(args) => exec(&client(url)?, args).await,
         Command::Shell(a) => crate::shell_cmd::shell(&client(url)?, a).await,
-        Command::RunCode(args) => crate::code_cmd::run_code(&client(url)?, args).await,
+        Command::Run(args) => crate::code_cmd::run_code(&client(url)?, args).await,
         Command::Pause(a) => {
             let c = client(url)?;
             transition(c.pause(&a.sandbox).await?, a.json)

@@ -66,8 +66,10 @@ fn contexts_keep_state_through_pause_and_a_daemon_restart() {
     assert_eq!(result_text(&v).as_deref(), Some("20"), "{v}");
     assert_eq!(v["context_created"], false, "{v}");
 
-    // Only the language names are made on first use; another must be created first.
-    let r = d.cli(&["run-code", "--context", "other", &sb, "1"]);
-    assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("no context \"other\""), "{}", r.stderr);
+    // The API makes only the language names on first use (another must be created
+    // first); the CLI's `run --context NAME` creates it, in `--language` (python).
+    let r = d.cli(&["run", "--json", &sb, "--context", "other", "-c", "x"]);
+    let v = r.ok().json();
+    assert_eq!(v["status"], "exception", "{v}");
+    assert_eq!(v["exception"]["name"], "NameError", "{v}");
 }

@@ -317,7 +317,7 @@ fn a_cell_past_the_memory_limit_loses_its_context_and_the_neighbours_answer() {
     assert_eq!(v["status"], "context_died", "{v}");
     assert_eq!(v["reason"], "oom", "{v}");
     let hog = request(&d, "GET", &format!("{url}/hog"), None).error_body();
-    assert_eq!(hog["state"], "dead", "{hog}");
+    assert_eq!(hog["state"], "lost", "{hog}");
     assert_eq!(hog["reason"], "oom", "{hog}");
     // The neighbour context keeps its variables; the other sandbox answers.
     assert_eq!(result_text(&d, &sb, "kept + 1").as_deref(), Some("2"));
@@ -326,4 +326,69 @@ fn a_cell_past_the_memory_limit_loses_its_context_and_the_neighbours_answer() {
     let v = run_code(&d, &sb, "hog", "'b' in globals()");
     assert_eq!(v["context_created"], true, "{v}");
     assert_eq!(v["result"]["data"]["text/plain"], "False", "{v}");
+}
+
+#[test]
+fn contexts_of_a_stopped_sandbox_are_lost_with_a_reason_and_recreated_by_name() {
+    if !require_root("contexts_of_a_stopped_sandbox_are_lost_with_a_reason_and_recreated_by_name") {
+        return;
+    }
+    let mut d = Daemon::start();
+    let sb = d.create(&[]);
+    d.cli(&["run", &sb, "-c", "x = 1"]).ok();
+    let url = format!("/v1/sandboxes/{sb}/contexts");
+    let js = json!({"name": "js", "language": "javascript"});
+    assert_eq!(request(&d, "POST", &url, Some(&js)).status, 201);
+    let states = |d: &Daemon| -> Vec<(String, String, String)> {
+        let list = request(d, "GET", &url, None).error_body();
+        let mut v: Vec<_> = list["contexts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap_or("").to_string(),
+                    c["state"].as_str().unwrap_or("").to_string(),
+                    c["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    // The control: while the agent has them, they are idle.
+    let idle = |n: &str| (n.to_string(), "idle".to_string(), String::new());
+    assert_eq!(states(&d), vec![idle("js"), idle("python")]);
+
+    d.cli(&["stop", &sb]).ok();
+    d.cli(&["start", &sb]).ok();
+    let lost = |n: &str| (n.to_string(), "lost".to_string(), "stopped".to_string());
+    assert_eq!(states(&d), vec![lost("js"), lost("python")]);
+    // The store keeps them through a daemon restart.
+    d.kill9();
+    d.restart();
+    assert_eq!(states(&d), vec![lost("js"), lost("python")]);
+
+    // A get-or-create of the name makes it again and says so.
+    let again = request(&d, "POST", &url, Some(&js));
+    assert_eq!(again.status, 201);
+    let again = again.error_body();
+    assert_eq!(again["recreated"], true, "{again}");
+    assert_eq!(again["lost_reason"], "stopped", "{again}");
+    assert_eq!(again["state"], "idle", "{again}");
+    // So does the execute that makes `python` again; its variables are gone.
+    let v = d.cli(&["run", "--json", &sb, "-c", "x"]).ok().json();
+    assert_eq!(v["context_recreated"], true, "{v}");
+    assert_eq!(v["lost_reason"], "stopped", "{v}");
+    assert_eq!(v["exception"]["name"], "NameError", "{v}");
+    let v = d.cli(&["run", "--json", &sb, "-c", "x = 2"]).ok().json();
+    assert_eq!(v["context_recreated"], false, "{v}");
+    assert_eq!(states(&d), vec![idle("js"), idle("python")]);
+    // A context deleted on purpose is not lost: it is gone.
+    assert_eq!(
+        request(&d, "DELETE", &format!("{url}/js"), None).status,
+        204
+    );
+    assert_eq!(states(&d), vec![idle("python")]);
 }

@@ -53,3 +53,30 @@ def test_reset_python_only_in_the_stateful_toolkit() -> None:
     assert reset.name == "sb_reset_python" and reset.args == {}
     with pytest.raises(ValueError, match="reset_python"):
         ThreadboxToolkit(client=tb).get_tools(["reset_python"])
+
+
+def test_a_recreated_context_is_told_to_the_model() -> None:
+    from langchain_threadbox._code import format_execution
+    from threadbox._interp import ContextInfo, Execution
+
+    wire = {
+        "execution_id": "exe-1",
+        "context_id": "ctx-2",
+        "execution_count": 1,
+        "status": "exception",
+        "exception": {"name": "NameError", "value": "name 'df' is not defined", "traceback": "NameError\n"},
+        "context_created": True,
+        "context_recreated": True,
+        "lost_reason": "stopped",
+    }
+    ex = Execution.from_dict(wire)
+    assert ex.context_recreated and ex.lost_reason == "stopped"
+    text, artifact = format_execution(ex, max_chars=10_000, timeout=30)
+    assert isinstance(text, str)
+    assert "lost (stopped) and made again" in text
+    assert artifact["context_recreated"] is True
+    # Without the flag nothing is said about it.
+    plain, _ = format_execution(Execution.from_dict({**wire, "context_recreated": False}), max_chars=10_000, timeout=30)
+    assert "lost" not in str(plain)
+    info = ContextInfo.from_dict({"id": "ctx-2", "name": "js", "recreated": True, "lost_reason": "stopped"})
+    assert info.recreated and info.lost_reason == "stopped"

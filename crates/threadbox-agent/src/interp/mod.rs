@@ -33,6 +33,10 @@ use utf8::Utf8Carry;
 
 const WORKER: &str = include_str!("worker.py");
 const BOOTSTRAP: &str = include_str!("bootstrap.py");
+const JS_WORKER: &str = include_str!("worker.js");
+const JS_BOOTSTRAP: &str = include_str!("bootstrap.js");
+const BASH_WORKER: &str = include_str!("worker.sh");
+const BASH_BOOTSTRAP: &str = include_str!("bootstrap.sh");
 /// How long a new worker has to say `ready`.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// After SIGINT, how long the cell has to stop before the worker is killed (its state
@@ -108,6 +112,14 @@ async fn drain_idle(p: Rc<Pipes>) {
             p.discard();
         }
     }
+}
+
+/// What is in a pipe now, without waiting. Not `try_read`: that trusts tokio's cached
+/// readiness, which may not know yet of output written just before the worker's `done`
+/// (a bash cell's `echo` was lost that way under load).
+fn read_now(pipe: &pipe::Receiver, buf: &mut [u8]) -> std::io::Result<usize> {
+    let f = std::fs::File::from(pipe.as_fd().try_clone_to_owned()?);
+    std::io::Read::read(&mut &f, buf)
 }
 
 /// The next chunk of a pipe (0 at EOF).
@@ -225,23 +237,56 @@ async fn read_line(
     }
 }
 
+/// How a language's worker is started: its program, the bootstrap given on its command
+/// line (it reads the worker's source from the control socket) and that source.
+struct Runtime {
+    program: &'static str,
+    flag: &'static str,
+    bootstrap: &'static str,
+    worker: &'static str,
+}
+
+fn runtime(language: &str) -> Option<Runtime> {
+    Some(match language {
+        "python" => Runtime {
+            program: "python3",
+            flag: "-c",
+            bootstrap: BOOTSTRAP,
+            worker: WORKER,
+        },
+        "javascript" => Runtime {
+            program: "node",
+            flag: "-e",
+            bootstrap: JS_BOOTSTRAP,
+            worker: JS_WORKER,
+        },
+        "bash" => Runtime {
+            program: "bash",
+            flag: "-c",
+            bootstrap: BASH_BOOTSTRAP,
+            worker: BASH_WORKER,
+        },
+        _ => return None,
+    })
+}
+
 async fn start_worker(agent: &Rc<Agent>, spec: &ContextSpec) -> Result<Worker> {
-    if spec.language != "python" {
+    let Some(rt) = runtime(&spec.language) else {
         return Err(AgentError::invalid(format!(
-            "language {:?} is not available (only \"python\" for now)",
+            "language {:?} is not available (python, javascript or bash)",
             spec.language
         )));
-    }
+    };
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()
         .map_err(|e| AgentError::internal(format!("socketpair: {e}")))?;
     let mut env = spec.env.clone();
     env.insert("THREADBOX_CTL_FD".into(), theirs.as_raw_fd().to_string());
-    let cmd = ProtoCommand::Argv(vec!["python3".into(), "-c".into(), BOOTSTRAP.into()]);
+    let cmd = ProtoCommand::Argv(vec![rt.program.into(), rt.flag.into(), rt.bootstrap.into()]);
     let prepared = agent::prepare(&agent.root, &cmd, &env, spec.cwd.as_deref(), spec.user)?;
     let p = spawn_passing(
         agent,
         prepared,
-        "python3",
+        rt.program,
         "ctx",
         false,
         Some(theirs.as_fd()),
@@ -250,7 +295,10 @@ async fn start_worker(agent: &Rc<Agent>, spec: &ContextSpec) -> Result<Worker> {
         if e.kind == ErrorKind::NotFound {
             AgentError::new(
                 ErrorKind::NotFound,
-                "language_unavailable: python3 is not installed in this sandbox",
+                format!(
+                    "language_unavailable: {} is not installed in this sandbox",
+                    rt.program
+                ),
             )
         } else {
             e
@@ -285,8 +333,8 @@ async fn start_worker(agent: &Rc<Agent>, spec: &ContextSpec) -> Result<Worker> {
     };
     // Until `ready`, the pipes are this function's (a start error is read from stderr).
     w.pipes.set_busy(true);
-    let mut hello = format!("{}\n", WORKER.len()).into_bytes();
-    hello.extend_from_slice(WORKER.as_bytes());
+    let mut hello = format!("{}\n", rt.worker.len()).into_bytes();
+    hello.extend_from_slice(rt.worker.as_bytes());
     let ready = tokio::time::timeout(START_TIMEOUT, async {
         w.ctl.write_all(&hello).await?;
         read_line(&mut w.ctl, &mut w.buf).await
@@ -310,7 +358,8 @@ async fn start_worker(agent: &Rc<Agent>, spec: &ContextSpec) -> Result<Worker> {
                 _ => 0,
             };
             Err(AgentError::internal(format!(
-                "the python worker did not start ({}): {}",
+                "the {} worker did not start ({}): {}",
+                spec.language,
                 match other {
                     Err(_) => "timed out".to_string(),
                     Ok(Err(e)) => e.to_string(),
@@ -611,12 +660,12 @@ async fn execute_inner(
     let ctx = match find(agent, &spec.ctx) {
         Some(c) => c,
         // The language names are get-or-create on execute.
-        None if spec.ctx == "python" => {
+        None if runtime(&spec.ctx).is_some() => {
             let r = create(
                 agent,
                 ContextSpec {
-                    name: Some("python".into()),
-                    language: "python".into(),
+                    name: Some(spec.ctx.clone()),
+                    language: spec.ctx.clone(),
                     cwd: None,
                     env: BTreeMap::new(),
                     user: Default::default(),
@@ -624,10 +673,13 @@ async fn execute_inner(
             )
             .await?;
             context_created = matches!(r, Response::Context(ref i) if i.created);
-            find(agent, "python").ok_or_else(|| not_found("python"))?
+            find(agent, &spec.ctx).ok_or_else(|| not_found(&spec.ctx))?
         }
         None => return Err(not_found(&spec.ctx)),
     };
+    if ctx.spec.language == "bash" {
+        check_bash_cell(&spec)?;
+    }
     if let Some(running) = ctx.running.borrow().as_ref() {
         return Err(AgentError::new(
             ErrorKind::AlreadyExists,
@@ -694,6 +746,52 @@ async fn execute_inner(
     }
     agent.contexts.borrow_mut().journals.trim();
     r
+}
+
+/// A bash cell's text and environment go through bash variables, which cannot hold NUL;
+/// the environment's names are exported, so they must be shell names.
+fn check_bash_cell(spec: &CellSpec) -> Result<()> {
+    if spec.code.contains('\0') {
+        return Err(AgentError::invalid("a bash cell cannot contain NUL bytes"));
+    }
+    for (k, v) in &spec.env {
+        let name_ok = k
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()));
+        if !name_ok || v.contains('\0') {
+            return Err(AgentError::invalid(format!(
+                "invalid environment variable {k:?} for a bash context"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `'...'` for bash, any text but NUL.
+fn bash_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', "'\\''"))
+}
+
+/// The request of a bash cell (see `worker.sh`): a header, then the environment's
+/// prologue, the code and the epilogue that restores the environment.
+fn bash_request(count: u64, code: &str, env: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut pro = String::new();
+    let mut epi = String::new();
+    for (k, v) in env {
+        pro.push_str(&format!(
+            "__tb_h_{k}=${{{k}+1}}; __tb_s_{k}=${{{k}-}}; export {k}={}\n",
+            bash_quote(v)
+        ));
+        epi.push_str(&format!(
+            "if [[ -n $__tb_h_{k} ]]; then {k}=$__tb_s_{k}; else unset {k}; fi; unset __tb_h_{k} __tb_s_{k}\n"
+        ));
+    }
+    let mut out = format!("{count} {} {} {}\n", pro.len(), code.len(), epi.len()).into_bytes();
+    out.extend_from_slice(pro.as_bytes());
+    out.extend_from_slice(code.as_bytes());
+    out.extend_from_slice(epi.as_bytes());
+    out
 }
 
 /// Pids in the context's cgroup other than the worker: the processes its cells spawned.
@@ -784,17 +882,24 @@ async fn run_cell(
     })
     .await;
     let oom_before = w.cgroup.as_deref().and_then(|c| oom_kills(agent, c));
-    let req = serde_json::json!({
-        "op": "execute", "code": spec.code, "env": spec.env, "execution_count": count,
-    });
-    let mut line = req.to_string().into_bytes();
-    line.push(b'\n');
+    let bash = ctx.spec.language == "bash";
+    let line = if bash {
+        bash_request(count, &spec.code, &spec.env)
+    } else {
+        let req = serde_json::json!({
+            "op": "execute", "code": spec.code, "env": spec.env, "execution_count": count,
+        });
+        let mut line = req.to_string().into_bytes();
+        line.push(b'\n');
+        line
+    };
     let mut status = CellStatus::Ok;
     let mut stop: Option<Stop> = None;
     let mut escalation: Option<Escalation> = None;
     let mut escalate_at: Option<tokio::time::Instant> = None;
     let mut died: Option<Option<WaitStatus>> = None;
     let mut worker_truncated = false;
+    let mut worker_interrupted = false;
     let mut timeout_at = spec
         .timeout_ms
         .map(|ms| tokio::time::Instant::from_std(started) + Duration::from_millis(ms));
@@ -815,6 +920,13 @@ async fn run_cell(
     let mut cell_running = false;
     let signal_int = |pid: i32, cell_running: bool| {
         if cell_running {
+            if bash {
+                // As a terminal's Ctrl-C reaches the foreground job: the command the
+                // cell waits on stops, and the shell's trap ends the cell.
+                for child in cell_children(agent, ctx.cgroup.borrow().as_deref(), pid) {
+                    let _ = syschild::kill(child, libc::SIGINT);
+                }
+            }
             let _ = syschild::kill(pid, libc::SIGINT);
         }
     };
@@ -915,6 +1027,7 @@ async fn run_cell(
                         }
                         "done" => {
                             worker_truncated = v["truncated"] == true;
+                            worker_interrupted = v["interrupted"] == true;
                             if v["status"] == "exception" {
                                 status = CellStatus::Exception;
                             }
@@ -950,7 +1063,7 @@ async fn run_cell(
             (&pipes.err, &pipes.err_eof, &mut ebuf, &mut err_text)
         };
         while !eof.get() {
-            match pipe.try_read(buf) {
+            match read_now(pipe, buf) {
                 Ok(n) if n > 0 => {
                     let text = carry.push(&buf[..n]);
                     f.emit(if is_out {
@@ -1018,8 +1131,9 @@ async fn run_cell(
         }
     } else {
         if let Some(s) = &stop {
-            let interrupted =
-                f.ex.exception
+            let interrupted = worker_interrupted
+                || f.ex
+                    .exception
                     .as_ref()
                     .is_some_and(|e| e.name == "KeyboardInterrupt");
             // A cell that ignored SIGINT but ended once its children were killed was

@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::ops::Run;
+use contexts_lost::LostWatch;
 use threadbox_api::interp::*;
 use threadbox_api::ops::Operation;
 
@@ -25,7 +26,7 @@ fn context_of(i: proto::ContextInfo) -> Context {
         state: match i.state {
             proto::interp::ContextState::Idle => ContextState::Idle,
             proto::interp::ContextState::Busy => ContextState::Busy,
-            proto::interp::ContextState::Dead => ContextState::Dead,
+            proto::interp::ContextState::Dead => ContextState::Lost,
         },
         execution_count: i.execution_count,
         generation: i.generation,
@@ -33,6 +34,8 @@ fn context_of(i: proto::ContextInfo) -> Context {
         created_at: rfc3339(i.created_at.saturating_mul(1000)),
         reason: i.reason,
         created: i.created,
+        recreated: false,
+        lost_reason: None,
     }
 }
 
@@ -70,6 +73,8 @@ fn execution_of(e: proto::Execution) -> CodeExecution {
         truncated: e.truncated,
         context_restarted: e.context_restarted,
         reason: e.reason,
+        context_recreated: false,
+        lost_reason: None,
     }
 }
 
@@ -119,6 +124,8 @@ fn end_of(e: CodeExecution) -> CodeEvent {
         truncated: e.truncated,
         context_restarted: e.context_restarted,
         reason: e.reason,
+        context_recreated: e.context_recreated,
+        lost_reason: e.lost_reason,
     }
 }
 
@@ -164,6 +171,7 @@ fn forward_events(
     inflight: Inflight,
     what: String,
     oom: Option<OomWatch>,
+    lost: Option<LostWatch>,
 ) -> mpsc::Receiver<CodeEvent> {
     let (tx, out) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -189,6 +197,9 @@ fn forward_events(
                     let mut e = execution_of(e);
                     if let Some(w) = &oom {
                         w.check(&mut e).await;
+                    }
+                    if let Some(l) = &lost {
+                        l.check(&mut e).await;
                     }
                     let _ = tx.send(end_of(e)).await;
                     return;
@@ -280,10 +291,11 @@ fn validate_create(r: &CreateContextRequest) -> Result<()> {
     if let Some(name) = &r.name {
         validate_name(name)?;
     }
-    if r.language != "python" {
+    if canonical_language(&r.language).is_none() {
         return Err(CoreError::InvalidArgument(format!(
-            "language {:?} is not available (only \"python\" for now)",
-            r.language
+            "language {:?} is not available (one of {})",
+            r.language,
+            LANGUAGES.join(", ")
         )));
     }
     validate_env(&r.env)?;
@@ -320,18 +332,30 @@ impl Manager {
             self.secret_env(&row.id, &mut env).await?;
             let spec = proto::ContextSpec {
                 name: req.name,
-                language: req.language,
+                // Checked by `validate_create`; the agent knows the canonical names only.
+                language: canonical_language(&req.language)
+                    .unwrap_or("python")
+                    .to_string(),
                 cwd: req.cwd,
                 env,
                 user: run_as(req.user),
             };
-            match self
+            let name = spec.name.clone();
+            let mut c = match self
                 .call(caller, sandbox, true, proto::Request::ContextCreate(spec))
                 .await?
             {
-                proto::Response::Context(i) => Ok(context_of(i)),
-                other => Err(unexpected(other)),
+                proto::Response::Context(i) => context_of(i),
+                other => return Err(unexpected(other)),
+            };
+            if c.created {
+                let earlier = self.record_context(&row.id, name.as_deref(), &c).await;
+                if let Some(reason) = earlier {
+                    c.recreated = true;
+                    c.lost_reason = Some(reason);
+                }
             }
+            Ok(c)
         }
         .await;
         self.audit(caller, CreateContext::NAME, sandbox, &r).await;
@@ -340,15 +364,20 @@ impl Manager {
 
     pub async fn list_contexts(&self, caller: &Caller, sandbox: &str) -> Result<ContextList> {
         caller.require(ListContexts::SCOPE)?;
-        match self
+        let row = self.resolve(caller, sandbox).await?;
+        let live = match self
             .call(caller, sandbox, false, proto::Request::ContextList)
             .await?
         {
-            proto::Response::Contexts { contexts } => Ok(ContextList {
-                contexts: contexts.into_iter().map(context_of).collect(),
-            }),
-            other => Err(unexpected(other)),
+            proto::Response::Contexts { contexts } => contexts,
+            other => return Err(unexpected(other)),
+        };
+        let mut contexts: Vec<Context> = live.into_iter().map(context_of).collect();
+        // The agent is the truth for what runs; the store remembers what it lost.
+        for lost in self.lost_contexts(&row.id, &contexts).await? {
+            contexts.push(lost);
         }
+        Ok(ContextList { contexts })
     }
 
     /// One context, by id or name (from the agent's list: the agent is the truth).
@@ -368,13 +397,23 @@ impl Manager {
         let r = async {
             caller.require(DeleteContext::SCOPE)?;
             validate_context_key(ctx)?;
-            self.call_done(
-                caller,
-                sandbox,
-                true,
-                proto::Request::ContextDelete { ctx: ctx.into() },
-            )
-            .await
+            let row = self.resolve(caller, sandbox).await?;
+            let r = self
+                .call_done(
+                    caller,
+                    sandbox,
+                    true,
+                    proto::Request::ContextDelete { ctx: ctx.into() },
+                )
+                .await;
+            // Deleted on purpose (or already gone with the agent): not lost.
+            if r.is_ok() || matches!(r, Err(CoreError::NotFound(_))) {
+                if let Some(s) = self.stored_context(&row.id, ctx).await {
+                    let _ = self.store.delete_stored_context(&row.id, &s.name).await;
+                    return Ok(());
+                }
+            }
+            r
         }
         .await;
         self.audit(caller, DeleteContext::NAME, sandbox, &r).await;
@@ -453,6 +492,7 @@ impl Manager {
             // `work`: a running cell counts as in flight (blocks idle auto-pause); an
             // idle context does not, since nothing is in flight between calls.
             let (conn, _inflight, row) = self.running_conn_row(caller, sandbox, true).await?;
+            let lost = self.lost_watch(&row.id, ctx).await?;
             let oom = self.oom_watch(&conn, row).await?;
             let (id, mut rx) = conn.send(proto::Request::ContextExecute(spec))?;
             let mut guard = crate::agent::CancelGuard {
@@ -466,6 +506,7 @@ impl Manager {
                         guard.armed = false;
                         let mut e = execution_of(e);
                         oom.check(&mut e).await;
+                        lost.check(&mut e).await;
                         return Ok(e);
                     }
                     Some(proto::Response::Cell(_)) => {}
@@ -534,6 +575,7 @@ impl Manager {
             validate_execute(&req)?;
             let spec = cell_spec(ctx, req, true);
             let (conn, inflight, row) = self.running_conn_row(caller, sandbox, true).await?;
+            let lost = self.lost_watch(&row.id, ctx).await?;
             let oom = self.oom_watch(&conn, row).await?;
             let (id, mut rx) = conn.send(proto::Request::ContextExecute(spec))?;
             let mut guard = crate::agent::CancelGuard {
@@ -549,6 +591,7 @@ impl Manager {
                 inflight,
                 format!("code stream in sandbox {sandbox:?}"),
                 Some(oom),
+                Some(lost),
             ))
         }
         .await;
@@ -587,6 +630,7 @@ impl Manager {
             first,
             inflight,
             format!("execution {execution:?} in sandbox {sandbox:?}"),
+            None,
             None,
         ))
     }

@@ -76,6 +76,10 @@ impl Manager {
                 self.store
                     .transition(&row.id, from, State::Stopped, None)
                     .await?;
+                // Its contexts ended with its processes (issue 15, ADR 0084).
+                if let Err(e) = self.store.mark_contexts_lost(&row.id, "stopped").await {
+                    tracing::warn!(sandbox = %row.id, "marking its contexts lost: {e}");
+                }
                 // Restarts the CPU baseline (the next boot has a new cgroup) and samples the disk.
                 self.meter(&self.reload(&row.id).await?, true).await;
                 tracing::info!(sandbox = %row.id, "stopped");

@@ -17,6 +17,7 @@
 
 mod checkpoints;
 mod contexts;
+mod contexts_lost;
 mod convert;
 mod create;
 mod exec;

@@ -40,7 +40,8 @@ pub struct RunCodeArgs {
     /// Name of the context (default `python`). Variables, imports and open files persist
     /// between calls with the same context; a new name starts an independent context.
     pub context: Option<String>,
-    /// Language of a new context (default `python`).
+    /// Language of a new context: `python` (default), `javascript` (node) or `bash`.
+    /// Without `context`, the language's own context of that name is used.
     pub language: Option<String>,
     /// Running seconds after which the cell is interrupted, keeping the context's
     /// variables when it stops (default 300).
@@ -55,11 +56,14 @@ pub(super) async fn run_code(
     backend: &dyn Backend,
     a: RunCodeArgs,
 ) -> Result<CallToolResult, BackendError> {
-    let context = a
-        .context
-        .filter(|c| !c.is_empty())
-        .unwrap_or_else(|| DEFAULT_CONTEXT.to_string());
     let language = a.language.unwrap_or_else(|| "python".to_string());
+    // Without a context, a language's own context (`javascript`, `bash`), not a
+    // `python` context of another language.
+    let context = a.context.filter(|c| !c.is_empty()).unwrap_or_else(|| {
+        threadbox_api::interp::canonical_language(&language)
+            .unwrap_or(DEFAULT_CONTEXT)
+            .to_string()
+    });
     // `python` is made by its first execute; any other name (or language) is made here,
     // get-or-create, so the model never has to call a separate tool first.
     let create =

@@ -1133,6 +1133,22 @@ async fn run_code_names_contexts_and_reports_exceptions_as_results() {
         assert_eq!(create.language, "python");
         assert_eq!(cells[0].3.timeout_secs, Some(5));
     }
+    // A language without a context runs in that language's own context.
+    let r = call(
+        &client,
+        "run_code",
+        json!({"sandbox": "nb", "code": "1+1", "language": "javascript"}),
+    )
+    .await;
+    assert!(!is_error(&r), "{}", text(&r));
+    {
+        let cells = fake.cells.lock().unwrap();
+        let last = cells.last().expect("a cell");
+        assert_eq!(last.1, "javascript");
+        let create = last.2.as_ref().expect("the language's context is created");
+        assert_eq!(create.name.as_deref(), Some("javascript"));
+        assert_eq!(create.language, "javascript");
+    }
     // Bad arguments and unknown sandboxes are tool errors the model can act on.
     let r = call(&client, "run_code", json!({"sandbox": "nb"})).await;
     assert!(

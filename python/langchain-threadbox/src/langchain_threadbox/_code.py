@@ -57,7 +57,12 @@ def format_execution(
     note = _STATUS.get(ex.status)
     if note:
         parts.append(f"[{note.format(t=timeout)}]\n")
-    if ex.context_restarted or (ex.status == "context_died"):
+    if ex.context_recreated:
+        parts.append(
+            f"[the Python context was lost ({ex.lost_reason or 'no reason given'}) and made again for this call:"
+            " every variable and import from earlier calls is gone]\n"
+        )
+    elif ex.context_restarted or (ex.status == "context_died"):
         parts.append("[the Python context was restarted: every variable and import from earlier calls is lost]\n")
     elif ex.context_created and ex.execution_count == 1:
         parts.append("[a new Python context was started for this call]\n")
@@ -70,6 +75,7 @@ def format_execution(
         "context_id": ex.context_id,
         "context_created": ex.context_created,
         "context_restarted": ex.context_restarted,
+        "context_recreated": ex.context_recreated,
         "truncated": ex.truncated,
         "outputs": outputs_meta,
     }

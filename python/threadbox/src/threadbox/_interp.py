@@ -104,6 +104,10 @@ class Execution:
     """The worker was replaced during the call: every variable of the context is gone."""
     reason: str | None
     raw: dict[str, Any]
+    context_recreated: bool = False
+    """This call made the context again after it was lost (a stop, an agent restart):
+    the variables of the earlier one are gone; ``lost_reason`` says why."""
+    lost_reason: str | None = None
 
     @property
     def text(self) -> str | None:
@@ -139,6 +143,8 @@ class Execution:
             context_restarted=bool(d.get("context_restarted", False)),
             reason=d.get("reason"),
             raw=dict(d),
+            context_recreated=bool(d.get("context_recreated", False)),
+            lost_reason=d.get("lost_reason"),
         )
 
 
@@ -153,7 +159,12 @@ class ContextInfo:
     pid: int | None
     created: bool
     reason: str | None
+    """Why its state is gone, when ``state`` is ``lost``: ``oom``, ``killed``,
+    ``exited:<n>``, ``stopped``, ``daemon-restart``, ``agent-restart``."""
     raw: dict[str, Any]
+    recreated: bool = False
+    """This call made the context again after it was lost (``lost_reason`` says why)."""
+    lost_reason: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ContextInfo:
@@ -168,6 +179,8 @@ class ContextInfo:
             created=bool(d.get("created", False)),
             reason=d.get("reason"),
             raw=dict(d),
+            recreated=bool(d.get("recreated", False)),
+            lost_reason=d.get("lost_reason"),
         )
 
 
