@@ -24,6 +24,7 @@ impl Manager {
                 pids: row.pids,
             },
             disk_bytes: row.disk_bytes,
+            trust_ca: self.secret_ca_of(&row.id).await?,
         })
     }
 
@@ -239,9 +240,10 @@ impl Manager {
             }
             // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE (not
             // for a fork: its disk is the parent's).
+            // Nor with secrets: their CA is bound into the image's bundle at boot.
             let pooled = match fork {
-                Some(_) => Ok(None),
-                None => self.adopt_from_pool(&row).await,
+                None if req.secrets.is_empty() => self.adopt_from_pool(&row).await,
+                _ => Ok(None),
             };
             match pooled {
                 Ok(Some(adopted)) => {
