@@ -210,3 +210,96 @@ fn the_egress_ca_is_trusted_through_the_images_bundle() {
     );
     assert_eq!(a, b + 1, "with {n_with} vs without {n_without}");
 }
+
+/// The host pid of the process whose command line holds `arg`.
+fn host_pid_of(arg: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        cmd.split(|b| *b == 0)
+            .any(|a| a == arg.as_bytes())
+            .then_some(pid)
+    })
+}
+
+/// Egress fails closed while the daemon is down (nothing a sandbox sends then reaches the
+/// upstream, not even later) and the policy is back after a restart. A process inside
+/// sends numbered requests in a loop and counts them in a file the host reads through
+/// `/proc/PID/root`; requests completed while the daemon was down must never arrive.
+#[test]
+fn egress_fails_closed_while_the_daemon_is_down_and_the_policy_survives_a_restart() {
+    if !require_root(
+        "egress_fails_closed_while_the_daemon_is_down_and_the_policy_survives_a_restart",
+    ) {
+        return;
+    }
+    let _s = serial();
+    let up = Upstream::start();
+    let mut d = daemon(&up, true);
+    let sb = d.create(&["--allow", "api.test"]);
+    let tag = format!("down{}", std::process::id());
+    let script = format!(
+        r#"import socket, time
+i = 0
+while i < 100000:
+    i += 1
+    try:
+        s = socket.create_connection(("{ip}", 80), timeout=2)
+        s.sendall(b"GET /{tag}-%d HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n" % i)
+        s.recv(100)
+        s.close()
+    except OSError:
+        pass
+    with open("/tmp/attempts.tmp", "w") as f:
+        f.write(str(i))
+    import os; os.rename("/tmp/attempts.tmp", "/tmp/attempts")
+    time.sleep(0.05)
+"#,
+        ip = up.addr()
+    );
+    let path = format!("/tmp/tb-{tag}.py");
+    d.cli_stdin(&["files", "write", &sb, &path], Some(script.as_bytes()))
+        .ok();
+    d.cli(&["spawn", &sb, "--", "python3", &path]).ok();
+    wait_for("a request through the daemon", DEADLINE, || {
+        up.log("http.log").contains(&format!("/{tag}-"))
+    });
+    let pid = host_pid_of(&path).expect("the loop's host pid");
+    let attempts = || -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/root/tmp/attempts"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    d.kill9();
+    let k0 = attempts();
+    wait_for("attempts while the daemon is down", DEADLINE, || {
+        attempts() >= k0 + 8
+    });
+    let k1 = attempts();
+    d.restart();
+    // After the restart the policy is back: a request numbered after k1 arrives.
+    let after = |log: &str| {
+        log.lines()
+            .filter_map(|l| l.strip_prefix(&format!("/{tag}-")))
+            .filter_map(|n| n.parse::<u64>().ok())
+            .any(|n| n > k1)
+    };
+    wait_for("a request after the restart", DEADLINE, || {
+        after(&up.log("http.log"))
+    });
+    // One or two attempts may have been in flight when the daemon died.
+    let log = up.log("http.log");
+    let leaked: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("/{tag}-")))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .filter(|n| *n > k0 + 2 && *n <= k1)
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "requests sent while the daemon was down reached the upstream: {leaked:?} (down from {k0} to {k1})"
+    );
+    let info = d.cli(&["info", "--json", &sb]).ok().json();
+    assert!(info["network"].is_object(), "{info}");
+}
