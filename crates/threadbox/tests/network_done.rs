@@ -303,3 +303,59 @@ while i < 100000:
     let info = d.cli(&["info", "--json", &sb]).ok().json();
     assert!(info["network"].is_object(), "{info}");
 }
+
+/// Presets by name (`--allow python-packages --allow npm --allow github`) open their
+/// hosts, and programs that ignore proxy variables reach them transparently: pip, Node's
+/// `fetch`, curl, a raw Python socket. The stub resolver answers every name with the
+/// upstream, whose port 80 serves the package index; a name no preset holds is refused.
+#[test]
+fn presets_open_their_hosts_to_programs_that_ignore_proxies() {
+    if !require_root("presets_open_their_hosts_to_programs_that_ignore_proxies") {
+        return;
+    }
+    let _s = serial();
+    let up = Upstream::start();
+    let d = daemon(&up, true);
+    let sb = d.create(&[
+        "--allow",
+        "python-packages",
+        "--allow",
+        "npm",
+        "--allow",
+        "github",
+    ]);
+    let info = d.cli(&["info", "--json", &sb]).ok().json();
+    assert!(
+        info["network"].to_string().contains("python-packages"),
+        "{info}"
+    );
+    let script = "unset HTTP_PROXY HTTPS_PROXY http_proxy https_proxy; set -e; \
+        pip download -q --no-deps -d /tmp/dl --index-url http://pypi.org/simple/ \
+          --trusted-host pypi.org tbdemo; ls /tmp/dl; \
+        node -e \"fetch('http://registry.npmjs.org/npm/tbdemo').then(r => r.json()).then(j => console.log('node', j.name))\"; \
+        curl -sS --max-time 20 http://github.com/via-curl; \
+        python3 -c \"import socket; s = socket.create_connection(('api.github.com', 80), timeout=10); \
+          s.sendall(b'GET /via-socket HTTP/1.1\\r\\nHost: api.github.com\\r\\nConnection: close\\r\\n\\r\\n'); \
+          print(s.recv(12).decode())\"";
+    let (code, out) = sh(&d, &sb, script);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("tbdemo-1.0-py3-none-any.whl"), "pip: {out}");
+    assert!(out.contains("node tbdemo"), "node fetch: {out}");
+    assert!(out.contains("hello from the upstream"), "curl: {out}");
+    assert!(out.contains("HTTP/1."), "socket: {out}");
+    let log = up.log("http.log");
+    for p in ["/simple/tbdemo/", "/npm/tbdemo", "/via-curl", "/via-socket"] {
+        assert!(log.contains(p), "{p} did not reach the upstream: {log}");
+    }
+    let (code, out) = sh(
+        &d,
+        &sb,
+        "curl -sS --max-time 10 http://example.org/not-in-a-preset",
+    );
+    assert_ne!(code, 0, "a name no preset holds was reached: {out}");
+    let dns = up.log("dns.log");
+    assert!(
+        !dns.contains("example.org"),
+        "a denied name was forwarded: {dns}"
+    );
+}
