@@ -309,7 +309,15 @@ where
             Ok(rw) => rw,
             // The weakened build of the positive control only (`Intercept::host_switch`).
             Err(Refused::HostSwitch(other)) if host_switch => {
-                secrets::rewrite_request(&head, &other, swaps).map_err(|_| {
+                let moved: Vec<SecretSwap> = swaps
+                    .iter()
+                    .cloned()
+                    .map(|mut s| {
+                        s.host = other.clone();
+                        s
+                    })
+                    .collect();
+                secrets::rewrite_request(&head, &other, &moved).map_err(|_| {
                     MitmError::from(io::Error::new(
                         io::ErrorKind::PermissionDenied,
                         "a malformed request",

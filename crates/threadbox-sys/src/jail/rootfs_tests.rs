@@ -478,7 +478,9 @@ fn file_binds_land_only_on_existing_files_never_through_symlinks() {
     let bundle = "/etc/ssl/certs/ca-certificates.crt";
     let at = |p: &str| format!("{ROOT}{p}");
     let dirs = ["/etc", "/etc/ssl", "/etc/ssl/certs"].map(|d| (at(d), Kind::Dir));
-    let cases: [(&str, Vec<(String, Kind)>, Option<&str>, bool); 4] = [
+    // (what, extra tree entries, the path that is a symlink, whether the bind is made)
+    type FileBindCase<'a> = (&'a str, Vec<(String, Kind)>, Option<&'a str>, bool);
+    let cases: [FileBindCase; 4] = [
         ("a file", vec![(at(bundle), Kind::Other)], None, true),
         ("missing", vec![], None, false),
         (

@@ -236,11 +236,12 @@ fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
                 {
                     stack.push(p);
                 }
-            } else if ft.is_file() && e.metadata().is_ok_and(|m| m.len() <= 1 << 30) {
-                if std::fs::read(&p).is_ok_and(|b| contains(&b, needle)) {
-                    let rel = p.strip_prefix(dir).unwrap_or(&p);
-                    hits.push(rel.display().to_string());
-                }
+            } else if ft.is_file()
+                && e.metadata().is_ok_and(|m| m.len() <= 1 << 30)
+                && std::fs::read(&p).is_ok_and(|b| contains(&b, needle))
+            {
+                let rel = p.strip_prefix(dir).unwrap_or(&p);
+                hits.push(rel.display().to_string());
             }
         }
     }
@@ -266,13 +267,17 @@ pub fn find_everywhere(d: &Daemon, id: &str, needle: &str) -> Vec<String> {
     if !files.is_empty() {
         found.push(format!("sandbox files {files:?}"));
     }
-    let r = d.sh(
-        id,
-        User::Root,
-        "for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done 2>/dev/null; env",
-    );
-    if r.stdout.contains(needle) {
-        found.push("a process environment".into());
+    // Read from the host: inside, a process cannot read another one's environ (each is
+    // its own ptrace domain), so a search from inside would see only its own.
+    let environs: Vec<u32> = sandbox_pids(id)
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .is_ok_and(|e| contains(&e, needle.as_bytes()))
+        })
+        .collect();
+    if !environs.is_empty() {
+        found.push(format!("a process environment (pids {environs:?})"));
     }
     for pid in sandbox_pids(id) {
         if memory_holds(pid, needle.as_bytes()) {
