@@ -41,6 +41,9 @@ command -v tmux >/dev/null || { apt-get update -q && apt-get install -y -q tmux;
 # on loopback and push the images they build into it; nothing is fetched from outside.
 command -v docker-registry >/dev/null && command -v skopeo >/dev/null ||
     { apt-get update -q && apt-get install -y -q docker-registry skopeo; }
+# git (with its HTTP transport): `tests/network_done.rs` clones a dumb-HTTP repository of
+# the test upstream from inside a sandbox of the host image (the host's /usr).
+command -v git >/dev/null || { apt-get update -q && apt-get install -y -q git; }
 # node + npm: `tests/packages.rs` runs `npm install` inside a sandbox of the host image
 # (the host's /usr), against the test upstream's local registry (ADR 0067).
 command -v npm >/dev/null || { apt-get update -q && apt-get install -y -q nodejs npm; }

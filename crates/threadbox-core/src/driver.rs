@@ -41,6 +41,9 @@ pub struct SandboxSpec {
     /// The persistent disk's size (0 = no quota: a plain directory where the tier allows
     /// it).
     pub disk_bytes: u64,
+    /// A CA (PEM) the sandbox trusts through its image's own bundle: the daemon's egress
+    /// CA when the sandbox has secrets (ADR 0075). `None` leaves the image's bundle alone.
+    pub trust_ca: Option<String>,
 }
 
 /// What a sandbox uses now. `None`: the driver could not read it (nothing runs, or the

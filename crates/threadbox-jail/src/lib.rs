@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod ca_bundle;
 mod checkpoint;
 mod templates;
 pub mod uid_range;
@@ -390,6 +391,12 @@ impl Jail {
             home_owner: base + SANDBOX_USER_ID,
             rootfs: p.rootfs.clone(),
             binds: layers.binds.clone(),
+            file_binds: req
+                .trust_ca
+                .as_deref()
+                .and_then(|ca| ca_bundle::bind(&layers.lower, ca, &p.run))
+                .into_iter()
+                .collect(),
             agent_path: self.config.agent_path.clone(),
             agent_memfd: memfd.as_ref().map(|m| {
                 use std::os::fd::AsRawFd;

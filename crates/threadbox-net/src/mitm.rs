@@ -165,6 +165,7 @@ impl Mitm {
         upstream: U,
         up: &AtomicU64,
         down: &AtomicU64,
+        host_switch: bool,
     ) -> Result<(), MitmError>
     where
         C: AsyncRead + AsyncWrite + Unpin,
@@ -197,7 +198,7 @@ impl Mitm {
             cw.shutdown().await
         };
         let requests = async {
-            let r = requests(sandbox, sni, swaps, &mut cr, &mut uw, up).await;
+            let r = requests(sandbox, sni, swaps, &mut cr, &mut uw, up, host_switch).await;
             let _ = uw.shutdown().await;
             r
         };
@@ -279,6 +280,7 @@ async fn requests<R, W>(
     r: &mut R,
     w: &mut W,
     up: &AtomicU64,
+    host_switch: bool,
 ) -> Result<(), MitmError>
 where
     R: AsyncRead + Unpin,
@@ -305,6 +307,23 @@ where
         let head: Vec<u8> = buf.drain(..end).collect();
         let rw = match secrets::rewrite_request(&head, sni, swaps) {
             Ok(rw) => rw,
+            // The weakened build of the positive control only (`Intercept::host_switch`).
+            Err(Refused::HostSwitch(other)) if host_switch => {
+                let moved: Vec<SecretSwap> = swaps
+                    .iter()
+                    .cloned()
+                    .map(|mut s| {
+                        s.host = other.clone();
+                        s
+                    })
+                    .collect();
+                secrets::rewrite_request(&head, &other, &moved).map_err(|_| {
+                    MitmError::from(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "a malformed request",
+                    ))
+                })?
+            }
             Err(why) => {
                 // Nothing of this request is sent: the session ends here.
                 let what = match &why {
@@ -418,6 +437,10 @@ pub struct Intercept {
     /// every secret there. Only a daemon built with `insecure-test-hooks` sets it; it is
     /// the positive control of the "placeholder to another host" cases.
     pub any_host: bool,
+    /// Test-only weakening (ADR 0009, `secrets-host-switch`): a request naming another
+    /// Host inside an intercepted session is sent (and swapped) instead of ending it; the
+    /// positive control of the "Host switched inside a session" case.
+    pub host_switch: bool,
 }
 
 impl Intercept {
@@ -508,7 +531,7 @@ mod tests {
             let u = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             let (a, b) = (AtomicU64::new(0), AtomicU64::new(0));
             let _ = m2
-                .serve("sb", "api.test", &swaps, c, Vec::new(), u, &a, &b)
+                .serve("sb", "api.test", &swaps, c, Vec::new(), u, &a, &b, false)
                 .await;
         });
         // The sandbox's side: trusts the daemon's CA only.

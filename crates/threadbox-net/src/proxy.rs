@@ -368,6 +368,7 @@ async fn connection(
                 &mut upstream,
                 &up,
                 &down,
+                i.host_switch,
             );
             tokio::pin!(session);
             let mut shutdown = net.watch_shutdown();

@@ -122,6 +122,14 @@ pub const KNOWN: &[(&str, &str)] = &[
         "secrets-any-host",
         "the egress proxy intercepts every TLS host of a sandbox with secrets and swaps them there",
     ),
+    (
+        "secrets-host-switch",
+        "an intercepted TLS session carries requests naming another Host (swapped there too)",
+    ),
+    (
+        "egress-no-dns-cap",
+        "a sandbox's DNS questions have no rate cap",
+    ),
 ];
 
 /// A set of weakenings.

@@ -32,6 +32,7 @@ fn spec(id: &str) -> SandboxSpec {
         },
         limits: limits(),
         disk_bytes: 0,
+        trust_ca: None,
     }
 }
 

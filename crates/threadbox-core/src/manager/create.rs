@@ -24,6 +24,7 @@ impl Manager {
                 pids: row.pids,
             },
             disk_bytes: row.disk_bytes,
+            trust_ca: self.secret_ca_of(&row.id).await?,
         })
     }
 
@@ -269,7 +270,9 @@ impl Manager {
             }
             // Fast path: a pre-booted sandbox of the warm pool, adopted in one UPDATE (not
             // for a fork: its disk is the parent's).
+            // Nor with secrets: their CA is bound into the image's bundle at boot.
             let pooled = match from {
+                _ if !req.secrets.is_empty() => Ok(None),
                 Some(super::templates::DiskFrom::Fork(_)) => Ok(None),
                 Some(super::templates::DiskFrom::Template(t)) => {
                     self.adopt_from_pool(&row, Some(t)).await

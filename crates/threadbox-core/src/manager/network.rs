@@ -313,5 +313,11 @@ fn egress_limits() -> threadbox_net::Limits {
     if threadbox_sys::testhooks::Weaken::from_env().is_ok_and(|w| w.has("egress-no-conn-cap")) {
         limits.max_conns = 1 << 20;
     }
+    // Positive control of the DNS flood case (N11).
+    #[cfg(feature = "insecure-test-hooks")]
+    if threadbox_sys::testhooks::Weaken::from_env().is_ok_and(|w| w.has("egress-no-dns-cap")) {
+        limits.dns_burst = u32::MAX;
+        limits.dns_per_sec = 1e9;
+    }
     limits
 }

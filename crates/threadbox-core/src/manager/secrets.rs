@@ -388,6 +388,12 @@ impl Manager {
         Ok(())
     }
 
+    /// The CA sandbox `id` trusts through its image's bundle (it has secrets), if any.
+    pub(super) async fn secret_ca_of(&self, id: &str) -> Result<Option<String>> {
+        let bound = self.store.sandbox_secrets(id).await?;
+        Ok((!bound.is_empty()).then(|| self.secrets.ca_pem.clone()))
+    }
+
     /// Writes the CA into a sandbox with secrets (after boot, start, adoption): the CA
     /// alone, a bundle of the image's roots plus it, and the image's own bundle extended.
     pub(super) async fn install_secret_ca(&self, id: &str, conn: &AgentConn) -> Result<()> {
@@ -470,10 +476,16 @@ impl Manager {
             threadbox_sys::testhooks::Weaken::from_env().is_ok_and(|w| w.has("secrets-any-host"));
         #[cfg(not(feature = "insecure-test-hooks"))]
         let any_host = false;
+        #[cfg(feature = "insecure-test-hooks")]
+        let host_switch = threadbox_sys::testhooks::Weaken::from_env()
+            .is_ok_and(|w| w.has("secrets-host-switch"));
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let host_switch = false;
         Ok((!swaps.is_empty()).then(|| Intercept {
             mitm: self.secrets.mitm.clone(),
             swaps: Arc::new(swaps),
             any_host,
+            host_switch,
         }))
     }
 

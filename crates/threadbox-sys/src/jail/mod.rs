@@ -72,6 +72,12 @@ pub struct JailSpec {
     /// Empty directory the overlay is mounted on.
     pub rootfs: PathBuf,
     pub binds: Vec<Bind>,
+    /// Read-only binds onto files the image already has (the egress CA bundle over the
+    /// image's own, ADR 0075). Each is skipped unless its target is an existing file
+    /// reached through real directories only: the upper is the sandbox's, so a symlink
+    /// there must never steer a mount (or a file creation) made as host root.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub file_binds: Vec<Bind>,
     pub agent_path: PathBuf,
     /// A sealed memfd holding the agent, made once by the daemon and shared by every
     /// sandbox (`/proc/<daemon>/fd/<n>`): saves a copy of the agent per boot, in time and

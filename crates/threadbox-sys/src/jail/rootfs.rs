@@ -38,6 +38,8 @@ pub trait Syscall {
     fn chdir(&self, path: &Path) -> Result<()>;
     /// What is at `path` (following a symlink when `follow`), `None` when nothing is.
     fn kind(&self, path: &Path, follow: bool) -> Option<Kind>;
+    /// Whether `path` itself is a symbolic link.
+    fn is_symlink(&self, path: &Path) -> bool;
     /// Attaches a disk image to a loop device: the device path, and a handle that keeps
     /// it until the caller has mounted it.
     fn attach_loop(&self, image: &Path) -> Result<(Option<std::os::fd::OwnedFd>, PathBuf)>;
@@ -104,6 +106,10 @@ impl Syscall for Host {
         };
         meta.ok()
             .map(|m| if m.is_dir() { Kind::Dir } else { Kind::Other })
+    }
+
+    fn is_symlink(&self, p: &Path) -> bool {
+        fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
     }
 
     fn attach_loop(&self, image: &Path) -> Result<(Option<std::os::fd::OwnedFd>, PathBuf)> {
@@ -178,6 +184,27 @@ fn bind_ro(sys: &impl Syscall, src: &Path, target: &Path) -> Result<()> {
         libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
         None,
     )
+}
+
+/// `target` under `root` if every directory on the way is a real directory (no symlink)
+/// and it exists and is not a directory. The upper layer belongs to the sandbox: a symlink
+/// in it resolved now, as host root before the pivot, would point at the host.
+fn existing_file(sys: &impl Syscall, root: &Path, target: &Path) -> Option<PathBuf> {
+    let mut p = root.to_path_buf();
+    let parts: Vec<_> = target
+        .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
+        .collect();
+    let (last, dirs) = parts.split_last()?;
+    for c in dirs {
+        p.push(c);
+        if sys.kind(&p, false) != Some(Kind::Dir) {
+            return None;
+        }
+    }
+    p.push(last);
+    // Not a symlink either: one to an existing file would be resolved against the host.
+    (sys.kind(&p, false) == Some(Kind::Other) && !sys.is_symlink(&p)).then_some(p)
 }
 
 fn inside(root: &Path, p: &Path) -> PathBuf {
@@ -312,6 +339,12 @@ pub(crate) fn build_root(sys: &impl Syscall, spec: &JailSpec) -> Result<()> {
             sys.create_file(&t)?;
         }
         bind_ro(sys, &b.source, &t)?;
+    }
+
+    for b in &spec.file_binds {
+        if let Some(t) = existing_file(sys, root, &b.target) {
+            bind_ro(sys, &b.source, &t)?;
+        }
     }
 
     // /proc, fresh for the new PID namespace, with the dangerous parts masked.

@@ -30,6 +30,8 @@ enum Call {
 struct Recorder {
     calls: RefCell<Vec<Call>>,
     tree: RefCell<BTreeMap<PathBuf, Kind>>,
+    /// Paths of `tree` that are symlinks.
+    links: RefCell<Vec<PathBuf>>,
 }
 
 impl Recorder {
@@ -115,6 +117,9 @@ impl Syscall for Recorder {
     fn kind(&self, path: &Path, _follow: bool) -> Option<Kind> {
         self.tree.borrow().get(path).copied()
     }
+    fn is_symlink(&self, path: &Path) -> bool {
+        self.links.borrow().iter().any(|l| l == path)
+    }
     fn attach_loop(&self, image: &Path) -> Result<(Option<std::os::fd::OwnedFd>, PathBuf)> {
         self.push(Call::AttachLoop(image.to_path_buf()));
         Ok((None, PathBuf::from("/dev/loop7")))
@@ -175,6 +180,7 @@ pub(crate) fn spec(disk: bool) -> JailSpec {
         nofile: 1024,
         allow_no_landlock: false,
         test_weaken: vec![],
+        file_binds: vec![],
     }
 }
 
@@ -462,4 +468,67 @@ fn a_disk_image_is_mounted_before_the_overlay_and_its_workdir_cleared() {
         calls[overlay + 1],
         Call::FillInodes(format!("{disk}/inode-reserve").into(), INODE_RESERVE)
     );
+}
+
+/// The CA bundle's bind (ADR 0075) lands only on an existing file reached through real
+/// directories: a missing target is never created, a symlink (in the target or on the
+/// way) is never followed.
+#[test]
+fn file_binds_land_only_on_existing_files_never_through_symlinks() {
+    let bundle = "/etc/ssl/certs/ca-certificates.crt";
+    let at = |p: &str| format!("{ROOT}{p}");
+    let dirs = ["/etc", "/etc/ssl", "/etc/ssl/certs"].map(|d| (at(d), Kind::Dir));
+    // (what, extra tree entries, the path that is a symlink, whether the bind is made)
+    type FileBindCase<'a> = (&'a str, Vec<(String, Kind)>, Option<&'a str>, bool);
+    let cases: [FileBindCase; 4] = [
+        ("a file", vec![(at(bundle), Kind::Other)], None, true),
+        ("missing", vec![], None, false),
+        (
+            "a symlink",
+            vec![(at(bundle), Kind::Other)],
+            Some(bundle),
+            false,
+        ),
+        (
+            "a symlinked parent",
+            vec![(at(bundle), Kind::Other)],
+            Some("/etc/ssl/certs"),
+            false,
+        ),
+    ];
+    for (what, extra, link, bound) in cases {
+        let mut entries: Vec<(String, Kind)> = dirs.to_vec();
+        entries.extend(extra);
+        if let Some(l) = link.filter(|l| *l != bundle) {
+            // The parent is a link: not a directory without following it.
+            entries.retain(|(p, _)| *p != at(l));
+            entries.push((at(l), Kind::Other));
+        }
+        let refs: Vec<(&str, Kind)> = entries.iter().map(|(p, k)| (p.as_str(), *k)).collect();
+        let sys = Recorder::with(&refs);
+        if let Some(l) = link {
+            sys.links.borrow_mut().push(at(l).into());
+        }
+        let mut spec = spec(false);
+        spec.binds.clear();
+        spec.file_binds = vec![Bind {
+            source: "/var/lib/tb/sandboxes/x/run/ca-bundle.pem".into(),
+            target: bundle.into(),
+        }];
+        build_root(&sys, &spec).unwrap();
+        let mounts = sys.mounts_on(&at(bundle));
+        if bound {
+            assert_eq!(
+                mounts,
+                bind_then_remount(libc::MS_REC, libc::MS_RDONLY | NOSUID | NODEV),
+                "{what}"
+            );
+        } else {
+            assert!(mounts.is_empty(), "{what}: {mounts:?}");
+        }
+        assert!(
+            !sys.calls().contains(&Call::Create(at(bundle).into())),
+            "{what}: a file was created"
+        );
+    }
 }

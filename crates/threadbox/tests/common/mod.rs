@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod inproc;
+pub mod tls;
 pub mod upstream;
 
 use std::io::{Read, Write};

@@ -89,7 +89,7 @@ impl Upstream {
         ] {
             assert!(ip(&args), "ip {args:?} failed");
         }
-        write_tls(up.dir.path());
+        super::tls::write_tls(up.dir.path());
         let script = up.dir.path().join("upstream.py");
         std::fs::write(&script, include_str!("../network/upstream.py")).expect("write script");
         let server = Command::new("ip")
@@ -150,29 +150,6 @@ impl Drop for Upstream {
         let _ = ip(&["netns", "del", &self.ns]);
         let _ = ip(&["link", "del", &self.host_if]);
     }
-}
-
-/// A test CA and a certificate it signs for `*.test` (and `api.test`, `other.test`), for
-/// the HTTPS server of `upstream.py`.
-fn write_tls(dir: &std::path::Path) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.distinguished_name
-        .push(DnType::CommonName, "threadbox test upstream CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).expect("CA cert");
-    let key = KeyPair::generate().expect("leaf key");
-    let names = ["api.test", "other.test", "*.test"]
-        .map(String::from)
-        .to_vec();
-    let leaf = CertificateParams::new(names)
-        .expect("leaf params")
-        .signed_by(&key, &ca, &ca_key)
-        .expect("leaf cert");
-    std::fs::write(dir.join("tls-ca.pem"), ca.pem()).expect("write CA");
-    std::fs::write(dir.join("tls-cert.pem"), leaf.pem()).expect("write cert");
-    std::fs::write(dir.join("tls-key.pem"), key.serialize_pem()).expect("write key");
 }
 
 pub fn daemon(up: &Upstream, allow_private: bool) -> Daemon {

@@ -105,9 +105,26 @@ def index_page(path, host):
     return None
 
 
+def git_file(path):
+    """A file of the dumb-HTTP git repositories under DIR/git (the tests make them), or None."""
+    root = os.path.realpath(f"{out}/git")
+    p = os.path.realpath(os.path.join(root, path[len("/git/"):].split("?")[0]))
+    if not p.startswith(root + "/") or not os.path.isfile(p):
+        return None
+    with open(p, "rb") as f:
+        return f.read()
+
+
 class Http(BaseHTTPRequestHandler):
     def do_GET(self):
         record("http.log", (self.path + "\n").encode())
+        if self.path.startswith("/git/"):
+            data = git_file(self.path)
+            self.send_response(200 if data is not None else 404)
+            self.send_header("Content-Length", str(len(data or b"")))
+            self.end_headers()
+            self.wfile.write(data or b"")
+            return
         page = index_page(self.path, self.headers.get("Host", addr))
         if page is not None:
             self.send_response(200)

@@ -79,6 +79,16 @@ pub struct Up {
 
 impl Up {
     pub fn start() -> Up {
+        Up::start_inner(false)
+    }
+
+    /// With an HTTPS server on 443 (signed by a test CA, `ca_file`) instead of the raw
+    /// sink there: the secrets cases (`egress_secrets.rs`).
+    pub fn start_tls() -> Up {
+        Up::start_inner(true)
+    }
+
+    fn start_inner(tls: bool) -> Up {
         // A new subnet (and names) for every upstream of this process: the host-side
         // recorders' listener threads outlive their `Up` (they block in `accept`), so a
         // second upstream on the same 10.250.N.1 would find port 80 still bound.
@@ -139,6 +149,9 @@ impl Up {
         ] {
             assert!(ip(&args), "ip {args:?} failed");
         }
+        if tls {
+            super::tls::write_tls(up.dir.path());
+        }
         let script = up.dir.path().join("upstream.py");
         std::fs::write(&script, include_str!("../network/upstream.py")).expect("script");
         up.server = Some(
@@ -174,8 +187,14 @@ impl Up {
         self.rebind.as_ref().map_or(0, |r| r.port)
     }
 
+    /// The test CA of the HTTPS server (`start_tls`); the daemon trusts it with
+    /// `--egress-upstream-ca`, sandboxes never do.
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("tls-ca.pem")
+    }
+
     /// What reached `log`: an upstream log file, or `host80` / `rebind` (host listeners).
-    fn seen(&self, log: &str) -> String {
+    pub fn seen(&self, log: &str) -> String {
         match log {
             "host80" => self.host80.as_ref().map(Recorder::text).unwrap_or_default(),
             "rebind" => self.rebind.as_ref().map(Recorder::text).unwrap_or_default(),

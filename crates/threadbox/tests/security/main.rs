@@ -7,10 +7,14 @@
 
 mod cases;
 mod egress;
+mod egress_dns;
+mod egress_secrets;
 mod harness;
 mod host_handles;
 mod posture;
 mod robustness;
+#[path = "../common/tls.rs"]
+mod tls;
 
 use base64::Engine;
 use cases::{Case, Extra, Lang};
@@ -878,4 +882,34 @@ fn egress_bypasses_hold() {
 fn egress_controls_detect_every_bypass() {
     require_root!();
     egress::controls_detect();
+}
+
+/// Class N, secrets (S1–S3): placeholders to other hosts, a switched Host, the value
+/// searched everywhere (ADR 0073).
+#[test]
+fn egress_secrets_hold() {
+    require_root!();
+    egress_secrets::held_everywhere();
+}
+
+/// S1–S3's positive controls: weakened builds swap where they must not; planted values
+/// are found by the same searches.
+#[test]
+fn egress_secrets_controls_detect() {
+    require_root!();
+    egress_secrets::controls_detect();
+}
+
+/// N11: a DNS flood from one sandbox is capped while a neighbour still resolves.
+#[test]
+fn egress_dns_flood_is_capped() {
+    require_root!();
+    egress_dns::held();
+}
+
+/// N11's positive control: without the cap (`egress-no-dns-cap`) the flood gets through.
+#[test]
+fn egress_dns_flood_control_detects() {
+    require_root!();
+    egress_dns::control_detects();
 }
