@@ -266,6 +266,7 @@ impl<R: RunOps> Backend for R {
             request: ForkRequest {
                 count,
                 name_prefix: None,
+                ..Default::default()
             },
         };
         self.call(op).await
