@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from conftest import Names
 from graph_helpers import build_graph, turn_summary
 from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
 
 from langchain_threadbox import ClientFactory, ThreadboxToolkit, ThreadSandboxes, thread_sandbox_name
 from langchain_threadbox.testing import ScriptRule, call
@@ -38,6 +42,10 @@ RULES = [
     ScriptRule("just talk", []),
 ]
 REPORT = "/home/user/report.txt"
+
+
+class FanState(TypedDict):
+    done: Annotated[list[str], operator.add]
 
 
 def cfg(tid: str, checkpoint_id: str | None = None) -> dict[str, Any]:
@@ -223,3 +231,32 @@ def test_fork_by_exact_name_from_a_checkpoint(tb: Threadbox, names: Names) -> No
         sb.fork(names=[names.new("fk-x")], checkpoint="nope")
     with pytest.raises(NotFound):
         tb.get(names.names[-1])
+
+
+def test_send_fan_out_shares_the_sandbox_and_one_checkpoint(tb: Threadbox, names: Names) -> None:
+    """What happens with parallel branches (ADR 0115): the ``Send`` branches of one step
+    write into the thread's one sandbox, and the step takes one sandbox checkpoint."""
+    saver = TimeTravelSaver(InMemorySaver(), ThreadSandboxes(ClientFactory(tb)))
+    toolkit = ThreadboxToolkit(binding=saver.sandboxes)
+
+    def worker(arg: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        sb = toolkit.sandbox_for(config)
+        sb.files.write(f"/home/user/branch-{arg['i']}.txt", str(arg["i"]).encode())
+        return {"done": [str(arg["i"])]}
+
+    g: Any = StateGraph(FanState)
+    g.add_node("worker", worker)
+    g.add_conditional_edges(START, lambda s: [Send("worker", {"i": i}) for i in range(3)])
+    g.add_edge("worker", END)
+    graph = g.compile(checkpointer=saver)
+    tid = names.thread("fan")
+    out = graph.invoke({"done": []}, cfg(tid))
+    assert sorted(out["done"]) == ["0", "1", "2"]
+    labels = lg_labels(tb, tid)
+    assert labels[0] == BASE_LABEL and len(labels) == 2, labels
+    sb = tb.get(thread_sandbox_name(tid))
+    assert sorted(e.name for e in sb.files.list("/home/user") if e.name.startswith("branch-")) == [
+        "branch-0.txt",
+        "branch-1.txt",
+        "branch-2.txt",
+    ]
