@@ -260,3 +260,31 @@ def test_send_fan_out_shares_the_sandbox_and_one_checkpoint(tb: Threadbox, names
         "branch-1.txt",
         "branch-2.txt",
     ]
+
+
+def test_deep_agents_backend_follows_time_travel(tb: Threadbox, names: Names) -> None:
+    """``ThreadboxSandbox(binding=saver.sandboxes)``: a Deep Agent's sandbox rewinds too."""
+    pytest.importorskip("deepagents")
+    from deepagents import create_deep_agent
+
+    from langchain_threadbox import ThreadboxSandbox
+    from langchain_threadbox.testing import ScriptedChatModel
+
+    rules = [
+        ScriptRule("turn one", [[call("execute", command=f"printf {ONE} > {REPORT}")]]),
+        ScriptRule("turn two", [[call("execute", command=f"printf {TWO} > {REPORT}")]]),
+        ScriptRule("read it", [[call("execute", command=f"cat {REPORT}")]], final="{last}"),
+    ]
+    saver = TimeTravelSaver(InMemorySaver(), ThreadSandboxes(ClientFactory(tb)))
+    agent: Any = create_deep_agent(
+        model=ScriptedChatModel(rules=rules),
+        backend=ThreadboxSandbox(binding=saver.sandboxes),
+        checkpointer=saver,
+    )
+    tid = names.thread("da")
+    turn(agent, cfg(tid), "turn one")
+    t1 = head(agent, tid)
+    turn(agent, cfg(tid), "turn two")
+    assert read(tb, tid) == TWO.encode()
+    r = turn(agent, cfg(tid, t1), "read it")
+    assert ONE in str(r["last"]) and TWO not in str(r["last"]), r

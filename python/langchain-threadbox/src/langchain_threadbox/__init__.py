@@ -11,7 +11,13 @@
 - :func:`release_thread_sandbox`: stop or delete a finished thread's sandbox.
 - :data:`THREADBOX_SYSTEM_PROMPT`: tells the model where it may write.
 - :class:`TimeTravelSaver`: a checkpointer wrapper that rewinds or forks the thread's
-  sandbox when the graph goes back in time (``langchain_threadbox.timetravel``).
+  sandbox when the graph goes back in time (``langchain_threadbox.timetravel``)::
+
+      saver = TimeTravelSaver(InMemorySaver())            # any LangGraph checkpointer
+      tools = ThreadboxToolkit(binding=saver.sandboxes).get_tools()
+      graph = builder.compile(checkpointer=saver)
+      graph.invoke(msg, {"configurable": {"thread_id": "t", "checkpoint_id": earlier}})
+      # -> the tools see the files of `earlier`; saver.copy_thread("t", "t2") forks them
 """
 
 from __future__ import annotations
