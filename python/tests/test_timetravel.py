@@ -288,3 +288,43 @@ def test_deep_agents_backend_follows_time_travel(tb: Threadbox, names: Names) ->
     assert read(tb, tid) == TWO.encode()
     r = turn(agent, cfg(tid, t1), "read it")
     assert ONE in str(r["last"]) and TWO not in str(r["last"]), r
+
+
+class _CrashingPut(InMemorySaver):
+    """Fails the first put that names a sandbox checkpoint: a crash between the sandbox
+    checkpoint and LangGraph's checkpoint (ADR 0115)."""
+
+    crashed = False
+
+    def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+        if META_KEY in metadata and not self.crashed:
+            self.crashed = True
+            raise RuntimeError("crash before LangGraph's put")
+        return super().put(config, checkpoint, metadata, new_versions)
+
+
+@pytest.mark.parametrize("same_process", [True, False], ids=["same-process", "new-process"])
+def test_crash_between_the_sandbox_checkpoint_and_langgraphs_put(
+    tb: Threadbox, names: Names, same_process: bool
+) -> None:
+    """LangGraph's saver is the truth: the resumed run finishes the step from what it
+    stored; the disk is not changed twice (one ``X``), and the step's checkpoint as
+    LangGraph saves it now names a sandbox checkpoint (not the orphan)."""
+    rules = [ScriptRule("append", [[call("run_shell", command="echo X >> log.txt; cat log.txt")]], final="{last}")]
+    inner = _CrashingPut()
+    saver = TimeTravelSaver(inner, ThreadSandboxes(ClientFactory(tb)))
+    graph = build_graph(ThreadboxToolkit(binding=saver.sandboxes), saver, rules=rules)
+    tid = names.thread("cr")
+    with pytest.raises(RuntimeError, match="crash before"):
+        graph.invoke({"messages": [HumanMessage("append")]}, cfg(tid))
+    assert inner.crashed
+    orphan = lg_labels(tb, tid)[-1]
+    assert tb.get(thread_sandbox_name(tid)).files.read("/home/user/log.txt") == b"X\n"
+    if not same_process:
+        saver = TimeTravelSaver(inner, ThreadSandboxes(ClientFactory(tb)))
+        graph = build_graph(ThreadboxToolkit(binding=saver.sandboxes), saver, rules=rules)
+    out = graph.invoke(None, cfg(tid))
+    assert tb.get(thread_sandbox_name(tid)).files.read("/home/user/log.txt") == b"X\n"
+    assert "X" in str(out["messages"][-1].content)
+    marks = {s.metadata[META_KEY]["checkpoint"] for s in graph.get_state_history(cfg(tid)) if META_KEY in s.metadata}
+    assert len(marks) == 1 and orphan not in marks, "no LangGraph checkpoint names the orphan"

@@ -56,12 +56,12 @@ class S(TypedDict):
     n: Annotated[list[int], operator.add]
 
 
-def test_a_graph_without_sandbox_calls_makes_no_daemon_call_and_copies_threads() -> None:
+def test_a_graph_without_sandbox_calls_copies_threads_and_looks_once_per_process() -> None:
     calls: list[httpx.Request] = []
 
     def handler(req: httpx.Request) -> httpx.Response:
         calls.append(req)
-        return httpx.Response(500)
+        return httpx.Response(404, json={"error": {"code": "not_found", "message": "no such sandbox"}})
 
     tb = Threadbox("http://threadbox.test", transport=httpx.MockTransport(handler))
     saver = TimeTravelSaver(InMemorySaver(), ThreadSandboxes(ClientFactory(tb)))
@@ -83,3 +83,9 @@ def test_a_graph_without_sandbox_calls_makes_no_daemon_call_and_copies_threads()
     assert len(list(graph.get_state_history(cb))) == len(list(graph.get_state_history(c)))
     graph.invoke({"n": []}, cb)
     assert calls == []
+    # Another process: one look per thread for a crash's leftover (there is no sandbox).
+    again = TimeTravelSaver(saver.inner, ThreadSandboxes(ClientFactory(tb)))
+    graph = g.compile(checkpointer=again)
+    graph.invoke({"n": []}, c)
+    graph.invoke({"n": []}, c)
+    assert [(r.method, r.url.path) for r in calls] == [("GET", "/v1/sandboxes/thread-a")]

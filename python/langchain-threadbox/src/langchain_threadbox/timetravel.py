@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+import httpx
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
@@ -147,6 +148,9 @@ class _Thread:
     stale: bool = False
     # A call that may change files ran since the last sandbox checkpoint.
     dirty: bool = False
+    # LangGraph's put of a dirty step failed: if the step runs again, the disk is first
+    # brought back to where it ran from.
+    unsaved: bool = False
 
 
 @dataclass(frozen=True)
@@ -419,7 +423,7 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
         with self._tlock(thread_id):
             st = self._state(thread_id)
             desired = desired or self._latest_id(thread_id)
-            if desired is not None and st.disk != desired:
+            if desired is not None and (st.disk != desired or st.unsaved):
                 self._bring(binding, thread_id, desired, st)
             sb = binding.get_or_create(thread_id)
             if sb.created:
@@ -434,7 +438,9 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
             nearest = self._marks(thread_id, desired, first_only=True)
             if self._trusted(own, st, desired, self._latest_id(thread_id), nearest):
                 st.disk = desired
-                return
+                # A step that crashed before LangGraph's put runs again: from its parent's files.
+                if not self._orphan_check(thread_id):
+                    return
         marks = self._marks(thread_id, desired)
         tb = binding.factory.sync
         handles: dict[str, Sandbox | None] = {}
@@ -456,7 +462,7 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
                 mine.delete(missing_ok=True)
             src.fork(names=[own], checkpoint=act.label)
             log.info("forked %s at %s into %s", act.sandbox, act.label, own)
-        st.disk, st.stale, st.dirty = desired, False, False
+        st.disk, st.stale, st.dirty, st.unsaved = desired, False, False, False
 
     def _on_created(self, sb: Sandbox, thread_id: str, desired: str | None) -> None:
         if desired is not None and any(m.sandbox == sb.name for m in self._marks(thread_id, desired)):
@@ -475,7 +481,7 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
         async with self._alock(thread_id):
             st = self._state(thread_id)
             desired = desired or await self._alatest_id(thread_id)
-            if desired is not None and st.disk != desired:
+            if desired is not None and (st.disk != desired or st.unsaved):
                 await self._abring(binding, thread_id, desired, st)
             sb = await binding.aget_or_create(thread_id)
             if sb.created:
@@ -493,7 +499,9 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
             nearest = await self._amarks(thread_id, desired, first_only=True)
             if self._trusted(own, st, desired, await self._alatest_id(thread_id), nearest):
                 st.disk = desired
-                return
+                # A step that crashed before LangGraph's put runs again: from its parent's files.
+                if not await self._aorphan_check(thread_id):
+                    return
         marks = await self._amarks(thread_id, desired)
         tb = binding.factory.async_
         handles: dict[str, AsyncSandbox | None] = {}
@@ -515,7 +523,7 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
                 await mine.delete(missing_ok=True)
             await src.fork(names=[own], checkpoint=act.label)
             log.info("forked %s at %s into %s", act.sandbox, act.label, own)
-        st.disk, st.stale, st.dirty = desired, False, False
+        st.disk, st.stale, st.dirty, st.unsaved = desired, False, False, False
 
     # -- put ----------------------------------------------------------------------
 
@@ -533,17 +541,55 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
             st.stale = True
 
     def _trusted_put(self, thread_id: str, st: _Thread, parent: str | None) -> bool:
-        if st.disk is not None or parent is None:
+        if st.disk is not None or parent is None or st.dirty:
             return True
         own = self.sandboxes.name_for(thread_id)
-        return self._trusted(own, st, parent, self._latest_id(thread_id), self._marks(thread_id, parent, True))
+        nearest = self._marks(thread_id, parent, True)
+        ok = self._trusted(own, st, parent, self._latest_id(thread_id), nearest)
+        if ok and self._orphan_check(thread_id):
+            st.dirty = True
+        return ok
 
     async def _atrusted_put(self, thread_id: str, st: _Thread, parent: str | None) -> bool:
-        if st.disk is not None or parent is None:
+        if st.disk is not None or parent is None or st.dirty:
             return True
         own = self.sandboxes.name_for(thread_id)
-        latest = await self._alatest_id(thread_id)
-        return self._trusted(own, st, parent, latest, await self._amarks(thread_id, parent, True))
+        nearest = await self._amarks(thread_id, parent, True)
+        ok = self._trusted(own, st, parent, await self._alatest_id(thread_id), nearest)
+        if ok and await self._aorphan_check(thread_id):
+            st.dirty = True
+        return ok
+
+    def _orphan_check(self, thread_id: str) -> bool:
+        """First contact with a thread that used its sandbox: a newest ``lg-`` checkpoint
+        that no LangGraph checkpoint has is a step that crashed after its sandbox
+        checkpoint and before LangGraph's put. The disk holds that step's changes (which
+        LangGraph replays from its saved writes, or runs again). One look-up per thread
+        and process; a daemon out of reach does not fail LangGraph's put."""
+        try:
+            sb = _get(self.sandboxes.factory.sync, self.sandboxes.name_for(thread_id))
+            ours = _lg_labels([c.label for c in sb.checkpoints()]) if sb is not None else []
+        except (ThreadboxError, httpx.HTTPError) as e:
+            log.warning("%s: could not look at its sandbox's checkpoints: %s", thread_id, e)
+            return False
+        cid = _id_of_label(ours[-1]) if ours else None
+        if cid is not None and self.inner.get_tuple(_thread_config(thread_id, cid)) is None:
+            log.info("%s: %s has no LangGraph checkpoint (a crash before its put)", thread_id, ours[-1])
+            return True
+        return False
+
+    async def _aorphan_check(self, thread_id: str) -> bool:
+        try:
+            sb = await _aget(self.sandboxes.factory.async_, self.sandboxes.name_for(thread_id))
+            ours = _lg_labels([c.label for c in await sb.checkpoints()]) if sb is not None else []
+        except (ThreadboxError, httpx.HTTPError) as e:
+            log.warning("%s: could not look at its sandbox's checkpoints: %s", thread_id, e)
+            return False
+        cid = _id_of_label(ours[-1]) if ours else None
+        if cid is not None and await self.inner.aget_tuple(_thread_config(thread_id, cid)) is None:
+            log.info("%s: %s has no LangGraph checkpoint (a crash before its put)", thread_id, ours[-1])
+            return True
+        return False
 
     def put(
         self,
@@ -560,14 +606,22 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
         new = str(checkpoint["id"])
         with self._tlock(tid):
             st = self._state(tid)
+            trusted = self._trusted_put(tid, st, parent)
+            # The state changes only once LangGraph's put went through: if it fails, the
+            # disk's changes are still named by no checkpoint, and the next put names them.
             if st.dirty:
                 mark = self._take(tid, new)
                 if mark is not None:
                     metadata = cast(CheckpointMetadata, {**metadata, META_KEY: mark})
-                st.disk, st.stale, st.dirty = new, False, False
+                try:
+                    out = self.inner.put(config, checkpoint, metadata, new_versions)
+                except BaseException:
+                    st.unsaved = True
+                    raise
+                st.disk, st.stale, st.dirty, st.unsaved = new, False, False, False
             else:
-                self._before_put(st, parent, new, self._trusted_put(tid, st, parent))
-            out = self.inner.put(config, checkpoint, metadata, new_versions)
+                out = self.inner.put(config, checkpoint, metadata, new_versions)
+                self._before_put(st, parent, new, trusted)
         self._saved(new)
         return out
 
@@ -609,14 +663,20 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
         new = str(checkpoint["id"])
         async with self._alock(tid):
             st = self._state(tid)
+            trusted = await self._atrusted_put(tid, st, parent)
             if st.dirty:
                 mark = await self._atake(tid, new)
                 if mark is not None:
                     metadata = cast(CheckpointMetadata, {**metadata, META_KEY: mark})
-                st.disk, st.stale, st.dirty = new, False, False
+                try:
+                    out = await self.inner.aput(config, checkpoint, metadata, new_versions)
+                except BaseException:
+                    st.unsaved = True
+                    raise
+                st.disk, st.stale, st.dirty, st.unsaved = new, False, False, False
             else:
-                self._before_put(st, parent, new, await self._atrusted_put(tid, st, parent))
-            out = await self.inner.aput(config, checkpoint, metadata, new_versions)
+                out = await self.inner.aput(config, checkpoint, metadata, new_versions)
+                self._before_put(st, parent, new, trusted)
         self._saved(new)
         return out
 
@@ -724,6 +784,12 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
             for c in await sb.checkpoints():
                 if c.label in _lg_labels([c.label]) and c.label not in named:
                     await sb.delete_checkpoint(c.id)
+
+
+def _id_of_label(label: str) -> str | None:
+    """The LangGraph checkpoint id a ``lg-`` label was made from (None for a hashed one)."""
+    cid = label[len(LABEL_PREFIX) :]
+    return None if cid.startswith("h") and len(cid) == 41 else cid
 
 
 def _thread_config_any(thread_id: str) -> RunnableConfig:
