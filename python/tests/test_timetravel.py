@@ -328,3 +328,19 @@ def test_crash_between_the_sandbox_checkpoint_and_langgraphs_put(
     assert "X" in str(out["messages"][-1].content)
     marks = {s.metadata[META_KEY]["checkpoint"] for s in graph.get_state_history(cfg(tid)) if META_KEY in s.metadata}
     assert len(marks) == 1 and orphan not in marks, "no LangGraph checkpoint names the orphan"
+
+
+def test_durability_exit_and_sync(tb: Threadbox, names: Names, caplog: pytest.LogCaptureFixture) -> None:
+    """``durability="exit"`` saves only at the end (the dirty run takes one checkpoint
+    then, and no tool call waits for a put that comes later); ``"sync"`` as "async"."""
+    graph, _ = _graph(tb, InMemorySaver())
+    tid = names.thread("du")
+    with caplog.at_level(logging.WARNING, logger="langchain_threadbox.timetravel"):
+        graph.invoke({"messages": [HumanMessage("turn one")]}, cfg(tid), durability="exit")
+    assert not [m for m in caplog.messages if "was not saved" in m], caplog.messages
+    assert read(tb, tid) == ONE.encode() and len(lg_labels(tb, tid)) == 2
+    t1 = head(graph, tid)
+    graph.invoke({"messages": [HumanMessage("turn two")]}, cfg(tid), durability="sync")
+    assert read(tb, tid) == TWO.encode() and len(lg_labels(tb, tid)) == 3
+    out = graph.invoke({"messages": [HumanMessage("read it")]}, cfg(tid, t1), durability="sync")
+    assert ONE in str(out["messages"][-1].content), out["messages"][-1]

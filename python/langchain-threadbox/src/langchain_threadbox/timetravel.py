@@ -112,6 +112,10 @@ def _root_checkpoint_id(config: RunnableConfig | Mapping[str, Any] | None) -> st
             conf = get_config().get("configurable") or {}
         except (ImportError, RuntimeError):
             conf = {}
+    if conf.get("__pregel_durability") == "exit":
+        # Nothing is saved before the run ends: the step's checkpoint cannot be waited for
+        # or walked; the disk is taken to follow the thread's latest saved one (ADR 0115).
+        return None
     cid = (conf.get("checkpoint_map") or {}).get("")
     return str(cid) if cid else None
 
