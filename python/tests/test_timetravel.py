@@ -114,6 +114,7 @@ def test_resume_and_fork_follow_the_graph_sync(tb: Threadbox, names: Names) -> N
     assert ONE in r["last"] and TWO not in r["last"], r
     fork = tb.get(thread_sandbox_name(tid2))
     assert fork.id != sb_id
+    assert fork.labels["langchain-thread"] == tid2, fork.labels
     assert read(tb, tid) == TWO.encode(), "the original thread keeps turn 2's file"
     # The fork goes on by itself.
     turn(graph, cfg(tid2), "turn two")
@@ -215,12 +216,13 @@ def test_bound_missing_checkpoint_and_delete_thread(
 
 def test_fork_by_exact_name_from_a_checkpoint(tb: Threadbox, names: Names) -> None:
     """What the saver forks with: ``fork(names=[...], checkpoint=label)``."""
-    sb = tb.create(names.new("fk"))
+    sb = tb.create(names.new("fk"), labels={"kind": "a", "keep": "yes"})
     sb.files.write(REPORT, ONE.encode())
     sb.checkpoint("one")
     sb.files.write(REPORT, TWO.encode())
-    (fork,) = sb.fork(names=[names.new("fk-into")], checkpoint="one")
+    (fork,) = sb.fork(names=[names.new("fk-into")], checkpoint="one", labels={"kind": "b"})
     assert fork.name == names.names[-1] and fork.state == "running"
+    assert fork.labels == {"kind": "b", "keep": "yes"}
     assert fork.files.read(REPORT) == ONE.encode()
     assert sb.files.read(REPORT) == TWO.encode()
     assert [c.label for c in sb.checkpoints()] == ["one"], "the checkpoint forked from is kept"

@@ -76,6 +76,10 @@ pub struct ForkRequest {
     /// the sandbox is not frozen then, and the checkpoint is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<String>,
+    /// Labels of the forks, over the parent's (a key given here replaces the parent's
+    /// value): a LangGraph thread's fork names its own thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

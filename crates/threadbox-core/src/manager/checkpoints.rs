@@ -342,9 +342,11 @@ impl Manager {
         };
         // Booted side by side: each create takes the create lock only for its insert.
         let creates = names.into_iter().map(|name| {
+            let mut labels = parent.labels.clone();
+            labels.extend(op.request.labels.clone().unwrap_or_default());
             let req = CreateSandboxRequest {
                 name: name.clone(),
-                labels: parent.labels.clone(),
+                labels,
                 image: Some(parent.image.clone()),
                 limits: LimitsRequest {
                     memory_bytes: Some(parent.memory_bytes),
@@ -473,6 +475,7 @@ mod tests {
             name_prefix: prefix.map(str::to_owned),
             names: names.map(|n| n.iter().map(|s| s.to_string()).collect()),
             checkpoint: None,
+            labels: None,
         }
     }
 

@@ -241,7 +241,8 @@ class ThreadSandboxes(SandboxBinding):
     def name_for(self, thread_id: str) -> str:
         return thread_sandbox_name(thread_id, self.prefix)
 
-    def _labels_for(self, thread_id: str) -> dict[str, str]:
+    def labels_for(self, thread_id: str) -> dict[str, str]:
+        """The labels of the thread's sandbox (``managed-by``, ``langchain-thread``, extras)."""
         labels = {"managed-by": "langchain-threadbox", **self._labels}
         if _SAFE_ID.match(thread_id):
             labels["langchain-thread"] = thread_id
@@ -262,13 +263,13 @@ class ThreadSandboxes(SandboxBinding):
     def get_or_create(self, thread_id: str) -> Sandbox:
         """The thread's sandbox, created if missing (not resumed or started)."""
         return self.factory.sync.get_or_create(
-            self.name_for(thread_id), labels=self._labels_for(thread_id), on_exit="none", **self._options
+            self.name_for(thread_id), labels=self.labels_for(thread_id), on_exit="none", **self._options
         )
 
     async def aget_or_create(self, thread_id: str) -> AsyncSandbox:
         """Async twin of :meth:`get_or_create`."""
         return await self.factory.async_.get_or_create(
-            self.name_for(thread_id), labels=self._labels_for(thread_id), on_exit="none", **self._options
+            self.name_for(thread_id), labels=self.labels_for(thread_id), on_exit="none", **self._options
         )
 
     def describe(self, config: RunnableConfig | None) -> str:

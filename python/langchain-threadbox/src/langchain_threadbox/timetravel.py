@@ -464,7 +464,7 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
             if mine is not None:
                 log.warning("%s is replaced by a fork of %s at %s", own, act.sandbox, act.label)
                 mine.delete(missing_ok=True)
-            src.fork(names=[own], checkpoint=act.label)
+            src.fork(names=[own], checkpoint=act.label, labels=binding.labels_for(thread_id))
             log.info("forked %s at %s into %s", act.sandbox, act.label, own)
         st.disk, st.stale, st.dirty, st.unsaved = desired, False, False, False
 
@@ -525,7 +525,7 @@ class TimeTravelSaver(BaseCheckpointSaver[Any]):
             if mine is not None:
                 log.warning("%s is replaced by a fork of %s at %s", own, act.sandbox, act.label)
                 await mine.delete(missing_ok=True)
-            await src.fork(names=[own], checkpoint=act.label)
+            await src.fork(names=[own], checkpoint=act.label, labels=binding.labels_for(thread_id))
             log.info("forked %s at %s into %s", act.sandbox, act.label, own)
         st.disk, st.stale, st.dirty, st.unsaved = desired, False, False, False
 
