@@ -67,6 +67,19 @@ pub struct ForkRequest {
     /// Names the forks `<prefix>-1` … `<prefix>-N`; without it they have no name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name_prefix: Option<String>,
+    /// The forks' exact names (one fork each; not with `name_prefix`; `count`, if given,
+    /// must be their number). How a LangGraph thread's sandbox forks into
+    /// `thread-<new thread id>` (ADR 0115).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<Vec<String>>,
+    /// Fork the disk as it was at this checkpoint (label or id) instead of as it is now;
+    /// the sandbox is not frozen then, and the checkpoint is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    /// Labels of the forks, over the parent's (a key given here replaces the parent's
+    /// value): a LangGraph thread's fork names its own thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

@@ -48,7 +48,11 @@ impl Store {
     /// Inserts a checkpoint with the next sequence number of its sandbox and makes it the
     /// sandbox's head, in one transaction; `conflict` when the label is taken.
     pub async fn insert_checkpoint(&self, c: &CheckpointRow) -> Result<CheckpointRow> {
-        let mut tx = self.pool.begin().await?;
+        // IMMEDIATE: the read of the next `seq` and the insert are one write transaction.
+        // A deferred one fails with SQLITE_BUSY_SNAPSHOT (517, "database is locked", no
+        // busy wait) when another writer commits between them (seen under the LangGraph
+        // time-travel tests: a checkpoint while other sandboxes were being deleted).
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let (seq,): (i64,) =
             sqlx::query_as("SELECT COALESCE(MAX(seq), 0) + 1 FROM checkpoints WHERE sandbox = ?")
                 .bind(&c.sandbox)

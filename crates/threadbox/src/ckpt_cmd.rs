@@ -160,6 +160,7 @@ pub async fn fork(client: &Client, a: ForkArgs) -> Result<u8> {
             request: ForkRequest {
                 count: Some(a.count),
                 name_prefix: a.name_prefix,
+                ..Default::default()
             },
         })
         .await?;

@@ -34,6 +34,49 @@ fn validate_label(label: &str) -> Result<()> {
     }
 }
 
+/// The forks' names: exact ones, `<prefix>-1` … `<prefix>-N`, or none.
+fn fork_names(req: &ForkRequest) -> Result<Vec<Option<String>>> {
+    let names: Vec<Option<String>> = match (&req.names, &req.name_prefix) {
+        (Some(_), Some(_)) => {
+            return Err(CoreError::InvalidArgument(
+                "give names or name_prefix, not both".into(),
+            ))
+        }
+        (Some(names), None) => {
+            if req.count.is_some_and(|c| c as usize != names.len()) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "count is {} but {} names were given",
+                    req.count.unwrap_or_default(),
+                    names.len()
+                )));
+            }
+            names.iter().cloned().map(Some).collect()
+        }
+        (None, prefix) => {
+            let count = req.count.unwrap_or(1);
+            (1..=count)
+                .map(|i| prefix.as_ref().map(|p| format!("{p}-{i}")))
+                .collect()
+        }
+    };
+    if !(1..=MAX_FORKS as usize).contains(&names.len()) {
+        return Err(CoreError::InvalidArgument(format!(
+            "count must be between 1 and {MAX_FORKS}"
+        )));
+    }
+    for (i, n) in names.iter().enumerate() {
+        if let Some(n) = n {
+            validate_name(n)?;
+            if names[..i].iter().flatten().any(|m| m == n) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "fork name {n:?} is given twice"
+                )));
+            }
+        }
+    }
+    Ok(names)
+}
+
 fn to_api_ckpt(c: &CheckpointRow) -> Checkpoint {
     Checkpoint {
         id: c.id.clone(),
@@ -256,28 +299,28 @@ impl Manager {
 
     async fn fork_inner(&self, caller: &Caller, op: &Fork) -> Result<ForkResponse> {
         caller.require(Fork::SCOPE)?;
-        let count = op.request.count.unwrap_or(1);
-        if !(1..=MAX_FORKS).contains(&count) {
-            return Err(CoreError::InvalidArgument(format!(
-                "count must be between 1 and {MAX_FORKS}"
-            )));
-        }
-        let names: Vec<Option<String>> = (1..=count)
-            .map(|i| op.request.name_prefix.as_ref().map(|p| format!("{p}-{i}")))
-            .collect();
-        for n in names.iter().flatten() {
-            validate_name(n)?;
-        }
+        let names = fork_names(&op.request)?;
         let parent = self.resolve(caller, &op.sandbox).await?;
-        // One internal clone of the parent (no row: a crash leaves a file the next start
-        // removes); each fork's disk is a clone of it.
-        let ckpt = format!("fk-{}", uuid::Uuid::new_v4().simple());
-        let parent = {
-            let live = self.live(&parent.id);
-            let _g = live.lifecycle.lock().await;
-            let parent = self.reload(&parent.id).await?;
-            self.clone_disk_frozen(&parent, &ckpt).await?;
-            parent
+        let live = self.live(&parent.id);
+        // Forking from a checkpoint: its clone is the source, kept, and the parent's
+        // lifecycle lock is held until the forks are made so it cannot be deleted under
+        // them. Else one internal clone of the parent (no row: a crash leaves a file the
+        // next start removes); each fork's disk is a clone of it.
+        let (parent, ckpt, _kept) = match &op.request.checkpoint {
+            Some(name) => {
+                let g = live.lifecycle.clone().lock_owned().await;
+                let parent = self.reload(&parent.id).await?;
+                let rows = self.store.checkpoints_of(&parent.id).await?;
+                let ckpt = find(&rows, &parent.id, name)?.id.clone();
+                (parent, ckpt, Some(g))
+            }
+            None => {
+                let ckpt = format!("fk-{}", uuid::Uuid::new_v4().simple());
+                let _g = live.lifecycle.lock().await;
+                let parent = self.reload(&parent.id).await?;
+                self.clone_disk_frozen(&parent, &ckpt).await?;
+                (parent, ckpt, None)
+            }
         };
         let network = match &parent.network_policy {
             Some(json) => Some(serde_json::from_str(json).map_err(|e| {
@@ -301,9 +344,11 @@ impl Manager {
         };
         // Booted side by side: each create takes the create lock only for its insert.
         let creates = names.into_iter().map(|name| {
+            let mut labels = parent.labels.clone();
+            labels.extend(op.request.labels.clone().unwrap_or_default());
             let req = CreateSandboxRequest {
                 name: name.clone(),
-                labels: parent.labels.clone(),
+                labels,
                 image: Some(parent.image.clone()),
                 limits: LimitsRequest {
                     memory_bytes: Some(parent.memory_bytes),
@@ -347,10 +392,12 @@ impl Manager {
                 Err(e) => failed = failed.or(Some(e)),
             }
         }
-        let _ = self
-            .driver_for(&parent)?
-            .remove_checkpoint_disk(&parent.id, &ckpt)
-            .await;
+        if _kept.is_none() {
+            let _ = self
+                .driver_for(&parent)?
+                .remove_checkpoint_disk(&parent.id, &ckpt)
+                .await;
+        }
         if let Some(e) = failed {
             // All or nothing: the forks made so far go.
             for sb in &made {
@@ -419,5 +466,42 @@ impl crate::ops::Run for Rewind {
 impl crate::ops::Run for Fork {
     async fn run(self, m: &Manager, caller: &Caller) -> Result<ForkResponse> {
         m.fork(caller, self).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(count: Option<u32>, prefix: Option<&str>, names: Option<&[&str]>) -> ForkRequest {
+        ForkRequest {
+            count,
+            name_prefix: prefix.map(str::to_owned),
+            names: names.map(|n| n.iter().map(|s| s.to_string()).collect()),
+            checkpoint: None,
+            labels: None,
+        }
+    }
+
+    #[test]
+    fn fork_names_exact_prefixed_or_none() {
+        let some = |v: &[&str]| v.iter().map(|s| Some(s.to_string())).collect::<Vec<_>>();
+        assert_eq!(
+            fork_names(&req(None, None, Some(&["thread-b"]))).unwrap(),
+            some(&["thread-b"])
+        );
+        assert_eq!(
+            fork_names(&req(Some(2), Some("p"), None)).unwrap(),
+            some(&["p-1", "p-2"])
+        );
+        assert_eq!(fork_names(&req(None, None, None)).unwrap(), vec![None]);
+        // Refused: both ways of naming, a count that disagrees, a name twice, none, too
+        // many, a name that is not a valid sandbox name.
+        assert!(fork_names(&req(None, Some("p"), Some(&["a"]))).is_err());
+        assert!(fork_names(&req(Some(2), None, Some(&["a"]))).is_err());
+        assert!(fork_names(&req(None, None, Some(&["a", "a"]))).is_err());
+        assert!(fork_names(&req(None, None, Some(&[]))).is_err());
+        assert!(fork_names(&req(Some(MAX_FORKS + 1), None, None)).is_err());
+        assert!(fork_names(&req(None, None, Some(&["no spaces"]))).is_err());
     }
 }

@@ -272,6 +272,7 @@ impl<R: RunOps> Backend for R {
             request: ForkRequest {
                 count,
                 name_prefix: None,
+                ..Default::default()
             },
         };
         self.call(op).await

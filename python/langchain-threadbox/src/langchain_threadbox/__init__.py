@@ -10,6 +10,14 @@
   same name (``Python_REPL``, argument ``query``).
 - :func:`release_thread_sandbox`: stop or delete a finished thread's sandbox.
 - :data:`THREADBOX_SYSTEM_PROMPT`: tells the model where it may write.
+- :class:`TimeTravelSaver`: a checkpointer wrapper that rewinds or forks the thread's
+  sandbox when the graph goes back in time (``langchain_threadbox.timetravel``)::
+
+      saver = TimeTravelSaver(InMemorySaver())            # any LangGraph checkpointer
+      tools = ThreadboxToolkit(binding=saver.sandboxes).get_tools()
+      graph = builder.compile(checkpointer=saver)
+      graph.invoke(msg, {"configurable": {"thread_id": "t", "checkpoint_id": earlier}})
+      # -> the tools see the files of `earlier`; saver.copy_thread("t", "t2") forks them
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from .binding import (
 )
 from .prompts import THREADBOX_SYSTEM_PROMPT
 from .repl import PythonREPLTool
+from .timetravel import SandboxHistoryLost, TimeTravelSaver
 from .tools import ThreadboxToolkit
 
 if TYPE_CHECKING:
@@ -45,10 +54,12 @@ __all__ = [
     "FixedSandbox",
     "PythonREPLTool",
     "SandboxBinding",
+    "SandboxHistoryLost",
     "ThreadIdMissing",
     "ThreadSandboxes",
     "ThreadboxSandbox",
     "ThreadboxToolkit",
+    "TimeTravelSaver",
     "arelease_thread_sandbox",
     "cut_middle",
     "format_exec",

@@ -8,7 +8,7 @@ import re
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.runnables import RunnableConfig
 
@@ -38,6 +38,9 @@ DEFAULT_THREAD_IDLE_STOP_SECS = 3600
 # A host without swap answers that it cannot, and the sandbox stays paused (ADR 0129).
 DEFAULT_THREAD_IDLE_HIBERNATE_SECS = 600
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+if TYPE_CHECKING:
+    from .timetravel import TimeTravelSaver
 
 
 class ThreadIdMissing(LookupError):
@@ -122,10 +125,12 @@ class SandboxBinding:
 
     factory: ClientFactory
 
-    def resolve(self, config: RunnableConfig | None) -> Sandbox:
+    def resolve(self, config: RunnableConfig | None, *, writes: bool = True) -> Sandbox:
+        """``writes=False``: the call only reads (a time-travel checkpointer takes no
+        checkpoint for it)."""
         raise NotImplementedError
 
-    async def aresolve(self, config: RunnableConfig | None) -> AsyncSandbox:
+    async def aresolve(self, config: RunnableConfig | None, *, writes: bool = True) -> AsyncSandbox:
         raise NotImplementedError
 
     def describe(self, config: RunnableConfig | None) -> str:
@@ -174,7 +179,7 @@ class FixedSandbox(SandboxBinding):
         self._create = create
         self._options = dict(create_options or {})
 
-    def resolve(self, config: RunnableConfig | None) -> Sandbox:
+    def resolve(self, config: RunnableConfig | None, *, writes: bool = True) -> Sandbox:
         if self._sandbox is None:
             tb = self.factory.sync
             self._sandbox = (
@@ -184,7 +189,7 @@ class FixedSandbox(SandboxBinding):
             self._sandbox.refresh()
         return _ensure_running(self._sandbox)
 
-    async def aresolve(self, config: RunnableConfig | None) -> AsyncSandbox:
+    async def aresolve(self, config: RunnableConfig | None, *, writes: bool = True) -> AsyncSandbox:
         tb = self.factory.async_
         ref = self._sandbox.id if self._sandbox is not None else self._ref
         if self._create and self._sandbox is None:
@@ -236,29 +241,43 @@ class ThreadSandboxes(SandboxBinding):
             **dict(create_options or {}),
         }
         self._labels = dict(labels or {})
+        # Set by a TimeTravelSaver: it then brings the sandbox to the graph's checkpoint
+        # before each call and notes the calls that may change files (ADR 0115).
+        self.timeline: TimeTravelSaver | None = None
 
     def name_for(self, thread_id: str) -> str:
         return thread_sandbox_name(thread_id, self.prefix)
 
-    def _labels_for(self, thread_id: str) -> dict[str, str]:
+    def labels_for(self, thread_id: str) -> dict[str, str]:
+        """The labels of the thread's sandbox (``managed-by``, ``langchain-thread``, extras)."""
         labels = {"managed-by": "langchain-threadbox", **self._labels}
         if _SAFE_ID.match(thread_id):
             labels["langchain-thread"] = thread_id
         return labels
 
-    def resolve(self, config: RunnableConfig | None) -> Sandbox:
+    def resolve(self, config: RunnableConfig | None, *, writes: bool = True) -> Sandbox:
         tid = thread_id_from_config(config)
-        sb = self.factory.sync.get_or_create(
-            self.name_for(tid), labels=self._labels_for(tid), on_exit="none", **self._options
-        )
-        return _ensure_running(sb)
+        if self.timeline is not None:
+            return _ensure_running(self.timeline.sandbox_for_call(self, tid, config, writes))
+        return _ensure_running(self.get_or_create(tid))
 
-    async def aresolve(self, config: RunnableConfig | None) -> AsyncSandbox:
+    async def aresolve(self, config: RunnableConfig | None, *, writes: bool = True) -> AsyncSandbox:
         tid = thread_id_from_config(config)
-        sb = await self.factory.async_.get_or_create(
-            self.name_for(tid), labels=self._labels_for(tid), on_exit="none", **self._options
+        if self.timeline is not None:
+            return await _aensure_running(await self.timeline.asandbox_for_call(self, tid, config, writes))
+        return await _aensure_running(await self.aget_or_create(tid))
+
+    def get_or_create(self, thread_id: str) -> Sandbox:
+        """The thread's sandbox, created if missing (not resumed or started)."""
+        return self.factory.sync.get_or_create(
+            self.name_for(thread_id), labels=self.labels_for(thread_id), on_exit="none", **self._options
         )
-        return await _aensure_running(sb)
+
+    async def aget_or_create(self, thread_id: str) -> AsyncSandbox:
+        """Async twin of :meth:`get_or_create`."""
+        return await self.factory.async_.get_or_create(
+            self.name_for(thread_id), labels=self.labels_for(thread_id), on_exit="none", **self._options
+        )
 
     def describe(self, config: RunnableConfig | None) -> str:
         try:

@@ -300,6 +300,9 @@ class ThreadboxSandbox(BaseSandbox):
         timeout: Default command timeout in seconds (30 minutes).
         max_output_bytes: Capture bound per stream passed to the daemon.
         map_paths: Resolve made-up ``/``-rooted paths against ``/home/user``.
+        binding: A binding to share instead of ``sandbox``/``per_thread``, e.g. a
+            :class:`~langchain_threadbox.TimeTravelSaver`'s ``sandboxes`` so the
+            thread's sandbox follows the graph's time travel (ADR 0115).
     """
 
     # deepagents >= 0.7: keep execute output inline (no capture-to-file shell wrapper).
@@ -319,14 +322,21 @@ class ThreadboxSandbox(BaseSandbox):
         timeout: int = DEFAULT_TIMEOUT,
         max_output_bytes: int | None = 8 << 20,
         map_paths: bool = True,
+        binding: SandboxBinding | None = None,
     ) -> None:
-        if (sandbox is None) == (not per_thread):
+        if binding is not None:
+            if sandbox is not None:
+                raise ValueError("pass binding=... or sandbox=..., not both")
+            per_thread = isinstance(binding, ThreadSandboxes)
+        elif (sandbox is None) == (not per_thread):
             raise ValueError("pass exactly one of sandbox=... or per_thread=True")
         if client is None and isinstance(sandbox, Sandbox):
             client = sandbox.client
         factory = ClientFactory(client, url=url, api_key=api_key, async_client=async_client)
         self._binding: SandboxBinding
-        if per_thread:
+        if binding is not None:
+            self._binding = binding
+        elif per_thread:
             self._binding = ThreadSandboxes(factory, prefix=thread_prefix, create_options=sandbox_options)
         else:
             assert sandbox is not None

@@ -57,6 +57,8 @@ HOME = "/home/user"
 TOOL_NAMES = ("run_python", "run_shell", "read_file", "write_file", "list_files")
 # File-level error codes: the model's mistake, reported to it as an error message.
 _FILE_ERROR_CODES = {"not_found", "invalid_argument", "permission_denied", "conflict"}
+# Tools that only read: a time-travel checkpointer takes no sandbox checkpoint for them.
+_READ_ONLY = frozenset({"read_file", "list_files"})
 _IMAGE_TYPES = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 PARALLEL_NOTE = (
     "Calls in one message run in parallel, in no set order: issue a step that depends on "
@@ -446,7 +448,7 @@ class ThreadboxToolkit(BaseToolkit):
 
     def _resolve(self, config: RunnableConfig | None, what: str) -> Sandbox:
         try:
-            sb: Sandbox = self.binding.resolve(config)
+            sb: Sandbox = self.binding.resolve(config, writes=what not in _READ_ONLY)
         except ThreadIdMissing as e:
             raise ToolException(str(e)) from e
         except ThreadboxError as e:
@@ -455,7 +457,7 @@ class ThreadboxToolkit(BaseToolkit):
 
     async def _aresolve(self, config: RunnableConfig | None, what: str) -> AsyncSandbox:
         try:
-            sb: AsyncSandbox = await self.binding.aresolve(config)
+            sb: AsyncSandbox = await self.binding.aresolve(config, writes=what not in _READ_ONLY)
         except ThreadIdMissing as e:
             raise ToolException(str(e)) from e
         except ThreadboxError as e:

@@ -320,10 +320,22 @@ class AsyncSandbox(SandboxView):
         self.info = await self.client._call(_checkpoints.rewind(self.id, to, drop_later))
         return self.info
 
-    async def fork(self, count: int = 1, *, name_prefix: str | None = None) -> builtins.list[AsyncSandbox]:
+    async def fork(
+        self,
+        count: int = 1,
+        *,
+        name_prefix: str | None = None,
+        names: builtins.list[str] | None = None,
+        checkpoint: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> builtins.list[AsyncSandbox]:
         """``count`` new running sandboxes with this one's files, limits, image, network
-        policy and labels; this one keeps running."""
-        infos = await self.client._call(_checkpoints.fork(self.id, count, name_prefix))
+        policy and labels; this one keeps running.
+
+        ``names`` gives each fork its exact name (one fork per name); ``checkpoint`` (a
+        label or id) forks the disk as it was then instead of as it is now; ``labels`` are
+        set on the forks over this one's."""
+        infos = await self.client._call(_checkpoints.fork(self.id, count, name_prefix, names, checkpoint, labels))
         return [AsyncSandbox(self.client, i, created=True) for i in infos]
 
     async def delete(self, *, force: bool = True, missing_ok: bool = False) -> None:

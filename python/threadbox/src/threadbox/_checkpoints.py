@@ -3,6 +3,7 @@ the sans-IO operations (ADR 0071) shared by the sync and async clients."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -69,8 +70,21 @@ def _forks(data: Any) -> list[SandboxInfo]:
     return [SandboxInfo.from_dict(d) for d in data.get("sandboxes", [])]
 
 
-def fork(sandbox: str, count: int, name_prefix: str | None) -> Op[list[SandboxInfo]]:
-    body: dict[str, Any] = {"count": count}
+def fork(
+    sandbox: str,
+    count: int,
+    name_prefix: str | None,
+    names: Sequence[str] | None = None,
+    checkpoint: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> Op[list[SandboxInfo]]:
+    body: dict[str, Any] = {"count": count if names is None else len(names)}
     if name_prefix is not None:
         body["name_prefix"] = name_prefix
+    if names is not None:
+        body["names"] = list(names)
+    if checkpoint is not None:
+        body["checkpoint"] = checkpoint
+    if labels is not None:
+        body["labels"] = dict(labels)
     return json_op("POST", c.sandbox_path(sandbox, "fork"), _forks, json_body=body)

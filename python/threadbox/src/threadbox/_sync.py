@@ -390,10 +390,22 @@ class Sandbox(SandboxView):
         self.info = self.client._call(_checkpoints.rewind(self.id, to, drop_later))
         return self.info
 
-    def fork(self, count: int = 1, *, name_prefix: str | None = None) -> builtins.list[Sandbox]:
+    def fork(
+        self,
+        count: int = 1,
+        *,
+        name_prefix: str | None = None,
+        names: builtins.list[str] | None = None,
+        checkpoint: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> builtins.list[Sandbox]:
         """``count`` new running sandboxes with this one's files, limits, image, network
-        policy and labels; this one keeps running."""
-        infos = self.client._call(_checkpoints.fork(self.id, count, name_prefix))
+        policy and labels; this one keeps running.
+
+        ``names`` gives each fork its exact name (one fork per name); ``checkpoint`` (a
+        label or id) forks the disk as it was then instead of as it is now; ``labels`` are
+        set on the forks over this one's."""
+        infos = self.client._call(_checkpoints.fork(self.id, count, name_prefix, names, checkpoint, labels))
         return [Sandbox(self.client, i, created=True) for i in infos]
 
     def delete(self, *, force: bool = True, missing_ok: bool = False) -> None:
