@@ -21,9 +21,11 @@
 mod disk;
 mod init;
 pub mod rootfs;
+mod store;
 
 pub use disk::{shift_owners, unmount_leftover, with_image_mounted};
 pub use rootfs::DEVICES;
+pub use store::{mount_store, unmount_store};
 
 use crate::raw;
 use crate::raw::process::Forked;
