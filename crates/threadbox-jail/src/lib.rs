@@ -387,6 +387,11 @@ impl Jail {
             upper,
             work,
             disk_image: image.then(|| p.disk_image.clone()),
+            disk_owner_base: image
+                .then(|| checkpoint::disk_owner_base(&p.dir))
+                .flatten()
+                .filter(|b| *b != base),
+            disk_userns_fd: None,
             home_owner: base + SANDBOX_USER_ID,
             rootfs: p.rootfs.clone(),
             binds: layers.binds.clone(),

@@ -159,3 +159,45 @@ fn a_bad_store_flag_is_refused_before_anything_is_made() {
     );
     assert!(!root.path().join("store.xfs").exists());
 }
+
+/// A fork's disk keeps its parent's stored owners and is mounted idmapped (ADR 0102):
+/// inside the fork, and a fork of the fork, every file is the sandbox user's and writable.
+#[test]
+fn forks_of_forks_see_their_own_owners_through_the_idmap() {
+    if !require_root("forks_of_forks_see_their_own_owners_through_the_idmap") {
+        return;
+    }
+    let _s = serial();
+    let d = Daemon::start();
+    d.create(&["--name", "p"]);
+    sh(&d, "p", "echo a > ~/a; mkdir ~/dir; touch ~/dir/x");
+    d.cli(&["fork", "p", "--name-prefix", "k"]).ok();
+    assert_eq!(
+        sh(
+            &d,
+            "k-1",
+            "echo b > ~/b; echo more >> ~/a; stat -c '%u %g' ~/a ~/b ~/dir/x"
+        ),
+        "1000 1000\n1000 1000\n1000 1000\n"
+    );
+    d.cli(&["fork", "k-1", "--name-prefix", "g"]).ok();
+    let out = sh(
+        &d,
+        "g-1",
+        "echo c >> ~/b && touch ~/dir/y && id -u && stat -c '%u %g' ~/a ~/b ~/dir/y && cat ~/a ~/b",
+    );
+    assert_eq!(
+        out,
+        "1000\n1000 1000\n1000 1000\n1000 1000\na\nmore\nb\nc\n"
+    );
+    // The parent never saw any of it.
+    assert_eq!(sh(&d, "p", "cat ~/a; ls ~"), "a\na\ndir\n");
+    // A checkpoint and rewind of the fork keep its owners too.
+    d.cli(&["checkpoint", "g-1", "--label", "c"]).ok();
+    sh(&d, "g-1", "rm ~/a");
+    d.cli(&["rewind", "g-1", "--to", "c"]).ok();
+    assert_eq!(
+        sh(&d, "g-1", "stat -c '%u %g' ~/a; echo w >> ~/a && echo ok"),
+        "1000 1000\nok\n"
+    );
+}
