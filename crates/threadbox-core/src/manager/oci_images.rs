@@ -213,6 +213,15 @@ impl Manager {
         self.image_view(row).await
     }
 
+    /// After a crash: a pull cut short may have left blobs, layers or an image record
+    /// that no catalog row names; they go before anything can use them (issue 14).
+    pub(super) async fn reconcile_images(&self) -> Result<()> {
+        if !oci::store_dir(self.root()).is_dir() {
+            return Ok(());
+        }
+        self.gc_oci().await
+    }
+
     /// Drops store records no catalog row points at, then their unused layers.
     async fn gc_oci(&self) -> Result<()> {
         let live: std::collections::BTreeSet<String> = self

@@ -38,7 +38,8 @@ impl Manager {
                 (step, _) => tracing::info!(sandbox = %row.id, ?step, "reconciled"),
             }
         }
-        self.reconcile_checkpoints().await
+        self.reconcile_checkpoints().await?;
+        self.reconcile_images().await
     }
 
     /// What is on the host for `row`. A live sandbox whose agent answers gets its
