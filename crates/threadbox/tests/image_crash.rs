@@ -122,7 +122,15 @@ fn kill9_mid_pull_then_restart_leaves_the_image_whole_or_absent() {
         .map(|i| LayerBlob::gzip(&layer(&format!("l{i}"), 1500, i + 7)))
         .collect();
     let img = w
-        .image(&Platform::host(), &layers, serde_json::json!({}))
+        .image(
+            &Platform::host(),
+            &layers,
+            serde_json::json!({
+                "User": "1000:1000",
+                "Entrypoint": ["/bin/sh", "-c"],
+                "Cmd": ["echo hi"],
+            }),
+        )
         .unwrap();
     w.tag("1", &img).unwrap();
     let reference = format!("{}/tb/crash:1", reg.host());
@@ -193,6 +201,14 @@ fn kill9_mid_pull_then_restart_leaves_the_image_whole_or_absent() {
         .ok()
         .json();
     assert_eq!(out["layers"], 3, "{out}");
+    // The config's User, Entrypoint and Cmd are shown (ADR 0104), nothing is started.
+    assert_eq!(out["user"], "1000:1000", "{out}");
+    assert_eq!(
+        out["entrypoint"],
+        serde_json::json!(["/bin/sh", "-c"]),
+        "{out}"
+    );
+    assert_eq!(out["cmd"], serde_json::json!(["echo hi"]), "{out}");
     assert!(store_problems(&d).is_empty(), "{:?}", store_problems(&d));
     for l in names_in(&d.root_path().join("oci/layers")) {
         let dir = d.root_path().join("oci/layers").join(&l);
