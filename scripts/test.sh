@@ -38,6 +38,8 @@ command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftabl
 # xfsprogs: `serve` keeps sandbox disks on an xfs store image where the root cannot
 # reflink (ADR 0101), which every daemon test on an ext4 /tmp exercises.
 command -v mkfs.xfs >/dev/null || { apt-get update -q && apt-get install -y -q xfsprogs; }
+# `threadbox shell` is tested through a real terminal (tests/pty.rs).
+command -v tmux >/dev/null || { apt-get update -q && apt-get install -y -q tmux; }
 # docker-registry and skopeo: the OCI image tests (threadbox-oci, issue 14) run a registry
 # on loopback and push the images they build into it; nothing is fetched from outside.
 command -v docker-registry >/dev/null && command -v skopeo >/dev/null ||
