@@ -7,6 +7,8 @@ build:
 # Builds everything and starts the daemon on embedded defaults
 # (root /var/lib/threadbox, SQLite, the host image, unix socket + 127.0.0.1:7420).
 serve: build
+	@# xfsprogs: instant checkpoints and forks on an ext4 root (ADR 0101); without it they copy.
+	@command -v mkfs.xfs >/dev/null || apt-get install -y -q xfsprogs || echo "no xfsprogs: checkpoints will copy"
 	./target/release/threadbox serve
 
 # Installs what the tests need, then runs every suite.

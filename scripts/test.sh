@@ -35,6 +35,9 @@ echo "== test tools"
 # nft: only the egress golden test (threadbox-sys `net::tests`) uses it, to read back the
 # table the kernel made of our own netlink batch. threadbox itself never runs nft.
 command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftables; }
+# xfsprogs: `serve` keeps sandbox disks on an xfs store image where the root cannot
+# reflink (ADR 0101), which every daemon test on an ext4 /tmp exercises.
+command -v mkfs.xfs >/dev/null || { apt-get update -q && apt-get install -y -q xfsprogs; }
 # `threadbox shell` is tested through a real terminal (tests/pty.rs).
 command -v tmux >/dev/null || { apt-get update -q && apt-get install -y -q tmux; }
 # docker-registry and skopeo: the OCI image tests (threadbox-oci, issue 14) run a registry

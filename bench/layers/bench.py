@@ -2,7 +2,8 @@
 """Checkpoint, fork and rewind figures of the daemon (issue 14, ADR 0100).
 
 Starts `threadbox serve` on a root on an xfs loop image (reflink; `--ext4` for the
-host's file system, where clones are sparse copies), makes a sandbox holding 200 MB of
+host's file system, where the daemon mounts its own xfs store image, ADR 0101, or with
+`--store-off` clones are sparse copies), makes a sandbox holding 200 MB of
 files, and prints the medians of: a checkpoint (frozen, cloned, thawed), a fork of 3 to
 running sandboxes, and a rewind to running. Needs root, mkfs.xfs (xfsprogs), and the SDK
 on PYTHONPATH (python/threadbox/src). Usage:
@@ -34,6 +35,11 @@ def main() -> None:
     ap.add_argument(
         "--ext4", action="store_true", help="root on the host fs (no reflink)"
     )
+    ap.add_argument(
+        "--store-off",
+        action="store_true",
+        help="with --ext4: serve --store-image off (clones copy; ADR 0101)",
+    )
     ap.add_argument("--trials", type=int, default=5)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tb-bench-layers-"))
@@ -51,7 +57,8 @@ def main() -> None:
             mounted = True
         with open(work / "daemon.log", "wb") as log:
             daemon = subprocess.Popen(
-                [a.bin, "serve", "--root", str(root), "--listen", "127.0.0.1:0"],
+                [a.bin, "serve", "--root", str(root), "--listen", "127.0.0.1:0"]
+                + (["--store-image", "off"] if a.store_off else []),
                 stdout=log,
                 stderr=log,
             )
@@ -92,7 +99,13 @@ def main() -> None:
             r"\x1b\[[0-9;]*m", "", (work / "daemon.log").read_text(errors="replace")
         )
         frozen = [int(m) / 1000 for m in re.findall(r"frozen_us=(\d+)", plain)]
-        where = "host ext4 (sparse copy)" if a.ext4 else "xfs loop image (reflink)"
+        where = (
+            "xfs loop image (reflink)"
+            if not a.ext4
+            else "host ext4, store off (sparse copy)"
+            if a.store_off
+            else "host ext4, the daemon's store image (ADR 0101)"
+        )
         print(
             f"root on {where}; method={method}; 200 MB of files; medians of {a.trials}:"
         )
@@ -107,6 +120,8 @@ def main() -> None:
         if daemon is not None:
             daemon.terminate()
             daemon.wait(timeout=30)
+        # The daemon's store, when it left it mounted (ADR 0101).
+        subprocess.run(["umount", "-l", str(root / "sandboxes")], capture_output=True)
         if mounted:
             subprocess.run(["umount", "-l", str(root)], check=False)
         shutil.rmtree(work, ignore_errors=True)

@@ -176,6 +176,11 @@ def daemon() -> Iterator[Daemon]:
         yield d
     finally:
         d.stop()
+        # The reflink store (ADR 0101) stays mounted while sandboxes are left: detach it
+        # (its loop device goes with the last sandbox) so the root can be removed.
+        store = d.root / "sandboxes"
+        if str(store.resolve()) in _mounts_under(d.root):
+            subprocess.run(["umount", "-l", str(store)], capture_output=True, check=False)
         leftover = _mounts_under(base)
         if leftover:
             sys.stderr.write(f"\nthreadbox tests: not removing {base}: mounts remain under it: {leftover[:5]}\n")

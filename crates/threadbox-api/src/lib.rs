@@ -539,6 +539,16 @@ pub struct Image {
     /// Sandboxes that use the image (it cannot be removed while any does).
     #[serde(default)]
     pub sandboxes: u32,
+    /// `oci` images: the config's `User`, as the image states it (shown; exec still runs
+    /// as `user` or `root`, ADR 0104).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// `oci` images: the config's `Entrypoint` (shown; never started by the daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    /// `oci` images: the config's `Cmd` (shown; never started by the daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

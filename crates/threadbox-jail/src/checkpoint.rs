@@ -8,9 +8,33 @@ use threadbox_core::driver::DiskClone;
 use threadbox_core::error::{CoreError, Result};
 use threadbox_sys::clonefile::{clone_file, syncfs};
 
-/// At the root of a disk image (outside `upper/`, so invisible inside): the host uid base
-/// the image's owners are relative to. Absent: the base of the sandbox it was made for.
+/// Beside a sandbox's `disk.img`: the host uid base its owners are stored relative to
+/// (a fork's or template's clone keeps its source's). Absent: the sandbox's own base
+/// (ADR 0102). Older forks had their owners rewritten instead (a `uid-base` file inside
+/// the image, equal to their own base): they need no idmap.
+pub(crate) const DISK_BASE_FILE: &str = "disk-base";
+
+/// At the root of a template's disk image (outside `upper/`, so invisible inside): the
+/// host uid base its owners are relative to (ADR 0110). A sandbox made from a template
+/// has its owners shifted into its own range (`disk_from_clone`), so it needs no idmap.
 pub(crate) const UID_BASE_FILE: &str = "uid-base";
+
+/// The base recorded beside the disk in `dir`, if any.
+pub(crate) fn disk_owner_base(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join(DISK_BASE_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+fn write_durable(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
 
 /// Checkpoint ids are ours (`ck-<hex>`), but a path is built from them: refuse anything else.
 pub(crate) fn check_ckpt(ckpt: &str) -> Result<()> {
@@ -107,9 +131,10 @@ impl Jail {
         Ok(())
     }
 
-    /// A fork's disk: the checkpoint's clone, its owners moved from `from_index`'s uid
-    /// range into `index`'s before it is renamed into place (so a disk that exists is
-    /// always whole and owned right).
+    /// A fork's disk: the checkpoint's clone, nothing rewritten. Its owners stay in the
+    /// range they are stored in (the parent's own, or the one its disk came from), which
+    /// `disk-base` beside the image records before the image is renamed into place; the
+    /// boot mounts it idmapped onto the fork's range (ADR 0100, ADR 0102).
     pub fn fork_disk(
         &self,
         id: &str,
@@ -118,8 +143,37 @@ impl Jail {
         from_index: u32,
         ckpt: &str,
     ) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = index;
         let src = self.checkpoint_image(from, ckpt)?;
-        self.disk_from_clone(&src, id, index, self.uid_range.slot_base(from_index)?)
+        let p = self.paths(id);
+        for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
+            mkdir(d)?;
+        }
+        std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
+        let t0 = std::time::Instant::now();
+        let from_base = match disk_owner_base(&self.paths(from).dir) {
+            Some(b) => b,
+            None => self.uid_range.slot_base(from_index)?,
+        };
+        let tmp = p.dir.join("disk.img.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        clone_file(&src, &tmp).map_err(sys)?;
+        // The base first: a disk that exists is always read with the right owners.
+        let r = write_durable(&p.dir.join(DISK_BASE_FILE), &from_base.to_string())
+            .and_then(|()| std::fs::rename(&tmp, &p.disk_image).map_err(CoreError::from));
+        if let Err(e) = r {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        sync_dir(&p.dir);
+        tracing::debug!(
+            sandbox = id,
+            owner_base = from_base,
+            total_us = t0.elapsed().as_micros() as u64,
+            "fork disk"
+        );
+        Ok(())
     }
 
     /// Makes `id`'s disk a clone of the image `src`, its owners moved into `index`'s uid

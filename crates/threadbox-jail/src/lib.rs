@@ -10,6 +10,7 @@
 
 mod ca_bundle;
 mod checkpoint;
+pub mod store;
 mod templates;
 pub mod uid_range;
 
@@ -388,6 +389,11 @@ impl Jail {
             upper,
             work,
             disk_image: image.then(|| p.disk_image.clone()),
+            disk_owner_base: image
+                .then(|| checkpoint::disk_owner_base(&p.dir))
+                .flatten()
+                .filter(|b| *b != base),
+            disk_userns_fd: None,
             home_owner: base + SANDBOX_USER_ID,
             rootfs: p.rootfs.clone(),
             binds: layers.binds.clone(),

@@ -39,7 +39,11 @@ impl Jail {
         let mnt = dst.with_extension("mnt");
         let _ = std::fs::remove_file(&tmp);
         let method = clone_file(&src, &tmp).map_err(sys)?;
-        let from_base = self.uid_range.slot_base(from_index)?;
+        // A forked source keeps its parent's owners, recorded beside its disk (ADR 0102).
+        let from_base = match crate::checkpoint::disk_owner_base(&self.paths(from).dir) {
+            Some(b) => b,
+            None => self.uid_range.slot_base(from_index)?,
+        };
         // The base its owners are relative to goes into the image itself: the source
         // sandbox may be gone (and its slot reused) when the template is used.
         let recorded = mkdir(&mnt).and_then(|()| {

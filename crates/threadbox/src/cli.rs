@@ -167,6 +167,15 @@ pub struct ServeArgs {
     /// loopback by themselves]. The path form `/preview/{id}/{port}/` works without it.
     #[arg(long, value_name = "DOMAIN")]
     pub preview_domain: Option<String>,
+    /// Where the root's file system cannot reflink (ext4), keep sandbox disks on a sparse
+    /// xfs image `ROOT/store.xfs` mounted on `ROOT/sandboxes`, so checkpoints and forks
+    /// copy nothing: `auto`; `off` copies instead (ADR 0101) [default: auto].
+    #[arg(long, value_name = "auto|off")]
+    pub store_image: Option<threadbox_jail::store::StoreMode>,
+    /// Size of the store image when it is made, e.g. 200G; a larger size on a later start
+    /// grows it [default: the size of the file system holding the root].
+    #[arg(long, value_name = "SIZE")]
+    pub store_size: Option<String>,
     /// Serve TCP WITHOUT API keys: every TCP client acts as the operator. Loopback
     /// addresses only; logged loudly at start. Without it, TCP requires a key.
     #[arg(long)]

@@ -25,6 +25,10 @@ struct ConfigFile {
     warm_pool: Option<usize>,
     /// Largest disk one sandbox may ask for, e.g. "100G".
     max_disk_bytes: Option<String>,
+    /// "auto" or "off" (`--store-image`).
+    store_image: Option<String>,
+    /// e.g. "200G" (`--store-size`).
+    store_size: Option<String>,
     /// Extra hosts accepted in `Host` on TCP (added to the loopback names).
     #[serde(default)]
     allowed_hosts: Vec<String>,
@@ -96,6 +100,16 @@ async fn serve_inner(
     let listen: SocketAddr = listen.parse().with_context(|| {
         format!("invalid --listen address {listen:?}: expected IP:PORT, e.g. 127.0.0.1:7420")
     })?;
+    let store_mode = match (args.store_image, config.store_image) {
+        (Some(m), _) => m,
+        (None, Some(s)) => s.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+        (None, None) => threadbox_jail::store::StoreMode::Auto,
+    };
+    let store_size = match args.store_size.or(config.store_size) {
+        Some(s) => Some(parse_size(&s)?),
+        None => None,
+    };
+    let store = prepare_store(&root, store_mode, store_size)?;
     let exe = std::env::current_exe().context("cannot locate the threadbox binary")?;
     let agent = resolve_agent(args.agent.or(config.agent), &exe)?;
     let mut jail = threadbox_jail::JailConfig::new(root.clone(), agent, exe);
@@ -160,8 +174,54 @@ async fn serve_inner(
     for w in &args.warm_pool_template {
         opts.warm_pool_templates.push(parse_pool_template(w)?);
     }
-    threadbox_server::serve(opts, move || tiers(jail)).await?;
+    let store_root = root_for_release(&store, &jail.root);
+    let served = threadbox_server::serve(opts, move || tiers(jail)).await;
+    if let Some(root) = store_root {
+        release_store(&root);
+    }
+    served?;
     Ok(())
+}
+
+/// The reflink store under `root` (ADR 0101), before anything uses `sandboxes/`.
+fn prepare_store(
+    root: &Path,
+    mode: threadbox_jail::store::StoreMode,
+    bytes: Option<u64>,
+) -> anyhow::Result<threadbox_jail::store::Store> {
+    use threadbox_jail::store::{Store, MIN_STORE_BYTES};
+    if bytes.is_some_and(|b| b < MIN_STORE_BYTES) {
+        bail!("--store-size must be at least 1G");
+    }
+    let store =
+        threadbox_jail::store::prepare(root, mode, bytes).map_err(|e| anyhow::anyhow!("{e}"))?;
+    match &store {
+        Store::Native => tracing::info!("sandbox disks: the root's file system reflinks"),
+        Store::Mounted { bytes, reused } => tracing::info!(
+            bytes,
+            reused,
+            "sandbox disks: on the reflink store image {}",
+            root.join(threadbox_jail::store::STORE_IMAGE).display()
+        ),
+        Store::Unused(why) => {
+            tracing::warn!("sandbox disks: checkpoints and forks copy (no reflink store: {why})")
+        }
+    }
+    Ok(store)
+}
+
+fn root_for_release(store: &threadbox_jail::store::Store, root: &Path) -> Option<PathBuf> {
+    matches!(store, threadbox_jail::store::Store::Mounted { .. }).then(|| root.to_path_buf())
+}
+
+/// Unmounts the store at a clean shutdown when nothing uses it (else the next start
+/// reuses it).
+fn release_store(root: &Path) {
+    match threadbox_jail::store::release(root) {
+        Ok(true) => tracing::info!("reflink store unmounted"),
+        Ok(false) => tracing::info!("reflink store left mounted (in use); reused at next start"),
+        Err(e) => tracing::warn!("reflink store: {e}"),
+    }
 }
 
 /// `[TENANT/]NAME=N` of `--warm-pool-template` (ADR 0110).

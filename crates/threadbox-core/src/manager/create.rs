@@ -350,6 +350,7 @@ impl Manager {
         };
         let result: Result<i32> = async {
             let spec = self.spec_of(&row).await?;
+            let t0 = std::time::Instant::now();
             match from {
                 Some(super::templates::DiskFrom::Fork(f)) => {
                     self.driver_for(&row)?
@@ -361,7 +362,17 @@ impl Manager {
                 }
                 None => self.driver_for(&row)?.prepare(&spec).await?,
             }
-            self.boot(&row, &live).await
+            let t1 = std::time::Instant::now();
+            let pid = self.boot(&row, &live).await;
+            // Where a create's time goes (issue 14's fork target): its disk, then the boot.
+            tracing::debug!(
+                sandbox = %id,
+                from_clone = from.is_some(),
+                disk_us = (t1 - t0).as_micros() as u64,
+                boot_us = t1.elapsed().as_micros() as u64,
+                "disk ready and booted"
+            );
+            pid
         }
         .await;
         match result {

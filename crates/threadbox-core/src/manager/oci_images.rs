@@ -25,6 +25,9 @@ impl Manager {
             layers: rec.as_ref().map(|x| x.layers.len() as u32),
             size_bytes: rec.as_ref().map(|x| x.compressed_bytes),
             sandboxes,
+            user: rec.as_ref().and_then(|x| x.run.user.clone()),
+            entrypoint: rec.as_ref().and_then(|x| x.run.entrypoint.clone()),
+            cmd: rec.as_ref().and_then(|x| x.run.cmd.clone()),
             name: r.name,
             kind: r.kind,
             path: r.path,
@@ -211,6 +214,15 @@ impl Manager {
             .await?
             .ok_or_else(|| CoreError::Internal(format!("image {name:?} vanished")))?;
         self.image_view(row).await
+    }
+
+    /// After a crash: a pull cut short may have left blobs, layers or an image record
+    /// that no catalog row names; they go before anything can use them (issue 14).
+    pub(super) async fn reconcile_images(&self) -> Result<()> {
+        if !oci::store_dir(self.root()).is_dir() {
+            return Ok(());
+        }
+        self.gc_oci().await
     }
 
     /// Drops store records no catalog row points at, then their unused layers.

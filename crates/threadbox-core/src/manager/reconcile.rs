@@ -39,7 +39,8 @@ impl Manager {
             }
         }
         self.reconcile_checkpoints().await?;
-        self.reconcile_templates().await
+        self.reconcile_templates().await?;
+        self.reconcile_images().await
     }
 
     /// What is on the host for `row`. A live sandbox whose agent answers gets its

@@ -48,6 +48,12 @@ pub fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
     Ok(raw::fs::fstatfs(fd)?.f_type as i64)
 }
 
+/// Total size in bytes of the file system holding an open file.
+pub fn fs_total_bytes(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let st = raw::fs::fstatfs(fd)?;
+    Ok((st.f_blocks as u64).saturating_mul(st.f_bsize as u64))
+}
+
 /// Pseudo filesystems that the file API must never read or write through a symlink.
 pub fn is_kernel_interface_fs(f_type: i64) -> bool {
     const MAGICS: &[i64] = &[

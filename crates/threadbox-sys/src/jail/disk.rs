@@ -127,3 +127,59 @@ pub fn shift_owners(root: &Path, from: u32, to: u32, span: u32) -> Result<u64> {
     }
     Ok(changed)
 }
+
+/// A user namespace whose id maps move `[from, from + span)` to `[to, to + span)` and
+/// keep host root (0) as it is: the owner mapping of an idmapped mount of a forked disk
+/// (ADR 0100's owners, without a walk). Made by a child born in a new user namespace,
+/// whose maps are written from here; its namespace outlives it through the returned fd.
+/// The caller is single-threaded and in the host's PID namespace (the launch helper,
+/// before it enters the sandbox's).
+pub(super) fn idmap_userns(from: u32, to: u32, span: u32) -> Result<OwnedFd> {
+    use raw::process::{CloneArgs, Forked};
+    let (go_r, go_w) = raw::fd::pipe_cloexec().map_err(|e| SysError::os("pipe2", e))?;
+    let mut args = CloneArgs {
+        flags: libc::CLONE_NEWUSER as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    let pid = match raw::process::clone3(&mut args)
+        .map_err(|e| SysError::os("clone3 a user namespace holder", e))?
+    {
+        Forked::Child => {
+            // Raw calls only (clone3's contract): wait for the parent to close the pipe.
+            drop(go_w);
+            let mut b = [0u8; 1];
+            let _ = raw::fd::read(go_r.as_fd(), &mut b);
+            raw::process::exit_now(0)
+        }
+        Forked::Parent(pid) => pid,
+    };
+    drop(go_r);
+    let made = (|| {
+        let map = format!("0 0 1\n{from} {to} {span}\n");
+        for f in ["uid_map", "gid_map"] {
+            fs::write(format!("/proc/{pid}/{f}"), &map)
+                .map_err(|e| SysError::os(format!("write {f} of the idmap namespace"), e))?;
+        }
+        fs::File::open(format!("/proc/{pid}/ns/user"))
+            .map(OwnedFd::from)
+            .map_err(|e| SysError::os("open the idmap namespace", e))
+    })();
+    drop(go_w);
+    let _ = raw::process::waitpid(pid, 0);
+    made
+}
+
+/// Stacks an idmapped copy of the mount at `target` on `target` itself: owners read and
+/// written through it are moved by `userns`'s maps, what is on disk stays.
+pub(super) fn idmap_mount(target: &Path, userns: std::os::fd::BorrowedFd<'_>) -> Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| SysError::Other(format!("NUL in path {}", target.display())))?;
+    let what = |op: &str| format!("{op} {} (idmapped disk)", target.display());
+    let tree = raw::mount::open_tree_clone(&c).map_err(|e| SysError::os(what("open_tree"), e))?;
+    raw::mount::mount_setattr_idmap(tree.as_fd(), userns)
+        .map_err(|e| SysError::os(what("mount_setattr"), e))?;
+    raw::mount::move_mount_to(tree.as_fd(), &c).map_err(|e| SysError::os(what("move_mount"), e))
+}

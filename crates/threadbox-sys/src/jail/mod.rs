@@ -21,9 +21,11 @@
 mod disk;
 mod init;
 pub mod rootfs;
+mod store;
 
 pub use disk::{shift_owners, unmount_leftover, with_image_mounted};
 pub use rootfs::DEVICES;
+pub use store::{mount_store, unmount_store};
 
 use crate::raw;
 use crate::raw::process::Forked;
@@ -66,6 +68,14 @@ pub struct JailSpec {
     /// namespace only, on the parent directory of `upper` and `work` (ADR 0011).
     #[serde(default)]
     pub disk_image: Option<PathBuf>,
+    /// The host uid base the disk image's owners are stored relative to, when it is not
+    /// `id_base` (a fork's or a template's clone, ADR 0100): the disk is then mounted
+    /// idmapped, `[base, base + ID_RANGE)` on disk seen as the sandbox's own range.
+    #[serde(default)]
+    pub disk_owner_base: Option<u32>,
+    /// Set by the helper: the fd of the user namespace holding that idmap.
+    #[serde(skip)]
+    pub disk_userns_fd: Option<i32>,
     /// Host uid/gid that owns `home/user` when the helper creates a fresh upper.
     #[serde(default)]
     pub home_owner: u32,
@@ -266,6 +276,27 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
                 .map_err(|e| SysError::os(format!("open {}", dir.display()), e))?,
         ),
         None => None,
+    };
+
+    // The idmap of a disk whose owners are another range's: its user namespace is made
+    // here, in the host's PID namespace (its holder's maps are written through /proc).
+    let idmap_ns = match spec.disk_owner_base.filter(|b| *b != spec.id_base) {
+        Some(base) if spec.disk_image.is_some() => {
+            Some(disk::idmap_userns(base, spec.id_base, ID_RANGE)?)
+        }
+        _ => None,
+    };
+    let with_ns;
+    let spec = match &idmap_ns {
+        Some(ns) => {
+            use std::os::fd::AsRawFd;
+            with_ns = JailSpec {
+                disk_userns_fd: Some(ns.as_raw_fd()),
+                ..spec.clone()
+            };
+            &with_ns
+        }
+        None => spec,
     };
 
     // Only the PID namespace is entered here (it applies to the next child); the child

@@ -48,6 +48,8 @@ pub trait Syscall {
     fn chmod(&self, path: &Path, mode: u32) -> std::io::Result<()>;
     /// Best effort: fills the directory `reserve` with placeholder files.
     fn fill_inode_reserve(&self, reserve: &Path, count: usize);
+    /// Stacks an idmapped copy of the mount at `target` on it (the user namespace fd).
+    fn idmap_mount(&self, target: &Path, userns_fd: i32) -> Result<()>;
 }
 
 /// The real calls.
@@ -127,6 +129,12 @@ impl Syscall for Host {
     fn chmod(&self, p: &Path, mode: u32) -> std::io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(p, fs::Permissions::from_mode(mode))
+    }
+
+    fn idmap_mount(&self, target: &Path, userns_fd: i32) -> Result<()> {
+        // The launch helper's handle on the idmap's user namespace, inherited over the
+        // fork and open until the agent's exec closes it (O_CLOEXEC).
+        raw::fd::with_borrowed(userns_fd, |ns| disk::idmap_mount(target, ns))
     }
 
     fn fill_inode_reserve(&self, reserve: &Path, count: usize) {
@@ -243,10 +251,23 @@ fn mount_disk(sys: &impl Syscall, image: &Path, spec: &JailSpec) -> Result<()> {
     if sys.kind(&spec.upper, true).is_none() {
         let home = spec.upper.join("home/user");
         sys.mkdir_all(&home)?;
-        sys.chown(&home, spec.home_owner)
+        // Written on the disk as it is stored: in its owners' range when idmapped.
+        let owner = match spec.disk_owner_base {
+            Some(base) => spec
+                .home_owner
+                .wrapping_sub(spec.id_base)
+                .wrapping_add(base),
+            None => spec.home_owner,
+        };
+        sys.chown(&home, owner)
             .map_err(|e| SysError::os("chown home/user", e))?;
         sys.chmod(&home, 0o755)
             .map_err(|e| SysError::os("chmod home/user", e))?;
+    }
+    // A disk whose owners are another range's (a fork's clone): seen through an idmap,
+    // so nothing on it is rewritten (ADR 0100's walk is gone).
+    if let Some(fd) = spec.disk_userns_fd {
+        sys.idmap_mount(target, fd)?;
     }
     Ok(())
 }

@@ -23,6 +23,7 @@ enum Call {
     Chown(PathBuf, u32),
     Chmod(PathBuf, u32),
     FillInodes(PathBuf, usize),
+    IdmapMount(PathBuf, i32),
 }
 
 /// Records every call and answers `kind` from a small in-memory tree.
@@ -120,6 +121,10 @@ impl Syscall for Recorder {
     fn is_symlink(&self, path: &Path) -> bool {
         self.links.borrow().iter().any(|l| l == path)
     }
+    fn idmap_mount(&self, target: &Path, userns_fd: i32) -> Result<()> {
+        self.push(Call::IdmapMount(target.to_path_buf(), userns_fd));
+        Ok(())
+    }
     fn attach_loop(&self, image: &Path) -> Result<(Option<std::os::fd::OwnedFd>, PathBuf)> {
         self.push(Call::AttachLoop(image.to_path_buf()));
         Ok((None, PathBuf::from("/dev/loop7")))
@@ -159,6 +164,8 @@ pub(crate) fn spec(disk: bool) -> JailSpec {
         upper: format!("{dir}/upper").into(),
         work: format!("{dir}/work").into(),
         disk_image: disk.then(|| "/var/lib/tb/sandboxes/x/disk.img".into()),
+        disk_owner_base: None,
+        disk_userns_fd: None,
         home_owner: 1_001_000,
         rootfs: ROOT.into(),
         binds: vec![
@@ -531,4 +538,37 @@ fn file_binds_land_only_on_existing_files_never_through_symlinks() {
             "{what}: a file was created"
         );
     }
+}
+
+#[test]
+fn a_disk_of_another_range_is_idmapped_after_its_upper_and_before_the_overlay() {
+    let sys = host();
+    let mut s = spec(true);
+    s.disk_owner_base = Some(3_000_000);
+    s.disk_userns_fd = Some(9);
+    build_root(&sys, &s).unwrap();
+    let calls = sys.calls();
+    let disk = PathBuf::from("/var/lib/tb/sandboxes/x/disk");
+    let idmap = calls
+        .iter()
+        .position(|c| *c == Call::IdmapMount(disk.clone(), 9))
+        .expect("the disk is idmapped");
+    let overlay = calls
+        .iter()
+        .position(|c| matches!(c, Call::Mount { fstype: Some(f), .. } if f == "overlay"))
+        .expect("an overlay");
+    assert!(idmap < overlay, "{calls:?}");
+    // A fresh home is written in the range the disk's owners are stored in.
+    let home = disk.join("upper/home/user");
+    let chown = calls
+        .iter()
+        .position(|c| *c == Call::Chown(home.clone(), 3_001_000))
+        .expect("home owned in the stored range");
+    assert!(chown < idmap);
+    // Without an fd, nothing is idmapped.
+    let plain = planned(true);
+    assert!(!plain
+        .calls()
+        .iter()
+        .any(|c| matches!(c, Call::IdmapMount(..))));
 }

@@ -181,6 +181,14 @@ pub(crate) fn get_seals(fd: BorrowedFd<'_>) -> io::Result<i32> {
     cvt_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
 }
 
+/// Runs `f` on a borrow of the raw descriptor `fd`, which the caller keeps open for the
+/// call (an fd inherited over a fork, named by number in a spec).
+pub(crate) fn with_borrowed<T>(fd: std::os::fd::RawFd, f: impl FnOnce(BorrowedFd<'_>) -> T) -> T {
+    // SAFETY: the caller guarantees `fd` is open for the whole call; the borrow does not
+    // outlive `f`.
+    f(unsafe { BorrowedFd::borrow_raw(fd) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,3 +76,70 @@ pub(crate) fn fsmount(fs: BorrowedFd<'_>, flags: u32, attr: u32) -> io::Result<O
         libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), flags, attr)
     })?)
 }
+
+/// `open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)`: a detached copy of
+/// the mount at `path`.
+pub(crate) fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    // SAFETY: a NUL-terminated path that lives for the call, integer flags.
+    owned(cvt(unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    })?)
+}
+
+/// `struct mount_attr` of `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `mount_setattr(tree, "", AT_EMPTY_PATH, {MOUNT_ATTR_IDMAP, userns})`: the detached
+/// mount `tree` shows owners through `userns`'s id maps.
+pub(crate) fn mount_setattr_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_IDMAP,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.as_raw_fd() as u64,
+    };
+    // SAFETY: an empty NUL-terminated path, a pointer to a live `mount_attr` and its size;
+    // the kernel only reads it.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+    .map(drop)
+}
+
+/// `move_mount(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attaches the
+/// detached mount `tree` on `target`.
+pub(crate) fn move_mount_to(tree: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    // SAFETY: an empty and a NUL-terminated path that live for the call, integer flags.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}

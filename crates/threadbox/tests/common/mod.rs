@@ -277,6 +277,7 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         let Some(mut child) = self.child.take() else {
+            release_store(self.root.path());
             return;
         };
         // Sandboxes outlive the daemon by design: delete them so tests leave nothing.
@@ -308,9 +309,29 @@ impl Drop for Daemon {
                 Ok(None) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
+        release_store(self.root.path());
         if std::thread::panicking() {
             eprintln!("---- daemon log ----\n{}", self.log());
         }
+    }
+}
+
+/// The daemon unmounts its reflink store (ADR 0101) at a clean stop when no sandbox uses
+/// it; after a `kill -9` or with sandboxes left it stays: detach it so the temp root can
+/// be removed (the loop device goes with the last user).
+pub fn release_store(root: &Path) {
+    let dir = root.join("sandboxes");
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines()
+            .any(|l| l.split(' ').nth(4) == Some(&*dir.to_string_lossy()))
+    });
+    if mounted {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

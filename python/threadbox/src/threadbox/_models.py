@@ -421,6 +421,14 @@ def exec_result(end: EndEvent | None, out: list[bytes], err: list[bytes]) -> Exe
     )
 
 
+def _opt_strs(v: Any) -> list[str] | None:
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise TypeError(f"expected a list of strings, got {v!r}")
+    return [str(x) for x in v]
+
+
 @dataclass(frozen=True)
 class ImageInfo:
     """An image of the daemon's catalog: ``host``, a ``rootfs`` directory or an ``oci``
@@ -437,7 +445,12 @@ class ImageInfo:
     size_bytes: int | None
     #: Sandboxes that use the image (it cannot be removed while any does).
     sandboxes: int
-    raw: dict[str, Any] = field(repr=False, compare=False)
+    #: ``oci`` images: the config's ``User``, ``Entrypoint`` and ``Cmd``, as stated
+    #: (shown only: the daemon starts nothing by itself).
+    user: str | None = None
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ImageInfo:
@@ -452,6 +465,9 @@ class ImageInfo:
                 layers=_opt_int(d.get("layers")),
                 size_bytes=_opt_int(d.get("size_bytes")),
                 sandboxes=int(d.get("sandboxes") or 0),
+                user=d.get("user"),
+                entrypoint=_opt_strs(d.get("entrypoint")),
+                cmd=_opt_strs(d.get("cmd")),
                 raw=d,
             )
         except (KeyError, TypeError, ValueError) as e:
