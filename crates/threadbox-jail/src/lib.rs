@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod checkpoint;
+pub mod gvisor;
 pub mod uid_range;
 
 use std::io::Write;

@@ -161,6 +161,10 @@ pub struct ServeArgs {
     /// they refuse to start). `selftest` and sandbox info then show the missing layer.
     #[arg(long)]
     pub insecure_allow_no_landlock: bool,
+    /// gVisor's runsc for the `gvisor` tier (default: `runsc` on PATH). Without one the
+    /// tier refuses creates, saying why.
+    #[arg(long, env = "THREADBOX_RUNSC", value_name = "PATH")]
+    pub runsc: Option<PathBuf>,
     /// Also accept this Host header on TCP (every route, /mcp included; repeatable; `*`
     /// accepts any): a hostname (any port) or host:port. localhost, 127.0.0.1, ::1 and the
     /// --listen address are always accepted. Old name: --mcp-allowed-host.

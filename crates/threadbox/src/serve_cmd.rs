@@ -157,15 +157,23 @@ async fn serve_inner(
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");
     }
-    threadbox_server::serve(opts, move || tiers(jail)).await?;
+    let runsc = args.runsc.clone();
+    threadbox_server::serve(opts, move || tiers(jail, runsc)).await?;
     Ok(())
 }
 
 /// The daemon's isolation tiers: the jail, the default and only real one.
-fn tiers(jail: threadbox_jail::JailConfig) -> threadbox_core::Result<Drivers> {
-    Ok(Drivers::new(Arc::new(threadbox_jail::JailDriver::new(
-        jail,
-    )?)))
+fn tiers(
+    jail: threadbox_jail::JailConfig,
+    runsc: Option<PathBuf>,
+) -> threadbox_core::Result<Drivers> {
+    let jail = threadbox_jail::JailDriver::new(jail)?;
+    let mut d = Drivers::new(Arc::new(jail.clone()));
+    // Always registered: without runsc it refuses creates with the reason (issue 16).
+    d.register(Arc::new(threadbox_jail::gvisor::GvisorDriver::new(
+        jail, runsc,
+    )))?;
+    Ok(d)
 }
 
 fn init_logging(telemetry: Option<&threadbox_server::telemetry::Telemetry>) {
