@@ -20,6 +20,7 @@ pub mod ops;
 pub mod previews;
 pub mod routes;
 pub mod secrets;
+pub mod tiers;
 pub use governance::*;
 
 /// Stable error codes. Scripts and SDKs match on these strings.

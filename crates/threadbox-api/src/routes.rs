@@ -44,6 +44,7 @@ pub const SANDBOX_REWIND: &str = "/v1/sandboxes/{sandbox}/rewind";
 pub const SANDBOX_FORK: &str = "/v1/sandboxes/{sandbox}/fork";
 pub const SANDBOX_NETWORK_LOG: &str = "/v1/sandboxes/{sandbox}/network/log";
 
+pub const TIERS: &str = "/v1/tiers";
 pub const IMAGES: &str = "/v1/images";
 pub const IMAGES_PULL: &str = "/v1/images/pull";
 pub const IMAGES_IMPORT: &str = "/v1/images/import";
@@ -94,6 +95,7 @@ pub const ALL: &[&str] = &[
     SANDBOX_REWIND,
     SANDBOX_FORK,
     SANDBOX_NETWORK_LOG,
+    TIERS,
     IMAGES,
     IMAGES_PULL,
     IMAGES_IMPORT,

@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use threadbox_core::driver::{blocking, AgentStream, Driver, Limits, SandboxSpec, Usage};
+use threadbox_core::driver::{
+    blocking, AgentStream, Driver, Limits, SandboxSpec, TierStatus, Usage,
+};
 use threadbox_core::error::{CoreError, Result};
 use threadbox_core::store::ImageRow;
 use threadbox_sys::gvisor::{GvisorLaunch, GvisorReport};
@@ -489,6 +491,26 @@ impl Driver for GvisorDriver {
             "landlock: not applied inside gVisor (no Landlock in the sentry; the sentry is this tier's boundary)"
                 .into(),
         ]
+    }
+
+    fn capabilities(&self) -> Vec<&'static str> {
+        // Not yet: disk checkpoints (the sentry's page cache must be synced first),
+        // egress (no netns of ours under --network=none), Landlock (none in the sentry).
+        Vec::new()
+    }
+
+    async fn status(&self) -> TierStatus {
+        match self.availability().await {
+            Ok(i) => TierStatus {
+                unavailable: None,
+                kernel: Some(i.kernel),
+                version: Some(i.version),
+            },
+            Err(e) => TierStatus {
+                unavailable: Some(e),
+                ..TierStatus::default()
+            },
+        }
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {

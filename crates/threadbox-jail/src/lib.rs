@@ -666,6 +666,11 @@ impl Driver for JailDriver {
         self.0.config.isolation_warnings()
     }
 
+    fn capabilities(&self) -> Vec<&'static str> {
+        use threadbox_core::driver::capability::*;
+        vec![CHECKPOINTS, EGRESS, LANDLOCK]
+    }
+
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
         // Every kind the store holds is an overlay lower layer (or the host skeleton);
         // an OCI image's layers must all be in the layer store.

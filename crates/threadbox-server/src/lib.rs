@@ -19,6 +19,7 @@ pub mod routes;
 mod secret_routes;
 pub mod serve;
 pub mod telemetry;
+mod tier_routes;
 
 pub use error::ApiError;
 pub use mcp::McpOptions;

@@ -215,6 +215,7 @@ fn router(shared: Shared) -> Router {
             routes::SANDBOX_NETWORK_LOG,
             get(crate::net_log_routes::network_log),
         )
+        .route(routes::TIERS, get(crate::tier_routes::list_tiers))
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(routes::IMAGES_PULL, post(image_routes::pull_image))
         .route(routes::IMAGES_IMPORT, post(image_routes::import_image))

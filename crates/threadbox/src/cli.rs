@@ -62,6 +62,8 @@ pub enum Command {
     Kill(KillArgs),
     /// Run the isolation checks inside a sandbox; exits 1 if any fails.
     Selftest(SandboxJson),
+    /// The daemon's isolation tiers: available or why not, kernel, capabilities.
+    Tiers(JsonFlag),
     /// Root filesystem images.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -265,6 +267,13 @@ pub struct LsArgs {
     #[arg(long, value_enum)]
     pub state: Option<StateArg>,
     /// Print {"sandboxes": [...]} as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct JsonFlag {
+    /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }

@@ -36,6 +36,7 @@ mod reconcile;
 mod relay;
 mod secrets;
 pub mod state;
+mod tiers;
 pub(crate) mod validate;
 
 pub use contexts::{ExecuteCodeStream, GetExecution};
