@@ -18,6 +18,7 @@ mod baselines;
 mod egress;
 mod interp;
 mod stats;
+mod tracing;
 
 use anyhow::{bail, Context, Result};
 use baselines::{bare, Bwrap, Oci};
@@ -55,6 +56,8 @@ enum Cmd {
     /// Interpreter contexts only: create, `1+1` against `exec python3 -c`, a PNG round
     /// trip, and ipykernel in a venv when it installs (issue 15).
     Interpreter(Opts),
+    /// Tracing (issue 17): exec and create with OTLP export on against off, interleaved.
+    Tracing(tracing::TracingOpts),
 }
 
 /// Which figures a run measures.
@@ -1029,6 +1032,7 @@ async fn main() -> Result<()> {
         Cmd::Figures(o) => run(o, Which::Figures).await,
         Cmd::Interpreter(o) => run(o, Which::Interpreter).await,
         Cmd::Egress(o) => egress::run(o).await,
+        Cmd::Tracing(o) => tracing::run(o).await,
         Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

@@ -95,3 +95,38 @@ fn not_root() -> bool {
         })
         .unwrap_or(true)
 }
+
+#[test]
+fn tracing_smoke_run_measures_both_contenders() {
+    if not_root() {
+        // Like the figures above: CI runs as root, so this path is for a developer's shell.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the benchmark must run as root under CI"
+        );
+        eprintln!("skipped: the benchmark drives real sandboxes and must run as root");
+        return;
+    }
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_threadbox-bench"));
+    let out = Command::new(&bench)
+        .args(["tracing", "--smoke", "--json"])
+        .output()
+        .expect("run threadbox-bench tracing");
+    assert!(
+        out.status.success(),
+        "threadbox-bench tracing failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let rows = doc["results"].as_array().expect("results");
+    for figure in ["exec round trip (true), tracing", "create (cold), tracing"] {
+        for contender in ["tracing off (no endpoint)", "tracing on (OTLP export)"] {
+            assert!(
+                rows.iter().any(|r| r["figure"] == figure
+                    && r["contender"] == contender
+                    && r["p50"].is_number()),
+                "no {contender} row for {figure}: {rows:?}"
+            );
+        }
+    }
+}

@@ -72,7 +72,10 @@ class AsyncThreadbox:
         if transport is None and self._config.uds:
             transport = httpx.AsyncHTTPTransport(uds=self._config.uds)
         self._http = httpx.AsyncClient(
-            transport=transport, **c.client_options(self._config, self._timeout, headers, _tracing.async_request_hook)
+            transport=transport,
+            **c.client_options(
+                self._config, self._timeout, headers, _tracing.async_request_hook, _tracing.async_response_hook
+            ),
         )
 
     @property
@@ -137,6 +140,8 @@ class AsyncThreadbox:
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
         network: _network.NetworkSpec | None = None,
+        tier: str | None = None,
+        otlp_relay: bool | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Creates a sandbox, or returns the existing one with this ``name``.
@@ -156,6 +161,8 @@ class AsyncThreadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
             secrets=secrets,
+            tier=tier,
+            otlp_relay=otlp_relay,
         )
         if network is not None:
             body["network"] = _network.policy_body(network)
@@ -177,6 +184,8 @@ class AsyncThreadbox:
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
         network: _network.NetworkSpec | None = None,
+        tier: str | None = None,
+        otlp_relay: bool | None = None,
         on_exit: c.OnExit = "delete",
     ) -> AsyncSandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -197,6 +206,8 @@ class AsyncThreadbox:
             ttl_action=ttl_action,
             secrets=secrets,
             network=network,
+            tier=tier,
+            otlp_relay=otlp_relay,
             on_exit=on_exit,
         )
 

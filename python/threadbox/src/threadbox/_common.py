@@ -66,14 +66,18 @@ def client_timeout(timeout: float) -> httpx.Timeout:
 
 
 def client_options(
-    config: ClientConfig, timeout: httpx.Timeout, headers: Mapping[str, str] | None, hook: Any
+    config: ClientConfig,
+    timeout: httpx.Timeout,
+    headers: Mapping[str, str] | None,
+    hook: Any,
+    response_hook: Any,
 ) -> dict[str, Any]:
     """Arguments of ``httpx.Client``/``httpx.AsyncClient`` besides the transport."""
     return {
         "base_url": config.base_url,
         "headers": config.headers(headers),
         "timeout": timeout,
-        "event_hooks": {"request": [hook]},
+        "event_hooks": {"request": [hook], "response": [response_hook]},
     }
 
 
@@ -126,8 +130,16 @@ def create_body(
     ttl_secs: int | None,
     ttl_action: Literal["stop", "delete"] | None,
     secrets: Sequence[str] | None = None,
+    tier: str | None = None,
+    otlp_relay: bool | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"labels": dict(labels or {})}
+    if tier is not None:
+        body["tier"] = tier
+    if otlp_relay:
+        # An OTLP/HTTP endpoint inside the sandbox, forwarded by the daemon to its own
+        # collector (ADR 0091); refused by a daemon that exports no traces.
+        body["otlp_relay"] = True
     if secrets:
         # Names of the tenant's secrets: each becomes an env variable holding a placeholder
         # the daemon swaps for the value only on requests to the secret's host.

@@ -74,7 +74,8 @@ class Threadbox:
         if transport is None and self._config.uds:
             transport = httpx.HTTPTransport(uds=self._config.uds)
         self._http = httpx.Client(
-            transport=transport, **c.client_options(self._config, self._timeout, headers, _tracing.request_hook)
+            transport=transport,
+            **c.client_options(self._config, self._timeout, headers, _tracing.request_hook, _tracing.response_hook),
         )
 
     @property
@@ -145,6 +146,8 @@ class Threadbox:
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
         network: _network.NetworkSpec | None = None,
+        tier: str | None = None,
+        otlp_relay: bool | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Creates a sandbox (``POST /v1/sandboxes``).
@@ -156,7 +159,10 @@ class Threadbox:
         by name is left alone (call :meth:`Sandbox.delete` to delete it).
         ``network`` opens egress: a list of ``--allow`` rules (``["pypi.org",
         "python-packages"]``) or a policy mapping; without it the sandbox reaches
-        nothing outside itself.
+        nothing outside itself. ``tier`` names the isolation tier (the daemon's default
+        when omitted). ``otlp_relay=True`` gives the sandbox an OTLP/HTTP endpoint at
+        ``127.0.0.1:4318`` forwarded to the daemon's collector, so spans its programs
+        export join the caller's trace.
         """
         body = c.create_body(
             name=name,
@@ -170,6 +176,8 @@ class Threadbox:
             ttl_secs=ttl_secs,
             ttl_action=ttl_action,
             secrets=secrets,
+            tier=tier,
+            otlp_relay=otlp_relay,
         )
         if network is not None:
             body["network"] = _network.policy_body(network)
@@ -191,6 +199,8 @@ class Threadbox:
         ttl_action: Literal["stop", "delete"] | None = None,
         secrets: Sequence[str] | None = None,
         network: _network.NetworkSpec | None = None,
+        tier: str | None = None,
+        otlp_relay: bool | None = None,
         on_exit: c.OnExit = "delete",
     ) -> Sandbox:
         """Returns the sandbox named ``name``, creating it when it does not exist.
@@ -212,6 +222,8 @@ class Threadbox:
             ttl_action=ttl_action,
             secrets=secrets,
             network=network,
+            tier=tier,
+            otlp_relay=otlp_relay,
             on_exit=on_exit,
         )
 

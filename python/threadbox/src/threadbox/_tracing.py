@@ -11,11 +11,19 @@ tracer is not a W3C parent (LangSmith) record that id instead.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import httpx
 
 TRACE_ID_HEADER = "x-threadbox-trace-id"
+
+# The daemon trace ids seen while a `recording_trace_ids()` block runs. A list (mutable,
+# shared) rather than a value, so a request made in a copied context (an executor thread,
+# a task) still reports to the block that asked.
+_recording: ContextVar[list[str] | None] = ContextVar("threadbox_trace_ids", default=None)
 
 _propagate: Any
 try:
@@ -48,3 +56,35 @@ def request_hook(request: httpx.Request) -> None:
 async def async_request_hook(request: httpx.Request) -> None:
     """httpx ``event_hooks["request"]`` entry for the async client."""
     inject(request.headers)
+
+
+@contextlib.contextmanager
+def recording_trace_ids() -> Iterator[list[str]]:
+    """Collects, in order and once each, the daemon's trace ids of the requests made
+    inside the block (from ``x-threadbox-trace-id``; none when the daemon exports no
+    traces)."""
+    ids: list[str] = []
+    token = _recording.set(ids)
+    try:
+        yield ids
+    finally:
+        _recording.reset(token)
+
+
+def _note(response: httpx.Response) -> None:
+    ids = _recording.get()
+    if ids is None:
+        return
+    value = response.headers.get(TRACE_ID_HEADER)
+    if value and value not in ids:
+        ids.append(value)
+
+
+def response_hook(response: httpx.Response) -> None:
+    """httpx ``event_hooks["response"]`` entry for the sync client."""
+    _note(response)
+
+
+async def async_response_hook(response: httpx.Response) -> None:
+    """httpx ``event_hooks["response"]`` entry for the async client."""
+    _note(response)
