@@ -27,7 +27,8 @@ pub struct Tier {
     pub version: Option<String>,
     /// What the tier supports beyond running processes and files: `checkpoints`
     /// (disk checkpoints, rewind, fork), `egress` (network policies, previews, the OTLP
-    /// endpoint), `landlock`. Tests skip by these, saying so.
+    /// endpoint), `landlock`, `call_cgroups` (a timeout reaches `setsid` descendants), `uid_ranges` (a host uid
+    /// range per sandbox). Tests skip by these, saying so.
     pub capabilities: Vec<String>,
 }
 

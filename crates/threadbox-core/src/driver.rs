@@ -66,6 +66,11 @@ pub mod capability {
     pub const EGRESS: &str = "egress";
     /// Landlock on every sandbox process.
     pub const LANDLOCK: &str = "landlock";
+    /// Every call in a cgroup of its own (ADR 0014): a timeout or kill reaches its
+    /// double-forked and `setsid` descendants too.
+    pub const CALL_CGROUPS: &str = "call_cgroups";
+    /// The sandbox's ids map to a host uid range of its own (ADR 0016).
+    pub const UID_RANGES: &str = "uid_ranges";
 }
 
 /// What a tier says of itself for `GET /v1/tiers`.

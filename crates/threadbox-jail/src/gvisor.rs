@@ -495,7 +495,9 @@ impl Driver for GvisorDriver {
 
     fn capabilities(&self) -> Vec<&'static str> {
         // Not yet: disk checkpoints (the sentry's page cache must be synced first),
-        // egress (no netns of ours under --network=none), Landlock (none in the sentry).
+        // egress (no netns of ours under --network=none), Landlock (none in the sentry),
+        // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
+        // process group, not a `setsid` descendant).
         Vec::new()
     }
 

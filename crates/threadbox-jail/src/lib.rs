@@ -668,7 +668,7 @@ impl Driver for JailDriver {
 
     fn capabilities(&self) -> Vec<&'static str> {
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, EGRESS, LANDLOCK]
+        vec![CHECKPOINTS, EGRESS, LANDLOCK, CALL_CGROUPS, UID_RANGES]
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
