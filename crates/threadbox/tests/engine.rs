@@ -669,7 +669,7 @@ fn stop_start_keeps_the_disk_and_delete_leaves_nothing() {
 #[test]
 fn sandboxes_survive_a_daemon_kill_and_are_readopted() {
     require_root!();
-    each_tier(&[], |d| readopted_after_a_daemon_kill(d));
+    each_tier(&[], readopted_after_a_daemon_kill);
 }
 
 fn readopted_after_a_daemon_kill(mut d: Daemon) {
