@@ -36,6 +36,7 @@ TOOLS = {
     "write_file",
     "list_files",
     "sandbox_pause",
+    "sandbox_hibernate",
     "sandbox_resume",
     "sandbox_delete",
     "preview",

@@ -148,7 +148,7 @@ def test_one_trace_from_the_tool_span_to_a_span_the_sandboxed_program_exported(
     # make ours the one the tools' get_tracer() reaches either way.
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:
-        trace._TRACER_PROVIDER = provider  # type: ignore[attr-defined]
+        trace._TRACER_PROVIDER = provider
 
     tb = Threadbox(d.url)
     toolkit = ThreadboxToolkit(client=tb, sandbox_options={"otlp_relay": True})

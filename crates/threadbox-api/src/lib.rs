@@ -94,6 +94,8 @@ pub enum SandboxState {
     Creating,
     Running,
     Paused,
+    /// Frozen, its memory out of RAM (swap on the jail tier); any call wakes it.
+    Hibernated,
     Stopped,
 }
 
@@ -103,6 +105,7 @@ impl SandboxState {
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
             SandboxState::Paused => "paused",
+            SandboxState::Hibernated => "hibernated",
             SandboxState::Stopped => "stopped",
         }
     }
@@ -112,6 +115,7 @@ impl SandboxState {
             "creating" => SandboxState::Creating,
             "running" => SandboxState::Running,
             "paused" => SandboxState::Paused,
+            "hibernated" => SandboxState::Hibernated,
             "stopped" => SandboxState::Stopped,
             _ => return None,
         })

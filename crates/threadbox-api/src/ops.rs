@@ -141,6 +141,10 @@ sandbox_op!(
     /// Freeze a running sandbox.
     PauseSandbox => Sandbox, "sandbox.pause", SandboxesWrite, Post, routes::SANDBOX_PAUSE);
 sandbox_op!(
+    /// Freeze a sandbox and push its memory out of RAM (swap on the jail tier); any call
+    /// wakes it, its processes continuing where they were.
+    HibernateSandbox => Sandbox, "sandbox.hibernate", SandboxesWrite, Post, routes::SANDBOX_HIBERNATE);
+sandbox_op!(
     /// Thaw a paused sandbox; a stopped one is refused (`sandbox_not_running`).
     ResumeSandbox => Sandbox, "sandbox.resume", SandboxesWrite, Post, routes::SANDBOX_RESUME);
 sandbox_op!(

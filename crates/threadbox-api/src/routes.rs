@@ -11,6 +11,7 @@ pub const OPENAPI: &str = "/v1/openapi.json";
 pub const SANDBOXES: &str = "/v1/sandboxes";
 pub const SANDBOX: &str = "/v1/sandboxes/{sandbox}";
 pub const SANDBOX_PAUSE: &str = "/v1/sandboxes/{sandbox}/pause";
+pub const SANDBOX_HIBERNATE: &str = "/v1/sandboxes/{sandbox}/hibernate";
 pub const SANDBOX_RESUME: &str = "/v1/sandboxes/{sandbox}/resume";
 pub const SANDBOX_STOP: &str = "/v1/sandboxes/{sandbox}/stop";
 pub const SANDBOX_START: &str = "/v1/sandboxes/{sandbox}/start";
@@ -65,6 +66,7 @@ pub const ALL: &[&str] = &[
     SANDBOXES,
     SANDBOX,
     SANDBOX_PAUSE,
+    SANDBOX_HIBERNATE,
     SANDBOX_RESUME,
     SANDBOX_STOP,
     SANDBOX_START,

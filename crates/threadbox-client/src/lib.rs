@@ -204,6 +204,11 @@ impl Client {
         self.call(&ops::PauseSandbox { sandbox }).await
     }
 
+    pub async fn hibernate(&self, sandbox: &str) -> Result<Sandbox> {
+        let sandbox = sandbox.into();
+        self.call(&ops::HibernateSandbox { sandbox }).await
+    }
+
     pub async fn resume(&self, sandbox: &str) -> Result<Sandbox> {
         let sandbox = sandbox.to_string();
         self.call(&ops::ResumeSandbox { sandbox }).await

@@ -158,6 +158,22 @@ pub trait Driver: Send + Sync {
         Ok(None)
     }
 
+    // ---- hibernate (issue 16, ADR 0129) ----
+
+    /// Pushes the memory of the (frozen) sandbox out of RAM; the bytes still charged to it
+    /// afterwards. `Unavailable`, with the reason, where the tier or the host cannot
+    /// (no swap): never a silent pause instead.
+    async fn hibernate(&self, _id: &str) -> Result<u64> {
+        Err(CoreError::Unavailable(format!(
+            "the {} tier cannot hibernate",
+            self.tier()
+        )))
+    }
+    /// Undoes what [`Driver::hibernate`] changed besides the freeze, before the thaw.
+    async fn wake(&self, _id: &str) -> Result<()> {
+        Ok(())
+    }
+
     // ---- checkpoints (issue 14, ADR 0100): clones of the whole disk ----
 
     /// Writes back what the sandbox's processes wrote (agent `agent_pid`), so a freeze that

@@ -488,6 +488,15 @@ impl Driver for FakeDriver {
         FakeDriver::is_frozen(self, id)
     }
 
+    /// The fake has no memory of its own to move: hibernate is the freeze (which the
+    /// manager has done), so the state machine can be driven on this tier.
+    async fn hibernate(&self, id: &str) -> Result<u64> {
+        if !FakeDriver::is_frozen(self, id)? {
+            return Err(CoreError::Internal(format!("{id} is not frozen")));
+        }
+        Ok(0)
+    }
+
     async fn stop(&self, id: &str) -> Result<()> {
         FakeDriver::stop(self, id)
     }

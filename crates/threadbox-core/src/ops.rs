@@ -85,6 +85,12 @@ impl Run for PauseSandbox {
     }
 }
 
+impl Run for HibernateSandbox {
+    async fn run(self, m: &Manager, caller: &Caller) -> Result<Sandbox> {
+        m.hibernate(caller, &self.sandbox).await
+    }
+}
+
 impl Run for ResumeSandbox {
     async fn run(self, m: &Manager, caller: &Caller) -> Result<Sandbox> {
         m.resume(caller, &self.sandbox).await

@@ -18,6 +18,8 @@ pub enum State {
     Creating,
     Running,
     Paused,
+    /// Frozen with its memory pushed out of RAM (issue 16, ADR 0129).
+    Hibernated,
     Stopped,
     Deleting,
 }
@@ -28,6 +30,7 @@ impl State {
             State::Creating => "creating",
             State::Running => "running",
             State::Paused => "paused",
+            State::Hibernated => "hibernated",
             State::Stopped => "stopped",
             State::Deleting => "deleting",
         }
@@ -37,6 +40,7 @@ impl State {
             "creating" => State::Creating,
             "running" => State::Running,
             "paused" => State::Paused,
+            "hibernated" => State::Hibernated,
             "stopped" => State::Stopped,
             "deleting" => State::Deleting,
             other => {

@@ -587,6 +587,36 @@ impl Jail {
         Ok(self.cgroup(id).oom_kills()?)
     }
 
+    /// Hibernate (ADR 0129): the frozen sandbox's memory goes to swap. Refused, with the
+    /// reason, when the host's free swap cannot hold what the sandbox holds now.
+    pub fn hibernate(&self, id: &str) -> Result<u64> {
+        let cg = self.cgroup(id);
+        let held = cg.memory_current()?;
+        let free = threadbox_sys::cgroup::host_swap_free()?;
+        if free == 0 {
+            return Err(CoreError::Unavailable(
+                "hibernate needs swap or zram on the host, and it has none \
+                 (docs/hibernate.md says how to add some)"
+                    .into(),
+            ));
+        }
+        if free < held {
+            return Err(CoreError::Unavailable(format!(
+                "hibernate needs {held} bytes of free swap for this sandbox; the host has {free}"
+            )));
+        }
+        Ok(cg.reclaim()?)
+    }
+
+    /// After a hibernate, before the thaw: swap closed again (v2).
+    pub fn wake(&self, id: &str) -> Result<()> {
+        let cg = self.cgroup(id);
+        if cg.exists() {
+            cg.close_swap()?;
+        }
+        Ok(())
+    }
+
     pub fn memory_current(&self, id: &str) -> Result<u64> {
         Ok(self.cgroup(id).memory_current()?)
     }
@@ -755,6 +785,16 @@ impl Driver for JailDriver {
     async fn freeze(&self, id: &str) -> Result<()> {
         let id = id.to_string();
         self.run(move |j| j.freeze(&id)).await
+    }
+
+    async fn hibernate(&self, id: &str) -> Result<u64> {
+        let id = id.to_string();
+        self.run(move |j| j.hibernate(&id)).await
+    }
+
+    async fn wake(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |j| j.wake(&id)).await
     }
 
     async fn thaw(&self, id: &str) -> Result<()> {

@@ -22,6 +22,7 @@ use utoipa::OpenApi;
         routes::get_sandbox,
         routes::delete_sandbox,
         routes::pause_sandbox,
+        routes::hibernate_sandbox,
         routes::resume_sandbox,
         routes::stop_sandbox,
         routes::start_sandbox,

@@ -142,6 +142,7 @@ fn router(shared: Shared) -> Router {
         .route(routes::SANDBOXES, post(create_sandbox).get(list_sandboxes))
         .route(routes::SANDBOX, get(get_sandbox).delete(delete_sandbox))
         .route(routes::SANDBOX_PAUSE, post(pause_sandbox))
+        .route(routes::SANDBOX_HIBERNATE, post(hibernate_sandbox))
         .route(routes::SANDBOX_RESUME, post(resume_sandbox))
         .route(routes::SANDBOX_STOP, post(stop_sandbox))
         .route(routes::SANDBOX_START, post(start_sandbox))
@@ -576,6 +577,22 @@ pub(crate) async fn pause_sandbox(
 ) -> Result<ApiJson<Sandbox>, ApiError> {
     Ok(ApiJson(
         st.run(&caller, ops::PauseSandbox { sandbox }).await?,
+    ))
+}
+
+#[utoipa::path(post, path = routes::SANDBOX_HIBERNATE, tag = "sandboxes",
+    params(("sandbox" = String, Path, description = "Sandbox id or name")),
+    responses(
+        (status = 200, description = "The hibernated sandbox", body = Sandbox),
+        (status = 503, description = "The tier or the host cannot hibernate (e.g. no swap)", body = ErrorResponse),
+        (status = "default", description = "Error", body = ErrorResponse)))]
+pub(crate) async fn hibernate_sandbox(
+    State(st): St,
+    Auth(caller): Auth,
+    ApiPath(sandbox): ApiPath<String>,
+) -> Result<ApiJson<Sandbox>, ApiError> {
+    Ok(ApiJson(
+        st.run(&caller, ops::HibernateSandbox { sandbox }).await?,
     ))
 }
 

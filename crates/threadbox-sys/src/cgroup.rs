@@ -317,6 +317,46 @@ impl SandboxCgroup {
             .map_err(|_| SysError::Other("bad memory usage value".into()))
     }
 
+    /// Pushes the (frozen) sandbox's memory out to swap: hibernate on the jail tier
+    /// (issue 16, ADR 0129). Returns the bytes still charged to the cgroup afterwards.
+    ///
+    /// v1 (hybrid hosts): `memory.force_empty` reclaims every page it can, swapping
+    /// anonymous memory, with the tasks still in the cgroup; the memsw limit (memory +
+    /// swap, set equal to the memory limit) is untouched, so swap never widens the limit.
+    /// v2: swap is closed for sandboxes (`memory.swap.max` 0, see `set_limits`); it is
+    /// opened up to the memory limit for the reclaim and closed again by
+    /// [`SandboxCgroup::close_swap`] on wake. `memory.reclaim` answers EAGAIN when it
+    /// could not reclaim all it was asked: what is left is reported, not an error.
+    pub fn reclaim(&self) -> Result<u64> {
+        match &self.layout {
+            Layout::Hybrid { .. } => {
+                let mem = self.v1_dir("memory").expect("hybrid has v1");
+                write(&mem.join("memory.force_empty"), "0")?;
+            }
+            Layout::V2 { .. } => {
+                let d = self.v2_dir();
+                let max = read(&d.join("memory.max"))?;
+                write(&d.join("memory.swap.max"), max.trim())?;
+                let current = self.memory_current()?;
+                match fs::write(d.join("memory.reclaim"), current.to_string()) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {}
+                    Err(e) => return Err(SysError::os("write memory.reclaim", e)),
+                }
+            }
+        }
+        self.memory_current()
+    }
+
+    /// Closes swap for the sandbox again after a wake (v2; a no-op on v1, where the memsw
+    /// limit bounds memory + swap together). Pages already in swap come back on use.
+    pub fn close_swap(&self) -> Result<()> {
+        if let Layout::V2 { .. } = &self.layout {
+            write(&self.v2_dir().join("memory.swap.max"), "0")?;
+        }
+        Ok(())
+    }
+
     /// Number of OOM kills in the sandbox so far.
     pub fn oom_kills(&self) -> Result<u64> {
         let path = match &self.layout {
@@ -334,6 +374,18 @@ impl SandboxCgroup {
         }
         Ok(0)
     }
+}
+
+/// Free swap on the host, bytes (0 without swap or zram), from `/proc/meminfo`.
+pub fn host_swap_free() -> Result<u64> {
+    let text = read(Path::new("/proc/meminfo"))?;
+    let kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("SwapFree:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    Ok(kib * 1024)
 }
 
 fn enable_controllers(dir: &Path) -> Result<()> {

@@ -41,7 +41,10 @@ pub enum Command {
     RunCode(crate::code_cmd::RunCodeArgs),
     /// Freeze a sandbox: its processes keep their memory but use no CPU.
     Pause(SandboxJson),
-    /// Thaw a paused sandbox.
+    /// Freeze a sandbox and push its memory out of RAM (to swap): no CPU, next to no
+    /// memory; any call wakes it with its processes where they were.
+    Hibernate(SandboxJson),
+    /// Thaw a paused or hibernated sandbox.
     Resume(SandboxJson),
     /// Stop a sandbox's processes; its disk is kept.
     Stop(SandboxJson),
@@ -199,6 +202,7 @@ pub enum StateArg {
     Creating,
     Running,
     Paused,
+    Hibernated,
     Stopped,
 }
 

@@ -53,6 +53,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             let c = client(url)?;
             transition(c.pause(&a.sandbox).await?, a.json)
         }
+        Command::Hibernate(a) => {
+            let c = client(url)?;
+            transition(c.hibernate(&a.sandbox).await?, a.json)
+        }
         Command::Resume(a) => {
             let c = client(url)?;
             transition(c.resume(&a.sandbox).await?, a.json)
@@ -399,6 +403,7 @@ async fn ls(client: &Client, args: LsArgs) -> anyhow::Result<u8> {
         StateArg::Creating => SandboxState::Creating,
         StateArg::Running => SandboxState::Running,
         StateArg::Paused => SandboxState::Paused,
+        StateArg::Hibernated => SandboxState::Hibernated,
         StateArg::Stopped => SandboxState::Stopped,
     });
     let list = client.list(&labels, state).await?;

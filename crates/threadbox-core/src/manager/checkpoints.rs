@@ -80,7 +80,9 @@ impl Manager {
                 thawed?;
                 Ok(out)
             }
-            State::Paused => driver.checkpoint_disk(&row.id, ckpt, row.agent_pid).await,
+            State::Paused | State::Hibernated => {
+                driver.checkpoint_disk(&row.id, ckpt, row.agent_pid).await
+            }
             State::Stopped => driver.checkpoint_disk(&row.id, ckpt, None).await,
             State::Creating | State::Deleting => Err(CoreError::Conflict(format!(
                 "sandbox {} is {}; try again when it is running or stopped",

@@ -28,6 +28,7 @@ pub(super) fn to_api_full(drivers: &Drivers, row: &SandboxRow) -> Sandbox {
             State::Creating | State::Deleting => SandboxState::Creating,
             State::Running => SandboxState::Running,
             State::Paused => SandboxState::Paused,
+            State::Hibernated => SandboxState::Hibernated,
             State::Stopped => SandboxState::Stopped,
         },
         labels: row.labels.clone(),
@@ -45,7 +46,7 @@ pub(super) fn to_api_full(drivers: &Drivers, row: &SandboxRow) -> Sandbox {
         ttl_secs: row.ttl_secs,
         ttl_action: row.ttl_action,
         agent_pid: match row.state {
-            State::Running | State::Paused => row.agent_pid,
+            State::Running | State::Paused | State::Hibernated => row.agent_pid,
             _ => None,
         },
         isolation_warnings: drivers

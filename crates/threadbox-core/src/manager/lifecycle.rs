@@ -32,11 +32,16 @@ impl Manager {
                 let _adm = self.gov.admission.lock().await;
                 self.admit(&row.tenant, Admit::Run).await?;
                 self.meter(row, false).await;
-                self.driver_for(row)?.thaw(&row.id).await?;
+                let driver = self.driver_for(row)?;
+                if row.state == State::Hibernated {
+                    driver.wake(&row.id).await?;
+                }
+                driver.thaw(&row.id).await?;
                 self.store
                     .transition(&row.id, from, State::Running, row.agent_pid)
                     .await?;
             }
+            Step::Hibernate => self.hibernate_step(row, from).await?,
             Step::Boot => {
                 // The place is reserved under the admission lock (`creating` counts as
                 // running for quotas) and the boot runs without it: one slow boot must
@@ -150,6 +155,67 @@ impl Manager {
         self.audit(caller, ops::PauseSandbox::NAME, id_or_name, &r)
             .await;
         r
+    }
+
+    /// Hibernate (issue 16, ADR 0129): freeze, then push the memory out of RAM.
+    pub async fn hibernate(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {
+        self.hibernate_for(caller, id_or_name, Op::Hibernate).await
+    }
+
+    /// A hibernate for a reason (`Op::Hibernate`, `Op::IdleHibernate`), audited as
+    /// `sandbox.hibernate`.
+    pub(super) async fn hibernate_for(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+        op: Op,
+    ) -> Result<Sandbox> {
+        let r = async {
+            caller.require(ops::HibernateSandbox::SCOPE)?;
+            let (row, _) = self.lifecycle(caller, id_or_name, op).await?;
+            Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
+        }
+        .await;
+        self.audit(caller, ops::HibernateSandbox::NAME, id_or_name, &r)
+            .await;
+        r
+    }
+
+    /// `Step::Hibernate`: a running sandbox is frozen first; then the driver pushes its
+    /// memory out. If that fails (no swap), a sandbox that was running is thawed again
+    /// and one that was paused stays paused: the state recorded is always what it is.
+    async fn hibernate_step(&self, row: &SandboxRow, from: &[State]) -> Result<()> {
+        let driver = self.driver_for(row)?;
+        self.meter(row, false).await;
+        if row.state == State::Running {
+            if let Err(e) = driver.freeze(&row.id).await {
+                self.metrics().freeze_timeouts.inc([]);
+                if let Err(t) = driver.thaw(&row.id).await {
+                    tracing::error!(sandbox = %row.id, "could not undo a failed freeze: {t}");
+                }
+                return Err(e);
+            }
+        }
+        let started = std::time::Instant::now();
+        match driver.hibernate(&row.id).await {
+            Ok(left) => {
+                tracing::info!(sandbox = %row.id, bytes_left = left, ms = started.elapsed().as_millis() as u64, "hibernated");
+            }
+            Err(e) => {
+                // Undo what this step changed, so the row still tells the truth.
+                let _ = driver.wake(&row.id).await;
+                if row.state == State::Running {
+                    if let Err(t) = driver.thaw(&row.id).await {
+                        tracing::error!(sandbox = %row.id, "could not thaw after a failed hibernate: {t}");
+                    }
+                }
+                return Err(e);
+            }
+        }
+        self.store
+            .transition(&row.id, from, State::Hibernated, row.agent_pid)
+            .await?;
+        Ok(())
     }
 
     pub async fn resume(&self, caller: &Caller, id_or_name: &str) -> Result<Sandbox> {

@@ -274,7 +274,10 @@ impl Manager {
                 ))
             })?;
         let row = self.reload(&row.id).await?;
-        if row.state == State::Running || row.state == State::Paused {
+        if matches!(
+            row.state,
+            State::Running | State::Paused | State::Hibernated
+        ) {
             if let Some(pid) = row.agent_pid {
                 self.attach_network(&row, pid).await;
             }

@@ -138,6 +138,7 @@ impl Manager {
                     State::Creating,
                     State::Running,
                     State::Paused,
+                    State::Hibernated,
                     State::Stopped,
                 ],
                 State::Deleting,

@@ -26,13 +26,18 @@ impl Manager {
                     continue;
                 }
             }
-            let live_state = matches!(row.state, State::Running | State::Paused);
+            let live_state = matches!(
+                row.state,
+                State::Running | State::Paused | State::Hibernated
+            );
             if !(live_state && (row.idle_stop_secs.is_some() || row.idle_pause_secs.is_some())) {
                 continue;
             }
             // A cheap look first; `idle_step` decides again under the lock.
             let idle_ms = self.idle_ms(&row, now);
-            if let (State::Running | State::Paused, Some(idle)) = (row.state, row.idle_stop_secs) {
+            if let (State::Running | State::Paused | State::Hibernated, Some(idle)) =
+                (row.state, row.idle_stop_secs)
+            {
                 if idle_ms >= (idle as i64) * 1000 {
                     match self.idle_step(&row, (idle as i64) * 1000, true).await {
                         Ok(true) => {

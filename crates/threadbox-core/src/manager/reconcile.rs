@@ -49,7 +49,7 @@ impl Manager {
         Ok(match row.state {
             State::Creating if !driver.has_disk(&id).await => Found::NoDisk,
             State::Creating | State::Deleting | State::Stopped => Found::Unprobed,
-            State::Running | State::Paused => {
+            State::Running | State::Paused | State::Hibernated => {
                 if driver.is_frozen(&id).await.unwrap_or(false) {
                     return Ok(Found::Frozen);
                 }

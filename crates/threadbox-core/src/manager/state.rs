@@ -36,6 +36,11 @@ pub enum Op {
     IdleStop { inflight: usize },
     /// The daily CPU cap of the tenant was reached.
     CapPause,
+    /// `hibernate` through the API: freeze, then push the memory out of RAM (ADR 0129).
+    Hibernate,
+    /// The idle sweeper: hibernate a running or paused sandbox that has had no call for
+    /// its `idle_hibernate_secs`, with none in flight (same rule as `IdlePause`).
+    IdleHibernate { inflight: usize },
     /// `resume` through the API.
     Resume,
     /// `start` through the API (a paused sandbox is resumed).
@@ -78,16 +83,19 @@ pub enum Step {
     /// Freeze the cgroup: `Running → Paused`.
     Freeze,
     /// Thaw the cgroup, if the tenant's quota admits one more running sandbox:
-    /// `Paused → Running`.
+    /// `Paused | Hibernated → Running` (a hibernated one's memory comes back on use).
     Thaw,
+    /// Freeze if running, then push the memory out: `Running | Paused → Hibernated`.
+    Hibernate,
     /// Boot a fresh agent on the kept disk, if the quota admits it: `Stopped → Running`.
     Boot,
     /// End every process, keep the disk: `Running | Paused → Stopped`.
     Halt,
     /// Record `Deleting`, destroy everything on the host, remove the row.
     Destroy,
-    /// Take a live sandbox found after a restart back as it is: `Running | Paused →`
-    /// `Paused` when frozen, else `Running`.
+    /// Take a live sandbox found after a restart back as it is: `Running | Paused |`
+    /// `Hibernated → Paused` when frozen, else `Running` (a frozen hibernated one keeps
+    /// its state: `Keep`).
     Adopt { paused: bool },
 }
 
@@ -98,16 +106,23 @@ impl Step {
         match self {
             Step::Keep => (&[], None),
             Step::Freeze => (&[State::Running], Some(State::Paused)),
-            Step::Thaw => (&[State::Paused], Some(State::Running)),
+            Step::Thaw => (&[State::Paused, State::Hibernated], Some(State::Running)),
+            Step::Hibernate => (&[State::Running, State::Paused], Some(State::Hibernated)),
             Step::Boot => (&[State::Stopped], Some(State::Running)),
             Step::Halt => (
-                &[State::Running, State::Paused, State::Creating],
+                &[
+                    State::Running,
+                    State::Paused,
+                    State::Hibernated,
+                    State::Creating,
+                ],
                 Some(State::Stopped),
             ),
             Step::Destroy => (
                 &[
                     State::Running,
                     State::Paused,
+                    State::Hibernated,
                     State::Stopped,
                     State::Creating,
                     State::Deleting,
@@ -115,7 +130,7 @@ impl Step {
                 Some(State::Deleting),
             ),
             Step::Adopt { paused } => (
-                &[State::Running, State::Paused],
+                &[State::Running, State::Paused, State::Hibernated],
                 Some(if paused {
                     State::Paused
                 } else {
@@ -139,21 +154,28 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
     use State::*;
     Ok(match (op, state) {
         (Pause, Running) | (CapPause, Running) => Step::Freeze,
-        (Pause, Paused) | (CapPause, _) => Step::Keep,
+        (Pause, Paused | Hibernated) | (CapPause, _) => Step::Keep,
         (Pause, s) => return Err(not_running(id, s)),
+
+        (Hibernate, Running | Paused) => Step::Hibernate,
+        (Hibernate, Hibernated) => Step::Keep,
+        (Hibernate, s) => return Err(not_running(id, s)),
+
+        (IdleHibernate { inflight: 0 }, Running | Paused) => Step::Hibernate,
+        (IdleHibernate { .. }, _) => Step::Keep,
 
         (IdlePause { inflight: 0 }, Running) => Step::Freeze,
         (IdlePause { .. }, _) => Step::Keep,
 
-        (IdleStop { inflight: 0 }, Running | Paused) => Step::Halt,
+        (IdleStop { inflight: 0 }, Running | Paused | Hibernated) => Step::Halt,
         (IdleStop { .. }, _) => Step::Keep,
 
-        (Resume, Paused) | (Call, Paused) => Step::Thaw,
+        (Resume, Paused | Hibernated) | (Call, Paused | Hibernated) => Step::Thaw,
         (Resume, Running) | (Call, Running) => Step::Keep,
         (Resume, s) | (Call, s) => return Err(not_running(id, s)),
 
         (Start, Stopped) => Step::Boot,
-        (Start, Paused) => Step::Thaw,
+        (Start, Paused | Hibernated) => Step::Thaw,
         (Start, Running) => Step::Keep,
         (Start, s @ (Creating | Deleting)) => {
             return Err(CoreError::Conflict(format!(
@@ -162,7 +184,7 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
             )))
         }
 
-        (Stop, Running | Paused | Creating) => Step::Halt,
+        (Stop, Running | Paused | Hibernated | Creating) => Step::Halt,
         (Stop, Stopped) => Step::Keep,
         (Stop, Deleting) => {
             return Err(CoreError::Conflict(format!(
@@ -170,7 +192,7 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
             )))
         }
 
-        (Delete { force: false }, s @ (Running | Paused)) => {
+        (Delete { force: false }, s @ (Running | Paused | Hibernated)) => {
             return Err(CoreError::Conflict(format!(
                 "sandbox {id} is {}; stop it first or delete with force",
                 s.as_str()
@@ -183,11 +205,14 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
         (Recover(_), Deleting) => Step::Destroy,
         (Recover(Found::NoDisk), Creating) => Step::Destroy,
         (Recover(_), Creating) => Step::Halt,
+        (Recover(Found::Frozen), Hibernated) => Step::Keep,
         (Recover(Found::Frozen), Running | Paused) => Step::Adopt { paused: true },
-        (Recover(Found::Answers | Found::Silent), Running | Paused) => {
+        (Recover(Found::Answers | Found::Silent), Running | Paused | Hibernated) => {
             Step::Adopt { paused: false }
         }
-        (Recover(Found::Gone | Found::NoDisk | Found::Unprobed), Running | Paused) => Step::Halt,
+        (Recover(Found::Gone | Found::NoDisk | Found::Unprobed), Running | Paused | Hibernated) => {
+            Step::Halt
+        }
         (Recover(_), Stopped) => Step::Keep,
     })
 }
@@ -196,15 +221,19 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
 mod tests {
     use super::*;
 
-    const STATES: [State; 5] = [
+    const STATES: [State; 6] = [
         State::Creating,
         State::Running,
         State::Paused,
+        State::Hibernated,
         State::Stopped,
         State::Deleting,
     ];
-    const OPS: [Op; 18] = [
+    const OPS: [Op; 21] = [
         Op::Pause,
+        Op::Hibernate,
+        Op::IdleHibernate { inflight: 0 },
+        Op::IdleHibernate { inflight: 1 },
         Op::IdlePause { inflight: 0 },
         Op::IdlePause { inflight: 1 },
         Op::IdleStop { inflight: 0 },
@@ -317,5 +346,52 @@ mod tests {
             Step::Destroy
         );
         assert_eq!(p(State::Stopped, Op::CapPause).unwrap(), Step::Keep);
+    }
+
+    #[test]
+    fn hibernated_is_paused_with_its_memory_out() {
+        let p = |s, op| plan("sb-x", s, op);
+        assert_eq!(p(State::Running, Op::Hibernate).unwrap(), Step::Hibernate);
+        assert_eq!(p(State::Paused, Op::Hibernate).unwrap(), Step::Hibernate);
+        assert_eq!(p(State::Hibernated, Op::Hibernate).unwrap(), Step::Keep);
+        assert!(matches!(
+            p(State::Stopped, Op::Hibernate),
+            Err(CoreError::NotRunning { .. })
+        ));
+        // Any call, resume or start wakes it; a pause leaves it as it is.
+        for op in [Op::Call, Op::Resume, Op::Start] {
+            assert_eq!(p(State::Hibernated, op).unwrap(), Step::Thaw, "{op:?}");
+        }
+        assert_eq!(p(State::Hibernated, Op::Pause).unwrap(), Step::Keep);
+        // Idle: never with a call in flight; an idle pause does not touch it.
+        assert_eq!(
+            p(State::Running, Op::IdleHibernate { inflight: 1 }).unwrap(),
+            Step::Keep
+        );
+        assert_eq!(
+            p(State::Paused, Op::IdleHibernate { inflight: 0 }).unwrap(),
+            Step::Hibernate
+        );
+        assert_eq!(
+            p(State::Hibernated, Op::IdlePause { inflight: 0 }).unwrap(),
+            Step::Keep
+        );
+        assert_eq!(
+            p(State::Hibernated, Op::IdleStop { inflight: 0 }).unwrap(),
+            Step::Halt
+        );
+        assert!(matches!(
+            p(State::Hibernated, Op::Delete { force: false }),
+            Err(CoreError::Conflict(_))
+        ));
+        // Reconcile keeps a frozen hibernated sandbox hibernated.
+        assert_eq!(
+            p(State::Hibernated, Op::Recover(Found::Frozen)).unwrap(),
+            Step::Keep
+        );
+        assert_eq!(
+            p(State::Hibernated, Op::Recover(Found::Gone)).unwrap(),
+            Step::Halt
+        );
     }
 }

@@ -62,6 +62,7 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BackendResult<Vec<Sandbox>>;
     async fn get(&self, sandbox: &str) -> BackendResult<Sandbox>;
     async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox>;
+    async fn hibernate(&self, sandbox: &str) -> BackendResult<Sandbox>;
     /// Makes a sandbox run again whatever its state (the `start` operation: boots a
     /// stopped one on its disk, thaws a paused one). `sandbox_resume` is this operation,
     /// the same as REST's `POST /start` (ADR 0058).
@@ -197,6 +198,11 @@ impl<R: RunOps> Backend for R {
     async fn pause(&self, sandbox: &str) -> BackendResult<Sandbox> {
         let sandbox = sandbox.into();
         self.call(ops::PauseSandbox { sandbox }).await
+    }
+
+    async fn hibernate(&self, sandbox: &str) -> BackendResult<Sandbox> {
+        let sandbox = sandbox.into();
+        self.call(ops::HibernateSandbox { sandbox }).await
     }
 
     async fn start(&self, sandbox: &str) -> BackendResult<Sandbox> {

@@ -138,6 +138,10 @@ impl Backend for Fake {
         self.set_state(s, SandboxState::Paused)
     }
 
+    async fn hibernate(&self, s: &str) -> BackendResult<Sandbox> {
+        self.set_state(s, SandboxState::Hibernated)
+    }
+
     async fn start(&self, s: &str) -> BackendResult<Sandbox> {
         self.set_state(s, SandboxState::Running)
     }
@@ -430,6 +434,7 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
         "write_file",
         "list_files",
         "sandbox_pause",
+        "sandbox_hibernate",
         "sandbox_resume",
         "sandbox_delete",
         "checkpoint",
@@ -441,7 +446,7 @@ async fn lists_every_tool_with_object_schemas_from_the_api_types() {
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
-    assert_eq!(names.len(), 17);
+    assert_eq!(names.len(), 18);
     for t in &listed {
         let input = Value::Object((*t.input_schema).clone());
         assert_eq!(input["type"], "object", "{}: {input}", t.name);

@@ -405,6 +405,13 @@ pub fn tools() -> Vec<Tool> {
             annotations(false, false, true),
         ),
         tool::<SandboxArgs, Sandbox>(
+            "sandbox_hibernate",
+            "Hibernate a sandbox the conversation will not need for a while: frozen, its \
+             memory moved out of RAM. Its processes (servers, interpreter variables) \
+             continue where they were at the next call, which wakes it automatically.",
+            annotations(false, false, true),
+        ),
+        tool::<SandboxArgs, Sandbox>(
             "sandbox_resume",
             "Make a sandbox run again: thaw a paused one, or boot a stopped one on its disk \
              (files are kept, earlier processes are not).",
@@ -532,6 +539,10 @@ impl Calls {
             "sandbox_pause" => {
                 let a: SandboxArgs = parse(name, args)?;
                 self.backend.pause(&a.sandbox).await.map(sandbox_result)
+            }
+            "sandbox_hibernate" => {
+                let a: SandboxArgs = parse(name, args)?;
+                self.backend.hibernate(&a.sandbox).await.map(sandbox_result)
             }
             // The `start` operation, as REST's `POST /start` (ADR 0058).
             "sandbox_resume" => {

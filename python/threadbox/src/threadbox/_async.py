@@ -270,8 +270,12 @@ class AsyncSandbox(SandboxView):
         """Freezes every process of the sandbox."""
         return await self._lifecycle("pause")
 
+    async def hibernate(self) -> SandboxInfo:
+        """Async :meth:`Sandbox.hibernate`."""
+        return await self._lifecycle("hibernate")
+
     async def resume(self) -> SandboxInfo:
-        """Thaws a paused sandbox."""
+        """Thaws a paused or hibernated sandbox."""
         return await self._lifecycle("resume")
 
     async def stop(self) -> SandboxInfo:

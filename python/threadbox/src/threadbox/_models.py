@@ -27,7 +27,7 @@ __all__ = [
     "StartEvent",
 ]
 
-SandboxState = Literal["creating", "running", "paused", "stopped"]
+SandboxState = Literal["creating", "running", "paused", "hibernated", "stopped"]
 TtlAction = Literal["stop", "delete"]
 UserName = Literal["user", "root"]
 FileKind = Literal["file", "dir", "symlink", "other"]

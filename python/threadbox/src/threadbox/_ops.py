@@ -157,7 +157,7 @@ def delete(sandbox: str, force: bool) -> Op[None]:
 
 
 def lifecycle(sandbox: str, action: str) -> Op[SandboxInfo]:
-    """``pause``, ``resume``, ``stop`` or ``start``."""
+    """``pause``, ``hibernate``, ``resume``, ``stop`` or ``start``."""
     return json_op("POST", c.sandbox_path(sandbox, action), SandboxInfo.from_dict)
 
 

@@ -337,8 +337,15 @@ class Sandbox(SandboxView):
         """Freezes every process of the sandbox (memory is kept)."""
         return self._lifecycle("pause")
 
+    def hibernate(self) -> SandboxInfo:
+        """Freezes the sandbox and moves its memory out of RAM (swap on the jail tier).
+
+        Any later call wakes it, its processes continuing where they were. Raises
+        :class:`ThreadboxError` (``unavailable``) where the host has no swap."""
+        return self._lifecycle("hibernate")
+
     def resume(self) -> SandboxInfo:
-        """Thaws a paused sandbox."""
+        """Thaws a paused or hibernated sandbox."""
         return self._lifecycle("resume")
 
     def stop(self) -> SandboxInfo:

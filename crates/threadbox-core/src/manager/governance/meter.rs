@@ -38,7 +38,10 @@ impl Manager {
             .unwrap_or(row.created_at);
         let elapsed = (now - since).max(0);
         let last_usec = prev.as_ref().map(|p| p.last_cgroup_usec).unwrap_or(0);
-        let live = matches!(row.state, State::Running | State::Paused);
+        let live = matches!(
+            row.state,
+            State::Running | State::Paused | State::Hibernated
+        );
         let driver = self.driver_for(row)?;
         let id = row.id.clone();
         let usage = if live || with_disk {
@@ -60,7 +63,7 @@ impl Manager {
         let mem = mem.unwrap_or(0) as i64;
         let (running_ms, paused_ms) = match row.state {
             State::Running | State::Creating => (elapsed, 0),
-            State::Paused => (0, elapsed),
+            State::Paused | State::Hibernated => (0, elapsed),
             _ => (0, 0),
         };
         let delta = UsageDelta {
@@ -90,7 +93,10 @@ impl Manager {
             if row.tenant == crate::caller::POOL_TENANT {
                 continue;
             }
-            if matches!(row.state, State::Running | State::Paused) {
+            if matches!(
+                row.state,
+                State::Running | State::Paused | State::Hibernated
+            ) {
                 self.meter(&row, true).await;
             }
         }
@@ -173,7 +179,10 @@ impl Manager {
         let since_day = since.map(parse_time).transpose()?.map(utc_day);
         let rows = self.store.all_sandboxes().await?;
         for row in rows.iter().filter(|r| tenants.contains(&r.tenant)) {
-            if matches!(row.state, State::Running | State::Paused) {
+            if matches!(
+                row.state,
+                State::Running | State::Paused | State::Hibernated
+            ) {
                 self.meter(row, false).await;
             }
         }
@@ -240,7 +249,7 @@ impl Manager {
     ) -> Result<threadbox_api::ops::MetricsSnapshot> {
         caller.require(Scope::Admin)?;
         let mut snap = threadbox_api::ops::MetricsSnapshot {
-            sandboxes: ["creating", "running", "paused", "stopped"]
+            sandboxes: ["creating", "running", "paused", "hibernated", "stopped"]
                 .into_iter()
                 .map(|s| (s.to_string(), 0))
                 .collect(),
@@ -255,7 +264,10 @@ impl Manager {
                 .entry(row.state.as_str().to_string())
                 .or_default() += 1;
             let g = snap.tenants.entry(row.tenant.clone()).or_default();
-            if matches!(row.state, State::Running | State::Paused) {
+            if matches!(
+                row.state,
+                State::Running | State::Paused | State::Hibernated
+            ) {
                 if let Ok(driver) = self.driver_for(&row) {
                     g.memory_bytes += driver.usage(&row.id, false).await.memory_bytes.unwrap_or(0);
                 }
