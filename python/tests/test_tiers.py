@@ -29,7 +29,7 @@ def _tier(daemon: Daemon, name: str) -> dict[str, object]:
         text=True,
         check=True,
     )
-    tiers = {t["name"]: t for t in json.loads(out.stdout)["tiers"]}
+    tiers: dict[str, dict[str, object]] = {t["name"]: t for t in json.loads(out.stdout)["tiers"]}
     assert name in tiers, f"the daemon has no tier {name!r}: {sorted(tiers)}"
     t = tiers[name]
     if not t["available"]:
