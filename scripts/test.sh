@@ -35,6 +35,8 @@ echo "== test tools"
 # nft: only the egress golden test (threadbox-sys `net::tests`) uses it, to read back the
 # table the kernel made of our own netlink batch. threadbox itself never runs nft.
 command -v nft >/dev/null || { apt-get update -q && apt-get install -y -q nftables; }
+# `threadbox shell` is tested through a real terminal (tests/pty.rs).
+command -v tmux >/dev/null || { apt-get update -q && apt-get install -y -q tmux; }
 # docker-registry and skopeo: the OCI image tests (threadbox-oci, issue 14) run a registry
 # on loopback and push the images they build into it; nothing is fetched from outside.
 command -v docker-registry >/dev/null && command -v skopeo >/dev/null ||

@@ -79,7 +79,7 @@ def test_thread_sandboxes_pause_when_idle_by_default(tb: Threadbox, names: Names
     tk.run_shell.invoke({"command": "true"}, cfg(tid))
     info = tb.get(thread_sandbox_name(tid)).info
     assert info.idle_pause_secs == 60 and info.ttl_secs is None
-    assert info.idle_stop_secs == 3600
+    assert info.idle_stop_secs == 3600 and info.idle_hibernate_secs == 600
     tid2 = names.thread("idle-off")
     ThreadboxToolkit(client=tb, sandbox_options={"idle_pause_secs": None}).run_shell.invoke(
         {"command": "true"}, cfg(tid2)

@@ -17,7 +17,7 @@ use threadbox_sys::child::{self as syschild, ChildPolicy, DirFd, WaitStatus};
 use threadbox_sys::landlock::{self, Ruleset};
 use threadbox_sys::resolve::{self, Resolve, Root};
 use threadbox_sys::seccomp::{self, sock_filter};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 /// PATH of every sandbox process (the request's env may override it).
 pub const BASE_PATH: &str =
@@ -111,6 +111,8 @@ pub struct Agent {
     pub next_bg: Cell<u64>,
     /// Interpreter contexts (`interp/`).
     pub contexts: RefCell<crate::interp::Registry>,
+    /// Terminal sessions by pid (`pty.rs`).
+    pub ptys: RefCell<HashMap<i32, mpsc::Sender<crate::pty::PtyCtl>>>,
 }
 
 impl Agent {
@@ -125,6 +127,7 @@ impl Agent {
             background: RefCell::new(BTreeMap::new()),
             next_bg: Cell::new(1),
             contexts: RefCell::new(Default::default()),
+            ptys: RefCell::new(HashMap::new()),
         }
     }
 

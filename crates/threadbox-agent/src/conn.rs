@@ -4,7 +4,7 @@
 
 use crate::agent::Agent;
 use crate::error::AgentError;
-use crate::{background, exec, files, interp, log, selftest};
+use crate::{background, exec, files, interp, log, pty, selftest};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -20,6 +20,7 @@ pub const CAPABILITIES: &[&str] = &[
     "files",
     "selftest",
     "interpreter",
+    "pty",
 ];
 
 /// Frames queued for the writer; producers wait when it is full (flow control).
@@ -198,6 +199,9 @@ async fn handle(
             from,
         } => interp::attach(agent, id, ctx, execution, from, tx, cancel).await,
         Request::ContextReason { ctx, reason } => interp::set_reason(&agent, &ctx, reason),
+        Request::PtyStart(spec) => pty::start(agent, id, spec, tx, cancel).await,
+        Request::PtyInput { pid, data } => pty::input(&agent, pid, data).await,
+        Request::PtyResize { pid, cols, rows } => pty::resize(&agent, pid, rows, cols).await,
         #[allow(unreachable_patterns)]
         _ => AgentError::new(
             ErrorKind::InvalidArgument,

@@ -17,6 +17,7 @@ mod exec;
 mod files;
 mod interp;
 mod own_filter;
+mod pty;
 mod selftest;
 mod testhooks;
 

@@ -18,6 +18,7 @@ pub mod net_log;
 pub mod network;
 pub mod ops;
 pub mod previews;
+pub mod pty;
 pub mod routes;
 pub mod secrets;
 pub mod tiers;
@@ -174,6 +175,10 @@ pub struct CreateSandboxRequest {
     /// Stop automatically after this many seconds without API activity (files are kept;
     /// processes end). A TTL counted from the last call, so it never cuts a busy sandbox.
     pub idle_stop_secs: Option<u64>,
+    /// Hibernate automatically after this many seconds without API activity (memory out
+    /// of RAM; the next call wakes it). Usually longer than `idle_pause_secs`.
+    #[serde(default)]
+    pub idle_hibernate_secs: Option<u64>,
     /// Stop or delete (see `ttl_action`) this many seconds after creation.
     pub ttl_secs: Option<u64>,
     #[serde(default)]
@@ -213,6 +218,8 @@ pub struct Sandbox {
     pub idle_pause_secs: Option<u64>,
     #[serde(default)]
     pub idle_stop_secs: Option<u64>,
+    #[serde(default)]
+    pub idle_hibernate_secs: Option<u64>,
     pub ttl_secs: Option<u64>,
     pub ttl_action: TtlAction,
     /// Process id of the sandbox's agent on the host, when running or paused; shown to

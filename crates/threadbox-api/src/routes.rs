@@ -44,6 +44,9 @@ pub const CHECKPOINT: &str = "/v1/sandboxes/{sandbox}/checkpoints/{checkpoint}";
 pub const SANDBOX_REWIND: &str = "/v1/sandboxes/{sandbox}/rewind";
 pub const SANDBOX_FORK: &str = "/v1/sandboxes/{sandbox}/fork";
 pub const SANDBOX_NETWORK_LOG: &str = "/v1/sandboxes/{sandbox}/network/log";
+pub const SANDBOX_PTY: &str = "/v1/sandboxes/{sandbox}/pty";
+pub const SANDBOX_PTY_WS: &str = "/v1/sandboxes/{sandbox}/pty/{session}/ws";
+pub const EXEC_WS: &str = "/v1/sandboxes/{sandbox}/exec/ws";
 
 pub const TIERS: &str = "/v1/tiers";
 pub const IMAGES: &str = "/v1/images";
@@ -98,6 +101,9 @@ pub const ALL: &[&str] = &[
     SANDBOX_FORK,
     SANDBOX_NETWORK_LOG,
     TIERS,
+    SANDBOX_PTY,
+    SANDBOX_PTY_WS,
+    EXEC_WS,
     IMAGES,
     IMAGES_PULL,
     IMAGES_IMPORT,
@@ -195,6 +201,7 @@ mod tests {
                             | "execution"
                             | "name"
                             | "image"
+                            | "session"
                     ),
                     "{t}: unexpected placeholder {name}"
                 );

@@ -13,10 +13,12 @@ mod images;
 mod ndjson;
 mod transport;
 mod url;
+mod ws;
 
 pub use error::{ClientError, Result};
 pub use transport::{CONNECT_TIMEOUT, MAX_ERROR_BODY_BYTES, MAX_JSON_RESPONSE_BYTES};
 pub use url::{resolve_url, socket_path, DEFAULT_HTTP_URL, DEFAULT_ROOT, SOCKET_NAME};
+pub use ws::{Io, Socket};
 
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;

@@ -56,7 +56,9 @@ const BACKLOG_RETRY_MAX: Duration = Duration::from_millis(200);
 /// is made), and the kernel offers nothing to wait on: retry with a growing pause. A busy
 /// daemon is then waited for, within the caller's connect timeout, instead of reported
 /// as absent.
-async fn connect_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixStream> {
+pub(crate) async fn connect_unix(
+    path: &std::path::Path,
+) -> std::io::Result<tokio::net::UnixStream> {
     let mut pause = BACKLOG_RETRY_FIRST;
     loop {
         match tokio::net::UnixStream::connect(path).await {
@@ -130,7 +132,7 @@ impl Client {
         }
     }
 
-    async fn within_connect_timeout<S>(
+    pub(crate) async fn within_connect_timeout<S>(
         &self,
         connect: impl std::future::Future<Output = std::io::Result<S>>,
     ) -> Result<S> {

@@ -69,6 +69,8 @@ pub struct SandboxRow {
     pub idle_pause_secs: Option<u64>,
     /// Stop after this long without activity (a TTL counted from the last call).
     pub idle_stop_secs: Option<u64>,
+    /// Hibernate after this long without activity (ADR 0129).
+    pub idle_hibernate_secs: Option<u64>,
     pub ttl_secs: Option<u64>,
     pub ttl_action: TtlAction,
     pub slot: u32,
@@ -149,6 +151,9 @@ fn row_to_sandbox(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow> {
             .map(|v| v as u64),
         idle_stop_secs: r
             .try_get::<Option<i64>, _>("idle_stop_secs")?
+            .map(|v| v as u64),
+        idle_hibernate_secs: r
+            .try_get::<Option<i64>, _>("idle_hibernate_secs")?
             .map(|v| v as u64),
         ttl_secs: r.try_get::<Option<i64>, _>("ttl_secs")?.map(|v| v as u64),
         ttl_action: if ttl_action == "delete" {
@@ -272,8 +277,8 @@ impl Store {
         let res = sqlx::query(
             "INSERT INTO sandboxes (id, tenant, name, state, labels, image, memory_bytes, cpus, pids, \
              idle_pause_secs, ttl_secs, ttl_action, slot, agent_pid, created_at, last_active_at, \
-             disk_bytes, tier, idle_stop_secs) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)",
+             disk_bytes, tier, idle_stop_secs, idle_hibernate_secs) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&row.id)
         .bind(&row.tenant)
@@ -293,6 +298,7 @@ impl Store {
         .bind(row.disk_bytes as i64)
         .bind(&row.tier)
         .bind(row.idle_stop_secs.map(|v| v as i64))
+        .bind(row.idle_hibernate_secs.map(|v| v as i64))
         .execute(&mut *tx)
         .await;
         match res {
@@ -346,7 +352,8 @@ impl Store {
         let res = sqlx::query(
             "UPDATE sandboxes SET tenant = ?, name = ?, labels = ?, memory_bytes = ?, cpus = ?, \
              pids = ?, idle_pause_secs = ?, ttl_secs = ?, ttl_action = ?, created_at = ?, \
-             last_active_at = ?, idle_stop_secs = ? WHERE id = ? AND tenant = ? AND state = 'running'",
+             last_active_at = ?, idle_stop_secs = ?, idle_hibernate_secs = ? \
+             WHERE id = ? AND tenant = ? AND state = 'running'",
         )
         .bind(&row.tenant)
         .bind(&row.name)
@@ -360,6 +367,7 @@ impl Store {
         .bind(row.created_at)
         .bind(row.last_active_at)
         .bind(row.idle_stop_secs.map(|v| v as i64))
+        .bind(row.idle_hibernate_secs.map(|v| v as i64))
         .bind(id)
         .bind(crate::caller::POOL_TENANT)
         .execute(&self.pool)

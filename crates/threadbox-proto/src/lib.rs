@@ -15,8 +15,10 @@ use std::collections::BTreeMap;
 
 pub mod codec;
 pub mod interp;
+pub mod pty;
 pub use codec::{decode_frame, encode_frame, FrameDecoder};
 pub use interp::{CellSpec, CodeEvent, ContextInfo, ContextSpec, Execution};
+pub use pty::PtySpec;
 
 /// Protocol version. The major part must match between host and agent.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -242,6 +244,20 @@ pub enum Request {
     ContextReason {
         ctx: String,
         reason: String,
+    },
+    /// A process on a new terminal (`pty.rs`); streamed like `Exec`.
+    PtyStart(PtySpec),
+    /// Bytes typed into the terminal of the session `pid`.
+    PtyInput {
+        pid: i32,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    /// A new size for the terminal of the session `pid`.
+    PtyResize {
+        pid: i32,
+        cols: u16,
+        rows: u16,
     },
 }
 

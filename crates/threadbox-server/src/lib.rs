@@ -15,6 +15,7 @@ pub mod openapi;
 mod origin;
 pub mod otlp_relay;
 mod preview_routes;
+mod pty_routes;
 pub mod routes;
 mod secret_routes;
 pub mod serve;

@@ -217,6 +217,9 @@ fn router(shared: Shared) -> Router {
             get(crate::net_log_routes::network_log),
         )
         .route(routes::TIERS, get(crate::tier_routes::list_tiers))
+        .route(routes::SANDBOX_PTY, post(crate::pty_routes::open_pty))
+        .route(routes::SANDBOX_PTY_WS, get(crate::pty_routes::pty_ws))
+        .route(routes::EXEC_WS, get(crate::pty_routes::exec_ws))
         .route(routes::IMAGES, get(list_images).post(add_image))
         .route(routes::IMAGES_PULL, post(image_routes::pull_image))
         .route(routes::IMAGES_IMPORT, post(image_routes::import_image))

@@ -36,6 +36,9 @@ pub enum Command {
     Info(SandboxJson),
     /// Run a command in a sandbox and wait for it; exits with its exit code.
     Exec(ExecArgs),
+    /// An interactive terminal in a sandbox (like `docker exec -it`); exits with the
+    /// program's exit code.
+    Shell(crate::shell_cmd::ShellArgs),
     /// Run code in a persistent interpreter context of a sandbox (variables survive
     /// between calls); prints output, the last expression's value, images as files.
     RunCode(crate::code_cmd::RunCodeArgs),
@@ -235,6 +238,10 @@ pub struct CreateArgs {
     /// Stop after this many seconds without API activity (files are kept).
     #[arg(long, value_name = "SECS")]
     pub idle_stop: Option<u64>,
+    /// Hibernate after this many seconds without API activity (memory to swap; the next
+    /// call wakes it). Longer than --idle-pause, shorter than --idle-stop.
+    #[arg(long, value_name = "SECS")]
+    pub idle_hibernate: Option<u64>,
     /// Stop (or delete, see --ttl-action) this many seconds after creation.
     #[arg(long, value_name = "SECS")]
     pub ttl: Option<u64>,

@@ -48,6 +48,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Exec(args) => exec(&client(url)?, args).await,
+        Command::Shell(a) => crate::shell_cmd::shell(&client(url)?, a).await,
         Command::RunCode(args) => crate::code_cmd::run_code(&client(url)?, args).await,
         Command::Pause(a) => {
             let c = client(url)?;
@@ -287,7 +288,8 @@ fn print_sandbox(sb: &Sandbox) -> anyhow::Result<()> {
     let text = format!(
         "id:             {}\nname:           {}\nstate:          {}\nimage:          {}\n\
          labels:         {}\ncreated_at:     {}\nlast_active_at: {}\nmemory:         {} bytes\n\
-         cpus:           {}\npids:           {}\nidle_pause:     {}\nidle_stop:      {}\nttl:            {}{}\n\
+         cpus:           {}\npids:           {}\nidle_pause:     {}\nidle_hibernate: {}\nidle_stop:      {}\n\
+         ttl:            {}{}\n\
          agent_pid:      {}\n",
         esc(&sb.id),
         esc(sb.name.as_deref().unwrap_or("-")),
@@ -304,6 +306,7 @@ fn print_sandbox(sb: &Sandbox) -> anyhow::Result<()> {
         sb.limits.cpus,
         sb.limits.pids,
         opt(sb.idle_pause_secs),
+        opt(sb.idle_hibernate_secs),
         opt(sb.idle_stop_secs),
         opt(sb.ttl_secs),
         match (sb.ttl_secs, sb.ttl_action) {
@@ -374,6 +377,7 @@ async fn create(client: &Client, args: CreateArgs) -> anyhow::Result<u8> {
         },
         idle_pause_secs: args.idle_pause,
         idle_stop_secs: args.idle_stop,
+        idle_hibernate_secs: args.idle_hibernate,
         ttl_secs: args.ttl,
         ttl_action: match args.ttl_action {
             Some(TtlActionArg::Delete) => TtlAction::Delete,

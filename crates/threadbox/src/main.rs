@@ -14,6 +14,7 @@ mod parse;
 mod preview_cmd;
 mod secret_cmd;
 mod serve_cmd;
+mod shell_cmd;
 mod term;
 
 use clap::Parser;

@@ -227,3 +227,39 @@ fn without_swap_hibernate_is_refused_with_the_reason_and_changes_nothing() {
     assert_ne!(d.cli(&["hibernate", &id]).code, 0);
     assert_eq!(state(&d, &id), "paused");
 }
+
+#[test]
+fn an_idle_sandbox_pauses_then_hibernates_and_a_call_wakes_it() {
+    if !require_root("an_idle_sandbox_pauses_then_hibernates_and_a_call_wakes_it") {
+        return;
+    }
+    let _g = serial();
+    let _swap = Swap::on(1024);
+    let d = Daemon::start();
+    let id = d.create(&[
+        "--memory",
+        "512M",
+        "--idle-pause",
+        "1",
+        "--idle-hibernate",
+        "3",
+    ]);
+    let info = d.cli(&["info", "--json", &id]).ok().json();
+    assert_eq!(info["idle_hibernate_secs"], 3, "{info}");
+    let hash = start_holder(&d, &id);
+    let before = charged(&id);
+    // Idle: paused first (1 s), then hibernated (3 s); `info` is not activity.
+    d.wait_for("the idle pause", Duration::from_secs(60), || {
+        matches!(state(&d, &id).as_str(), "paused" | "hibernated")
+    });
+    d.wait_for("the idle hibernate", Duration::from_secs(60), || {
+        state(&d, &id) == "hibernated"
+    });
+    let after = charged(&id);
+    assert!(after < before / 4, "{before} bytes before, {after} after");
+    assert_eq!(ask_again(&d, &id), hash, "woken by the call, memory intact");
+    // Bad input changes nothing.
+    let bad = d.cli(&["create", "--idle-hibernate", "0"]);
+    assert_ne!(bad.code, 0);
+    assert!(bad.stderr.contains("idle_hibernate_secs"), "{}", bad.stderr);
+}

@@ -313,6 +313,7 @@ impl Manager {
                 },
                 idle_pause_secs: parent.idle_pause_secs,
                 idle_stop_secs: parent.idle_stop_secs,
+                idle_hibernate_secs: parent.idle_hibernate_secs,
                 ttl_secs: parent.ttl_secs,
                 ttl_action: parent.ttl_action,
                 tier: Some(parent.tier.clone()),

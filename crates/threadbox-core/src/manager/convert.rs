@@ -43,6 +43,7 @@ pub(super) fn to_api_full(drivers: &Drivers, row: &SandboxRow) -> Sandbox {
         },
         idle_pause_secs: row.idle_pause_secs,
         idle_stop_secs: row.idle_stop_secs,
+        idle_hibernate_secs: row.idle_hibernate_secs,
         ttl_secs: row.ttl_secs,
         ttl_action: row.ttl_action,
         agent_pid: match row.state {

@@ -170,6 +170,7 @@ impl Manager {
         for (what, v) in [
             ("idle_pause_secs", req.idle_pause_secs),
             ("idle_stop_secs", req.idle_stop_secs),
+            ("idle_hibernate_secs", req.idle_hibernate_secs),
             ("ttl_secs", req.ttl_secs),
         ] {
             if let Some(v) = v {
@@ -199,6 +200,7 @@ impl Manager {
             disk_bytes,
             idle_pause_secs: req.idle_pause_secs,
             idle_stop_secs: req.idle_stop_secs,
+            idle_hibernate_secs: req.idle_hibernate_secs,
             ttl_secs: req.ttl_secs,
             ttl_action: req.ttl_action,
             slot: 0,

@@ -31,6 +31,7 @@ mod oci_images;
 mod pool;
 pub mod previews;
 mod processes;
+pub mod pty;
 mod reaper;
 mod reconcile;
 mod relay;
@@ -119,6 +120,8 @@ pub struct Manager {
     metrics: Arc<crate::metrics::CoreMetrics>,
     /// In-sandbox OTLP endpoints being served, by sandbox id (ADR 0091).
     relays: relay::Relays,
+    /// Terminal sessions (ADR 0092).
+    ptys: Arc<pty::PtySessions>,
 }
 
 impl Manager {
@@ -183,6 +186,7 @@ impl Manager {
             net: Default::default(),
             secrets,
             relays: Default::default(),
+            ptys: Default::default(),
         });
         mgr.reconcile().await?;
         mgr.spawn_meter(mgr.stop_tx.subscribe());

@@ -87,6 +87,7 @@ impl Manager {
             disk_bytes: self.config.default_disk_bytes,
             idle_pause_secs: None,
             idle_stop_secs: None,
+            idle_hibernate_secs: None,
             ttl_secs: None,
             ttl_action: TtlAction::Stop,
             slot: 0,

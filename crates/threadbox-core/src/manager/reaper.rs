@@ -30,7 +30,10 @@ impl Manager {
                 row.state,
                 State::Running | State::Paused | State::Hibernated
             );
-            if !(live_state && (row.idle_stop_secs.is_some() || row.idle_pause_secs.is_some())) {
+            let any_idle = row.idle_stop_secs.is_some()
+                || row.idle_pause_secs.is_some()
+                || row.idle_hibernate_secs.is_some();
+            if !(live_state && any_idle) {
                 continue;
             }
             // A cheap look first; `idle_step` decides again under the lock.
@@ -39,7 +42,7 @@ impl Manager {
                 (row.state, row.idle_stop_secs)
             {
                 if idle_ms >= (idle as i64) * 1000 {
-                    match self.idle_step(&row, (idle as i64) * 1000, true).await {
+                    match self.idle_step(&row, (idle as i64) * 1000, Idle::Stop).await {
                         Ok(true) => {
                             tracing::info!(sandbox = %row.id, "stopped after {idle}s idle");
                             continue;
@@ -49,9 +52,34 @@ impl Manager {
                     }
                 }
             }
+            if let (State::Running | State::Paused, Some(idle)) =
+                (row.state, row.idle_hibernate_secs)
+            {
+                if idle_ms >= (idle as i64) * 1000 {
+                    match self
+                        .idle_step(&row, (idle as i64) * 1000, Idle::Hibernate)
+                        .await
+                    {
+                        Ok(true) => {
+                            tracing::info!(sandbox = %row.id, "hibernated after {idle}s idle");
+                            continue;
+                        }
+                        Ok(false) => {}
+                        // No swap on this host: said once per sweep at debug level, the
+                        // sandbox goes on to its idle pause as if it had no hibernate.
+                        Err(CoreError::Unavailable(why)) => {
+                            tracing::debug!(sandbox = %row.id, "idle hibernate unavailable: {why}")
+                        }
+                        Err(e) => tracing::warn!(sandbox = %row.id, "idle hibernate failed: {e}"),
+                    }
+                }
+            }
             if let (State::Running, Some(idle)) = (row.state, row.idle_pause_secs) {
                 if idle_ms >= (idle as i64) * 1000 {
-                    match self.idle_step(&row, (idle as i64) * 1000, false).await {
+                    match self
+                        .idle_step(&row, (idle as i64) * 1000, Idle::Pause)
+                        .await
+                    {
                         Ok(true) => tracing::info!(sandbox = %row.id, "paused after {idle}s idle"),
                         Ok(false) => {}
                         Err(e) => tracing::warn!(sandbox = %row.id, "idle pause failed: {e}"),
@@ -74,14 +102,14 @@ impl Manager {
             .max(row.last_active_at)
     }
 
-    /// The idle sweeper's pause (or, with `stop`, its stop): decided under the lifecycle
-    /// lock, where calls register as in flight, so it never freezes or stops a sandbox in
-    /// the middle of a call (F1). True when it acted.
+    /// The idle sweeper's pause, hibernate or stop: decided under the lifecycle lock,
+    /// where calls register as in flight, so it never freezes, hibernates or stops a
+    /// sandbox in the middle of a call (F1). True when it acted.
     pub(super) async fn idle_step(
         &self,
         row: &SandboxRow,
         idle_ms: i64,
-        stop: bool,
+        what: Idle,
     ) -> Result<bool> {
         let live = self.live(&row.id);
         let _g = live.lifecycle.lock().await;
@@ -94,10 +122,23 @@ impl Manager {
         if now_ms() - last < idle_ms {
             return Ok(false);
         }
-        if stop {
-            let step = self.apply(&row, &live, Op::IdleStop { inflight }).await?;
-            return Ok(step == Step::Halt);
-        }
-        Ok(self.apply(&row, &live, Op::IdlePause { inflight }).await? == Step::Freeze)
+        Ok(match what {
+            Idle::Stop => self.apply(&row, &live, Op::IdleStop { inflight }).await? == Step::Halt,
+            Idle::Hibernate => {
+                let op = Op::IdleHibernate { inflight };
+                self.apply(&row, &live, op).await? == Step::Hibernate
+            }
+            Idle::Pause => {
+                self.apply(&row, &live, Op::IdlePause { inflight }).await? == Step::Freeze
+            }
+        })
     }
+}
+
+/// What the idle sweeper does to a sandbox that has had no call for long enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Idle {
+    Pause,
+    Hibernate,
+    Stop,
 }

@@ -60,6 +60,7 @@ fn sandbox(name: &str) -> Sandbox {
         },
         idle_pause_secs: None,
         idle_stop_secs: None,
+        idle_hibernate_secs: None,
         ttl_secs: None,
         ttl_action: TtlAction::Stop,
         agent_pid: Some(42),

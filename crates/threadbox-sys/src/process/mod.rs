@@ -5,6 +5,7 @@
 pub mod ids;
 pub mod policy;
 pub mod probe;
+pub mod pty;
 pub mod reap;
 pub mod spawn;
 
@@ -16,5 +17,6 @@ pub use policy::{ChildPolicy, Weaken};
 pub use probe::{probe_fsopen, probe_mount_tmpfs, probe_unshare};
 pub use reap::{kill, kill_group, reap_any, reap_pid, WaitStatus};
 pub use spawn::{
-    clone3_unavailable, run_forked, spawn_in_cgroup, spawn_in_cgroup_passing, Spawned,
+    clone3_unavailable, run_forked, spawn_in_cgroup, spawn_in_cgroup_passing, spawn_on_terminal,
+    Spawned,
 };

@@ -64,6 +64,59 @@ pub fn spawn_in_cgroup_passing(
     with_stdin: bool,
     pass: Option<BorrowedFd<'_>>,
 ) -> io::Result<Spawned> {
+    let (pid, pipes) = spawn_with(
+        cmd,
+        cgroup_dir,
+        policy,
+        StdioPlan::Pipes { with_stdin },
+        pass,
+    )?;
+    let Some((stdin, stdout, stderr)) = pipes else {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    };
+    Ok(Spawned {
+        pid,
+        stdin,
+        stdout,
+        stderr,
+    })
+}
+
+/// [`spawn_in_cgroup`] on a terminal: `terminal` (the peer of a pty, see
+/// [`super::pty`]) becomes the child's stdin, stdout, stderr and, after the policy's
+/// `setsid`, its controlling terminal (`TIOCSCTTY`), so job control and `SIGWINCH` work.
+/// Returns the pid; the caller keeps the master.
+pub fn spawn_on_terminal(
+    cmd: &Command,
+    cgroup_dir: Option<BorrowedFd<'_>>,
+    policy: &ChildPolicy,
+    terminal: BorrowedFd<'_>,
+) -> io::Result<i32> {
+    spawn_with(
+        cmd,
+        cgroup_dir,
+        policy,
+        StdioPlan::Terminal(terminal.as_raw_fd()),
+        None,
+    )
+    .map(|(pid, _)| pid)
+}
+
+/// Where a child's fds 0, 1 and 2 come from.
+enum StdioPlan {
+    Pipes { with_stdin: bool },
+    Terminal(RawFd),
+}
+
+type Pipes = (Option<OwnedFd>, OwnedFd, OwnedFd);
+
+fn spawn_with(
+    cmd: &Command,
+    cgroup_dir: Option<BorrowedFd<'_>>,
+    policy: &ChildPolicy,
+    plan: StdioPlan,
+    pass: Option<BorrowedFd<'_>>,
+) -> io::Result<(i32, Option<Pipes>)> {
     let pass = pass.map(|fd| fd.as_raw_fd());
     if matches!(pass, Some(fd) if fd < 3) {
         return Err(io::Error::from_raw_os_error(libc::EBADF));
@@ -111,17 +164,35 @@ pub fn spawn_in_cgroup_passing(
             .chain(argv.iter().skip(1).map(|c| c.as_c_str())),
     );
 
-    let (stdin_child, stdin_parent) = if with_stdin {
-        let (r, w) = raw::fd::pipe_cloexec()?;
-        (r, Some(w))
-    } else {
-        (
-            raw::fd::open(c"/dev/null", libc::O_RDONLY | libc::O_CLOEXEC)?,
-            None,
-        )
-    };
-    let (stdout_parent, stdout_child) = raw::fd::pipe_cloexec()?;
-    let (stderr_parent, stderr_child) = raw::fd::pipe_cloexec()?;
+    // The child's ends (dropped in the parent after the fork) and the parent's pipes.
+    let (child_ends, stdio, ctty, parent_pipes): (Vec<OwnedFd>, [RawFd; 3], bool, Option<Pipes>) =
+        match plan {
+            StdioPlan::Pipes { with_stdin } => {
+                let (stdin_child, stdin_parent) = if with_stdin {
+                    let (r, w) = raw::fd::pipe_cloexec()?;
+                    (r, Some(w))
+                } else {
+                    (
+                        raw::fd::open(c"/dev/null", libc::O_RDONLY | libc::O_CLOEXEC)?,
+                        None,
+                    )
+                };
+                let (stdout_parent, stdout_child) = raw::fd::pipe_cloexec()?;
+                let (stderr_parent, stderr_child) = raw::fd::pipe_cloexec()?;
+                let stdio = [
+                    stdin_child.as_raw_fd(),
+                    stdout_child.as_raw_fd(),
+                    stderr_child.as_raw_fd(),
+                ];
+                (
+                    vec![stdin_child, stdout_child, stderr_child],
+                    stdio,
+                    false,
+                    Some((stdin_parent, stdout_parent, stderr_parent)),
+                )
+            }
+            StdioPlan::Terminal(fd) => (Vec::new(), [fd, fd, fd], true, None),
+        };
     let (status_r, status_w) = raw::fd::pipe_cloexec()?;
     let ignored = ignored_signals();
 
@@ -147,11 +218,8 @@ pub fn spawn_in_cgroup_passing(
         Ok(Forked::Child) => {
             let code = child_exec(
                 ignored,
-                [
-                    stdin_child.as_raw_fd(),
-                    stdout_child.as_raw_fd(),
-                    stderr_child.as_raw_fd(),
-                ],
+                stdio,
+                ctty,
                 status_w.as_raw_fd(),
                 pass,
                 policy,
@@ -175,7 +243,7 @@ pub fn spawn_in_cgroup_passing(
             });
         }
     };
-    drop((stdin_child, stdout_child, stderr_child, status_w));
+    drop((child_ends, status_w));
     // The status pipe closes on exec (success) or carries the child's errno.
     let mut buf = [0u8; 4];
     let mut got = 0;
@@ -191,12 +259,7 @@ pub fn spawn_in_cgroup_passing(
         // The child has exited with 127; the agent's reaper collects it.
         return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
     }
-    Ok(Spawned {
-        pid,
-        stdin: stdin_parent,
-        stdout: stdout_parent,
-        stderr: stderr_parent,
-    })
+    Ok((pid, parent_pipes))
 }
 
 /// The signals this process ignores (bit `n - 1` for signal `n`). Read once: the agent
@@ -216,6 +279,7 @@ fn ignored_signals() -> u64 {
 fn child_exec<'a>(
     ignored: u64,
     stdio: [RawFd; 3],
+    ctty: bool,
     status: RawFd,
     pass: Option<RawFd>,
     policy: &ChildPolicy,
@@ -250,6 +314,13 @@ fn child_exec<'a>(
     };
     if let Err(e) = policy.enter_keeping(&keep) {
         return e.raw_os_error().unwrap_or(libc::EPERM);
+    }
+    // After the policy's setsid: the new session leader takes its terminal, whose
+    // foreground process group becomes the leader's (job control).
+    if ctty {
+        if let Err(e) = raw::pty::set_controlling(0) {
+            return e.raw_os_error().unwrap_or(libc::ENOTTY);
+        }
     }
     let (mut err, mut denied) = (libc::ENOENT, false);
     for c in candidates {

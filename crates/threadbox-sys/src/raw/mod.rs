@@ -17,6 +17,7 @@ pub(crate) mod loopdev;
 pub(crate) mod mount;
 pub(crate) mod net;
 pub(crate) mod process;
+pub(crate) mod pty;
 pub(crate) mod seccomp;
 #[cfg(test)]
 pub(crate) mod testing;

@@ -33,6 +33,10 @@ DEFAULT_THREAD_IDLE_PAUSE_SECS = 60
 # Stopped after an hour without a call: frees the memory a paused sandbox holds; files stay,
 # and the next call starts it again (ADR 0022).
 DEFAULT_THREAD_IDLE_STOP_SECS = 3600
+# Hibernated after ten minutes without a call: the memory goes to swap and processes keep
+# their place (a dev server, an interpreter's variables) until the next call wakes them.
+# A host without swap answers that it cannot, and the sandbox stays paused (ADR 0129).
+DEFAULT_THREAD_IDLE_HIBERNATE_SECS = 600
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -205,10 +209,12 @@ class ThreadSandboxes(SandboxBinding):
         prefix: Name prefix (``thread-``).
         create_options: Keyword arguments for :meth:`Threadbox.get_or_create`
             (``memory``, ``cpus``, ``idle_pause_secs``, ``ttl_secs``, ``image``...).
-            ``idle_pause_secs`` defaults to 60 (pass ``None`` to never pause) and
-            ``idle_stop_secs`` to 3600 (stop after an hour without a call: files
-            are kept, processes end; ``None`` never stops); there is no TTL from
-            creation unless you set one (``ttl_secs``, ``ttl_action``).
+            ``idle_pause_secs`` defaults to 60 (pass ``None`` to never pause),
+            ``idle_hibernate_secs`` to 600 (memory to swap after ten minutes, processes
+            kept, where the host has swap) and ``idle_stop_secs`` to 3600 (stop after
+            an hour without a call: files are kept, processes end; ``None`` never
+            stops); there is no TTL from creation unless you set one (``ttl_secs``,
+            ``ttl_action``).
         labels: Extra labels; ``langchain-thread`` (the thread id, when label-safe)
             and ``managed-by`` are always set.
     """
@@ -225,6 +231,7 @@ class ThreadSandboxes(SandboxBinding):
         self.prefix = prefix
         self._options = {
             "idle_pause_secs": DEFAULT_THREAD_IDLE_PAUSE_SECS,
+            "idle_hibernate_secs": DEFAULT_THREAD_IDLE_HIBERNATE_SECS,
             "idle_stop_secs": DEFAULT_THREAD_IDLE_STOP_SECS,
             **dict(create_options or {}),
         }

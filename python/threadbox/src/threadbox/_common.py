@@ -127,6 +127,7 @@ def create_body(
     pids: int | None,
     idle_pause_secs: int | None,
     idle_stop_secs: int | None,
+    idle_hibernate_secs: int | None = None,
     ttl_secs: int | None,
     ttl_action: Literal["stop", "delete"] | None,
     secrets: Sequence[str] | None = None,
@@ -163,6 +164,8 @@ def create_body(
         body["idle_pause_secs"] = int(idle_pause_secs)
     if idle_stop_secs is not None:
         body["idle_stop_secs"] = int(idle_stop_secs)
+    if idle_hibernate_secs is not None:
+        body["idle_hibernate_secs"] = int(idle_hibernate_secs)
     if ttl_secs is not None:
         body["ttl_secs"] = int(ttl_secs)
     if ttl_action is not None:

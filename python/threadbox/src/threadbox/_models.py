@@ -92,6 +92,7 @@ class SandboxInfo:
     limits: Limits
     idle_pause_secs: int | None
     idle_stop_secs: int | None
+    idle_hibernate_secs: int | None
     ttl_secs: int | None
     ttl_action: TtlAction
     agent_pid: int | None
@@ -119,6 +120,7 @@ class SandboxInfo:
                 limits=Limits.from_dict(d.get("limits")),
                 idle_pause_secs=_opt_int(d.get("idle_pause_secs")),
                 idle_stop_secs=_opt_int(d.get("idle_stop_secs")),
+                idle_hibernate_secs=_opt_int(d.get("idle_hibernate_secs")),
                 ttl_secs=_opt_int(d.get("ttl_secs")),
                 ttl_action=d.get("ttl_action", "stop"),
                 agent_pid=_opt_int(d.get("agent_pid")),
