@@ -74,6 +74,26 @@ echo "== dashboard assets"
 # The committed build of the dashboard matches its sources (rebuilt with npm, diffed).
 scripts/ui-check.sh
 
+# runsc (gVisor) for the `gvisor` tier (issue 16): bookworm-backports' static binary
+# (0.0~20240729, systrap), through a private apt list so the host's sources stay as they
+# are; `apt-get download` + `dpkg-deb -x`, nothing installed. The daemon finds it through
+# THREADBOX_RUNSC (or `serve --runsc`, or PATH).
+RUNSC="$PWD/target/tools/runsc"
+if [ ! -x "$RUNSC" ]; then
+    apt_dir="$(mktemp -d)"
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/dl"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main" \
+        > "$apt_dir/sources.list"
+    apt_opts=(-o "Dir::Etc::SourceList=$apt_dir/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache")
+    apt-get "${apt_opts[@]}" update -q
+    (cd "$apt_dir/dl" && apt-get "${apt_opts[@]}" download -q runsc)
+    dpkg-deb -x "$apt_dir"/dl/runsc_*.deb "$apt_dir/x"
+    mkdir -p "$(dirname "$RUNSC")" && cp "$apt_dir/x/usr/bin/runsc" "$RUNSC"
+    rm -rf "$apt_dir"
+fi
+export THREADBOX_RUNSC="$RUNSC"
+
 echo "== rust tests"
 cargo test --workspace -- --test-threads=2
 

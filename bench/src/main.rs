@@ -18,6 +18,7 @@ mod baselines;
 mod egress;
 mod interp;
 mod stats;
+mod tiers;
 mod tracing;
 
 use anyhow::{bail, Context, Result};
@@ -58,6 +59,9 @@ enum Cmd {
     Interpreter(Opts),
     /// Tracing (issue 17): exec and create with OTLP export on against off, interleaved.
     Tracing(tracing::TracingOpts),
+    /// Tiers (issue 16): create→first result and exec round trip on gvisor against the
+    /// jail, interleaved.
+    Tiers(tiers::TiersOpts),
 }
 
 /// Which figures a run measures.
@@ -1033,6 +1037,7 @@ async fn main() -> Result<()> {
         Cmd::Interpreter(o) => run(o, Which::Interpreter).await,
         Cmd::Egress(o) => egress::run(o).await,
         Cmd::Tracing(o) => tracing::run(o).await,
+        Cmd::Tiers(o) => tiers::run(o).await,
         Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

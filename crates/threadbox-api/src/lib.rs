@@ -22,6 +22,7 @@ pub mod pty;
 pub mod routes;
 pub mod secrets;
 pub mod templates;
+pub mod tiers;
 pub use governance::*;
 
 /// Stable error codes. Scripts and SDKs match on these strings.

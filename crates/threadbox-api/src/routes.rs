@@ -48,6 +48,7 @@ pub const SANDBOX_PTY: &str = "/v1/sandboxes/{sandbox}/pty";
 pub const SANDBOX_PTY_WS: &str = "/v1/sandboxes/{sandbox}/pty/{session}/ws";
 pub const EXEC_WS: &str = "/v1/sandboxes/{sandbox}/exec/ws";
 
+pub const TIERS: &str = "/v1/tiers";
 pub const IMAGES: &str = "/v1/images";
 pub const IMAGES_PULL: &str = "/v1/images/pull";
 pub const IMAGES_IMPORT: &str = "/v1/images/import";
@@ -101,6 +102,7 @@ pub const ALL: &[&str] = &[
     SANDBOX_REWIND,
     SANDBOX_FORK,
     SANDBOX_NETWORK_LOG,
+    TIERS,
     SANDBOX_PTY,
     SANDBOX_PTY_WS,
     EXEC_WS,

@@ -59,6 +59,41 @@ pub struct Usage {
     pub disk_bytes: Option<u64>,
 }
 
+/// What a tier can do beyond running processes and serving files ([`Driver::capabilities`];
+/// `GET /v1/tiers` lists them, the test suites skip by them).
+pub mod capability {
+    /// Disk checkpoints, rewind and fork (ADR 0100).
+    pub const CHECKPOINTS: &str = "checkpoints";
+    /// Egress policies in the sandbox's own network namespace (ADR 0061/0065), previews
+    /// and the in-sandbox OTLP endpoint, which are served there too.
+    pub const EGRESS: &str = "egress";
+    /// Landlock on every sandbox process.
+    pub const LANDLOCK: &str = "landlock";
+    /// Every call in a cgroup of its own (ADR 0014): a timeout or kill reaches its
+    /// double-forked and `setsid` descendants too.
+    pub const CALL_CGROUPS: &str = "call_cgroups";
+    /// The sandbox's ids map to a host uid range of its own (ADR 0016).
+    pub const UID_RANGES: &str = "uid_ranges";
+}
+
+/// What a tier says of itself for `GET /v1/tiers`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierStatus {
+    /// Why the tier cannot boot sandboxes on this host (`None`: it can).
+    pub unavailable: Option<String>,
+    /// The kernel its sandboxes see.
+    pub kernel: Option<String>,
+    /// Its runtime's version, when it has one of its own.
+    pub version: Option<String>,
+}
+
+/// The host's kernel release (what the jail's sandboxes see).
+pub fn host_kernel() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
 /// A byte stream to a sandbox's agent, before the protocol handshake.
 pub trait AgentIo: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> AgentIo for T {}
@@ -75,6 +110,17 @@ pub trait Driver: Send + Sync {
     /// tier is whole).
     fn isolation_warnings(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// What the tier supports, of [`capability`].
+    fn capabilities(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    /// Whether the tier can run here, and its kernel (may probe the host once).
+    async fn status(&self) -> TierStatus {
+        TierStatus {
+            kernel: host_kernel(),
+            ..TierStatus::default()
+        }
     }
     /// Checks that this tier can boot `image` (before anything of a sandbox exists).
     async fn resolve_image(&self, image: &ImageRow) -> Result<()>;
@@ -263,6 +309,11 @@ impl Drivers {
                 self.tiers().join(", ")
             ))
         })
+    }
+
+    /// Every driver, by tier name.
+    pub fn all(&self) -> Vec<Arc<dyn Driver>> {
+        self.by_tier.values().cloned().collect()
     }
 
     pub fn tiers(&self) -> Vec<&'static str> {

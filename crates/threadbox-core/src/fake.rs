@@ -428,6 +428,13 @@ impl Driver for FakeDriver {
         self.tier
     }
 
+    fn capabilities(&self) -> Vec<&'static str> {
+        // `egress`: policies are accepted and stored (the manager's own tests need that),
+        // never enforced (no netns of its own; see `egress_netns`).
+        use crate::driver::capability::*;
+        vec![CHECKPOINTS, EGRESS]
+    }
+
     fn isolation_warnings(&self) -> Vec<String> {
         vec![format!(
             "{}: a test tier without isolation (FakeDriver)",

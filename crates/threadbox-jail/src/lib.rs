@@ -12,6 +12,7 @@ mod ca_bundle;
 mod checkpoint;
 pub mod store;
 mod templates;
+pub mod gvisor;
 pub mod uid_range;
 
 use std::io::Write;
@@ -707,6 +708,11 @@ impl Driver for JailDriver {
 
     fn isolation_warnings(&self) -> Vec<String> {
         self.0.config.isolation_warnings()
+    }
+
+    fn capabilities(&self) -> Vec<&'static str> {
+        use threadbox_core::driver::capability::*;
+        vec![CHECKPOINTS, EGRESS, LANDLOCK, CALL_CGROUPS, UID_RANGES]
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {

@@ -22,6 +22,7 @@ pub mod serve;
 pub mod telemetry;
 mod ui_routes;
 mod template_routes;
+mod tier_routes;
 
 pub use error::ApiError;
 pub use mcp::McpOptions;

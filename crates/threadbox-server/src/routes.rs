@@ -230,6 +230,7 @@ fn router(shared: Shared) -> Router {
             routes::SANDBOX_NETWORK_LOG,
             get(crate::net_log_routes::network_log),
         )
+        .route(routes::TIERS, get(crate::tier_routes::list_tiers))
         .route(routes::SANDBOX_PTY, post(crate::pty_routes::open_pty))
         .route(routes::SANDBOX_PTY_WS, get(crate::pty_routes::pty_ws))
         .route(routes::EXEC_WS, get(crate::pty_routes::exec_ws))

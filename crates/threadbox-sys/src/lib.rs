@@ -12,6 +12,7 @@ pub mod cgroup;
 pub mod child;
 pub mod clonefile;
 pub mod fs;
+pub mod gvisor;
 pub mod jail;
 pub mod landlock;
 pub mod net;

@@ -69,6 +69,8 @@ pub enum Command {
     Kill(KillArgs),
     /// Run the isolation checks inside a sandbox; exits 1 if any fails.
     Selftest(SandboxJson),
+    /// The daemon's isolation tiers: available or why not, kernel, capabilities.
+    Tiers(JsonFlag),
     /// Root filesystem images.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -184,6 +186,10 @@ pub struct ServeArgs {
     /// they refuse to start). `selftest` and sandbox info then show the missing layer.
     #[arg(long)]
     pub insecure_allow_no_landlock: bool,
+    /// gVisor's runsc for the `gvisor` tier (default: `runsc` on PATH). Without one the
+    /// tier refuses creates, saying why.
+    #[arg(long, env = "THREADBOX_RUNSC", value_name = "PATH")]
+    pub runsc: Option<PathBuf>,
     /// Also accept this Host header on TCP (every route, /mcp included; repeatable; `*`
     /// accepts any): a hostname (any port) or host:port. localhost, 127.0.0.1, ::1 and the
     /// --listen address are always accepted. Old name: --mcp-allowed-host.
@@ -293,6 +299,13 @@ pub struct LsArgs {
     #[arg(long, value_enum)]
     pub state: Option<StateArg>,
     /// Print {"sandboxes": [...]} as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct JsonFlag {
+    /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }

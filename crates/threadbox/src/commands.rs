@@ -107,6 +107,29 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
                 .await?;
             Ok(0)
         }
+        Command::Tiers(a) => {
+            let list = client(url)?.call(&threadbox_api::tiers::ListTiers).await?;
+            if a.json {
+                print_json(&list)?;
+            } else {
+                let mut text = String::new();
+                for t in &list.tiers {
+                    let state = match &t.reason {
+                        None => "available".to_string(),
+                        Some(r) => format!("unavailable: {r}"),
+                    };
+                    text.push_str(&format!(
+                        "{}{} {state}; kernel {}; capabilities: {}\n",
+                        crate::term::escape(&t.name),
+                        if t.default { " (default)" } else { "" },
+                        crate::term::escape(t.kernel.as_deref().unwrap_or("?")),
+                        t.capabilities.join(", ")
+                    ));
+                }
+                write_stdout(text.as_bytes())?;
+            }
+            Ok(0)
+        }
         Command::Selftest(a) => {
             let report = client(url)?.selftest(&a.sandbox).await?;
             if a.json {

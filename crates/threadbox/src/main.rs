@@ -34,6 +34,11 @@ fn main() -> ExitCode {
         let code = threadbox_sys::jail::helper_main();
         return ExitCode::from(u8::try_from(code).unwrap_or(EXIT_FAILURE));
     }
+    // The gvisor tier's helper unshares its mount namespace: the same rule.
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new("__gvisor-launch")) {
+        let code = threadbox_sys::gvisor::helper_main();
+        return ExitCode::from(u8::try_from(code).unwrap_or(EXIT_FAILURE));
+    }
 
     let cli = cli::Cli::parse();
     let is_serve = matches!(cli.command, cli::Command::Serve(_));

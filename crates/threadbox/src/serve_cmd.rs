@@ -175,7 +175,8 @@ async fn serve_inner(
         opts.warm_pool_templates.push(parse_pool_template(w)?);
     }
     let store_root = root_for_release(&store, &jail.root);
-    let served = threadbox_server::serve(opts, move || tiers(jail)).await;
+    let runsc = args.runsc.clone();
+    let served = threadbox_server::serve(opts, move || tiers(jail, runsc)).await;
     if let Some(root) = store_root {
         release_store(&root);
     }
@@ -242,10 +243,17 @@ fn parse_pool_template(s: &str) -> anyhow::Result<(String, String, usize)> {
 }
 
 /// The daemon's isolation tiers: the jail, the default and only real one.
-fn tiers(jail: threadbox_jail::JailConfig) -> threadbox_core::Result<Drivers> {
-    Ok(Drivers::new(Arc::new(threadbox_jail::JailDriver::new(
-        jail,
-    )?)))
+fn tiers(
+    jail: threadbox_jail::JailConfig,
+    runsc: Option<PathBuf>,
+) -> threadbox_core::Result<Drivers> {
+    let jail = threadbox_jail::JailDriver::new(jail)?;
+    let mut d = Drivers::new(Arc::new(jail.clone()));
+    // Always registered: without runsc it refuses creates with the reason (issue 16).
+    d.register(Arc::new(threadbox_jail::gvisor::GvisorDriver::new(
+        jail, runsc,
+    )))?;
+    Ok(d)
 }
 
 fn init_logging(telemetry: Option<&threadbox_server::telemetry::Telemetry>) {

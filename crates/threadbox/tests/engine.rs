@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/tiers.rs"]
+mod tiers;
+
 fn is_root() -> bool {
     // SAFETY-free: reading our own uid through /proc keeps this crate free of unsafe.
     std::fs::read_to_string("/proc/self/status")
@@ -50,18 +53,35 @@ struct Daemon {
     child: Child,
     root: tempfile::TempDir,
     url: String,
+    /// The tier `create` asks for.
+    tier: String,
+}
+
+/// Runs `f` once per tier under test (`tiers::under_test`) that has every capability in
+/// `needs`, each on a daemon of its own whose creates name that tier.
+fn each_tier(needs: &[&str], mut f: impl FnMut(Daemon)) {
+    for tier in tiers::under_test() {
+        let d = Daemon::start_tier(&tier);
+        if tiers::runs_on(&tier, &d.json(&["tiers", "--json"]), needs) {
+            f(d);
+        }
+    }
 }
 
 impl Daemon {
     fn start() -> Daemon {
+        Self::start_tier("jail")
+    }
+
+    fn start_tier(tier: &str) -> Daemon {
         let root = tempfile::Builder::new()
             .prefix("tb-engine-")
             .tempdir()
             .expect("tempdir");
-        Self::start_on(root)
+        Self::start_on_tier(root, tier)
     }
 
-    fn start_on(root: tempfile::TempDir) -> Daemon {
+    fn start_on_tier(root: tempfile::TempDir, tier: &str) -> Daemon {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -81,7 +101,12 @@ impl Daemon {
             .spawn()
             .expect("start daemon");
         let url = format!("unix://{}/threadbox.sock", root.path().display());
-        let d = Daemon { child, root, url };
+        let d = Daemon {
+            child,
+            root,
+            url,
+            tier: tier.to_string(),
+        };
         wait_for("the daemon to answer", Duration::from_secs(30), || {
             d.tb(&["ls", "--json"]).status.success()
         });
@@ -114,7 +139,7 @@ impl Daemon {
     }
 
     fn create(&self, extra: &[&str]) -> String {
-        let mut args = vec!["create", "--json"];
+        let mut args = vec!["create", "--json", "--tier", &self.tier];
         args.extend_from_slice(extra);
         self.json(&args)["id"].as_str().expect("id").to_string()
     }
@@ -189,49 +214,51 @@ fn rss_kib(pid: i32) -> u64 {
 #[test]
 fn pause_stops_cpu_and_resume_continues_it() {
     require_root!();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    d.ok(&["spawn", &id, "--", "sh", "-c", "while :; do :; done"]);
-    let start = cpu_usec(&id);
-    wait_for("the busy loop to burn CPU", Duration::from_secs(20), || {
-        cpu_usec(&id) > start + 100_000
+    each_tier(&[], |d| {
+        let id = d.create(&[]);
+        d.ok(&["spawn", &id, "--", "sh", "-c", "while :; do :; done"]);
+        let start = cpu_usec(&id);
+        wait_for("the busy loop to burn CPU", Duration::from_secs(20), || {
+            cpu_usec(&id) > start + 100_000
+        });
+
+        d.ok(&["pause", &id]);
+        assert_eq!(d.json(&["info", &id, "--json"])["state"], "paused");
+        let frozen = cpu_usec(&id);
+        // Sample over a quarter second: a running busy loop burns ~250 ms of CPU in it.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(250) {
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        let after = cpu_usec(&id);
+        assert!(
+            after - frozen < 5_000,
+            "a paused sandbox used {} us of CPU",
+            after - frozen
+        );
+
+        d.ok(&["resume", &id]);
+        wait_for(
+            "the busy loop to continue after resume",
+            Duration::from_secs(20),
+            || cpu_usec(&id) > after + 100_000,
+        );
+        // The background process survived the pause.
+        let ps = d.json(&["ps", &id, "--json"]);
+        assert_eq!(ps["processes"][0]["running"], true, "{ps}");
     });
-
-    d.ok(&["pause", &id]);
-    assert_eq!(d.json(&["info", &id, "--json"])["state"], "paused");
-    let frozen = cpu_usec(&id);
-    // Sample over a quarter second: a running busy loop burns ~250 ms of CPU in it.
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_millis(250) {
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let after = cpu_usec(&id);
-    assert!(
-        after - frozen < 5_000,
-        "a paused sandbox used {} us of CPU",
-        after - frozen
-    );
-
-    d.ok(&["resume", &id]);
-    wait_for(
-        "the busy loop to continue after resume",
-        Duration::from_secs(20),
-        || cpu_usec(&id) > after + 100_000,
-    );
-    // The background process survived the pause.
-    let ps = d.json(&["ps", &id, "--json"]);
-    assert_eq!(ps["processes"][0]["running"], true, "{ps}");
 }
 
 #[test]
 fn exec_on_a_paused_sandbox_resumes_it() {
     require_root!();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    d.ok(&["pause", &id]);
-    let r = d.sh(&id, "echo awake");
-    assert_eq!(r["stdout"], "awake\n");
-    assert_eq!(d.json(&["info", &id, "--json"])["state"], "running");
+    each_tier(&[], |d| {
+        let id = d.create(&[]);
+        d.ok(&["pause", &id]);
+        let r = d.sh(&id, "echo awake");
+        assert_eq!(r["stdout"], "awake\n");
+        assert_eq!(d.json(&["info", &id, "--json"])["state"], "running");
+    });
 }
 
 /// Processes are started by the agent's own clone3 path (ADR 0014): what `execvp` and
@@ -329,48 +356,49 @@ fn processes_start_in_their_call_cgroup_like_execvp() {
 #[test]
 fn timeout_kills_a_double_forked_tree_and_keeps_output() {
     require_root!();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    let script = "setsid sh -c 'sleep 1000 & echo $! > /tmp/grandchild; wait' & \
-                  echo before; sleep 1000";
-    let out = d.tb(&["exec", &id, "--timeout", "1", "--", "sh", "-c", script]);
-    assert_eq!(
-        out.status.code(),
-        Some(124),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
+    each_tier(&["call_cgroups"], |d| {
+        let id = d.create(&[]);
+        let script = "setsid sh -c 'sleep 1000 & echo $! > /tmp/grandchild; wait' & \
+                      echo before; sleep 1000";
+        let out = d.tb(&["exec", &id, "--timeout", "1", "--", "sh", "-c", script]);
+        assert_eq!(
+            out.status.code(),
+            Some(124),
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
 
-    let r = d.json(&[
-        "exec",
-        &id,
-        "--json",
-        "--timeout",
-        "1",
-        "--",
-        "sh",
-        "-c",
-        "echo x; sleep 100",
-    ]);
-    assert_eq!(r["timed_out"], true);
-    assert_eq!(r["exit_code"], Value::Null);
-    assert_eq!(r["stdout"], "x\n");
+        let r = d.json(&[
+            "exec",
+            &id,
+            "--json",
+            "--timeout",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo x; sleep 100",
+        ]);
+        assert_eq!(r["timed_out"], true);
+        assert_eq!(r["exit_code"], Value::Null);
+        assert_eq!(r["stdout"], "x\n");
 
-    let gc = d.sh(&id, "cat /tmp/grandchild")["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .to_string();
-    assert!(!gc.is_empty());
-    let alive = d.sh(
-        &id,
-        &format!("test -e /proc/{gc} && echo alive || echo gone"),
-    );
-    assert_eq!(
-        alive["stdout"], "gone\n",
-        "the setsid grandchild survived the timeout"
-    );
+        let gc = d.sh(&id, "cat /tmp/grandchild")["stdout"]
+            .as_str()
+            .unwrap()
+            .trim()
+            .to_string();
+        assert!(!gc.is_empty());
+        let alive = d.sh(
+            &id,
+            &format!("test -e /proc/{gc} && echo alive || echo gone"),
+        );
+        assert_eq!(
+            alive["stdout"], "gone\n",
+            "the setsid grandchild survived the timeout"
+        );
+    });
 }
 
 #[test]
@@ -407,67 +435,68 @@ fn output_is_bounded_and_daemon_memory_stays_flat() {
 #[test]
 fn file_api_cannot_reach_the_host() {
     require_root!();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    let flag_dir = tempfile::tempdir().unwrap();
-    let flag = flag_dir.path().join("flag");
-    std::fs::write(&flag, "host-secret").unwrap();
-    let flag_s = flag.display().to_string();
+    each_tier(&[], |d| {
+        let id = d.create(&[]);
+        let flag_dir = tempfile::tempdir().unwrap();
+        let flag = flag_dir.path().join("flag");
+        std::fs::write(&flag, "host-secret").unwrap();
+        let flag_s = flag.display().to_string();
 
-    // Symlinks planted inside point at the sandbox's own root, never the host's.
-    d.sh(
-        &id,
-        &format!("ln -s / /home/user/root; ln -s {flag_s} /home/user/flaglink"),
-    );
-    for p in [
-        flag_s.clone(),
-        format!("/home/user/../../../..{flag_s}"),
-        format!("/home/user/root{flag_s}"),
-        "/home/user/flaglink".to_string(),
-        format!("../../../../../{flag_s}"),
-    ] {
-        let out = d.tb(&["files", "read", &id, &p]);
-        assert!(
-            !out.status.success(),
-            "reading {p} succeeded: {:?}",
-            String::from_utf8_lossy(&out.stdout)
+        // Symlinks planted inside point at the sandbox's own root, never the host's.
+        d.sh(
+            &id,
+            &format!("ln -s / /home/user/root; ln -s {flag_s} /home/user/flaglink"),
         );
-        assert!(!String::from_utf8_lossy(&out.stdout).contains("host-secret"));
-    }
-    // Writing through a link to an absolute path lands inside the sandbox.
-    let mut w = Command::new(bin())
-        .args(["files", "write", &id, "/home/user/flaglink"])
-        .env("THREADBOX_URL", &d.url)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    w.stdin.take().unwrap().write_all(b"overwritten").unwrap();
-    let _ = w.wait();
-    assert_eq!(std::fs::read_to_string(&flag).unwrap(), "host-secret");
-    // /proc is not reachable through the file API.
-    assert!(!d
-        .tb(&["files", "read", &id, "/proc/1/environ"])
-        .status
-        .success());
-    assert!(!d
-        .tb(&["files", "read", &id, "/proc/self/root/etc/passwd"])
-        .status
-        .success());
+        for p in [
+            flag_s.clone(),
+            format!("/home/user/../../../..{flag_s}"),
+            format!("/home/user/root{flag_s}"),
+            "/home/user/flaglink".to_string(),
+            format!("../../../../../{flag_s}"),
+        ] {
+            let out = d.tb(&["files", "read", &id, &p]);
+            assert!(
+                !out.status.success(),
+                "reading {p} succeeded: {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            assert!(!String::from_utf8_lossy(&out.stdout).contains("host-secret"));
+        }
+        // Writing through a link to an absolute path lands inside the sandbox.
+        let mut w = Command::new(bin())
+            .args(["files", "write", &id, "/home/user/flaglink"])
+            .env("THREADBOX_URL", &d.url)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        w.stdin.take().unwrap().write_all(b"overwritten").unwrap();
+        let _ = w.wait();
+        assert_eq!(std::fs::read_to_string(&flag).unwrap(), "host-secret");
+        // /proc is not reachable through the file API.
+        assert!(!d
+            .tb(&["files", "read", &id, "/proc/1/environ"])
+            .status
+            .success());
+        assert!(!d
+            .tb(&["files", "read", &id, "/proc/self/root/etc/passwd"])
+            .status
+            .success());
 
-    // Round trip of binary data, positive control for the refusals above.
-    let data: Vec<u8> = (0..=255u8).cycle().take(3 * 1024 * 1024 + 7).collect();
-    let mut w = Command::new(bin())
-        .args(["files", "write", &id, "data.bin"])
-        .env("THREADBOX_URL", &d.url)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    w.stdin.take().unwrap().write_all(&data).unwrap();
-    assert!(w.wait().unwrap().success());
-    let out = d.tb(&["files", "read", &id, "/home/user/data.bin"]);
-    assert!(out.status.success());
-    assert_eq!(out.stdout, data);
+        // Round trip of binary data, positive control for the refusals above.
+        let data: Vec<u8> = (0..=255u8).cycle().take(3 * 1024 * 1024 + 7).collect();
+        let mut w = Command::new(bin())
+            .args(["files", "write", &id, "data.bin"])
+            .env("THREADBOX_URL", &d.url)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        w.stdin.take().unwrap().write_all(&data).unwrap();
+        assert!(w.wait().unwrap().success());
+        let out = d.tb(&["files", "read", &id, "/home/user/data.bin"]);
+        assert!(out.status.success());
+        assert_eq!(out.stdout, data);
+    });
 }
 
 #[test]
@@ -589,57 +618,61 @@ fn memory_limit_oom_kills_inside_only() {
 #[test]
 fn stop_start_keeps_the_disk_and_delete_leaves_nothing() {
     require_root!();
-    let d = Daemon::start();
-    let id = d.create(&["--name", "keeper"]);
-    d.sh("keeper", "echo hi > /home/user/notes.txt");
-    let agent_pid = d.json(&["info", "keeper", "--json"])["agent_pid"]
-        .as_i64()
-        .unwrap();
-    d.ok(&["stop", "keeper"]);
-    assert_eq!(d.json(&["info", "keeper", "--json"])["state"], "stopped");
-    assert!(
-        !Path::new(&format!("/proc/{agent_pid}")).exists() || {
-            // A zombie awaiting its reaper is not a running process.
-            std::fs::read_to_string(format!("/proc/{agent_pid}/stat"))
-                .map(|s| s.contains(") Z"))
-                .unwrap_or(true)
-        }
-    );
-    let r = d.tb(&["exec", "keeper", "--", "true"]);
-    assert!(!r.status.success());
-    assert!(String::from_utf8_lossy(&r.stderr).contains("not running"));
-    d.ok(&["start", "keeper"]);
-    assert_eq!(d.sh("keeper", "cat /home/user/notes.txt")["stdout"], "hi\n");
-
-    // Running sandboxes need --force.
-    assert!(!d.tb(&["rm", "keeper"]).status.success());
-    d.ok(&["rm", "--force", "keeper"]);
-    assert!(!d.tb(&["info", &id]).status.success());
-    assert!(
-        !d.root.path().join("sandboxes").join(&id).exists(),
-        "sandbox dir left behind"
-    );
-    for base in [
-        "/sys/fs/cgroup/unified/threadbox",
-        "/sys/fs/cgroup/threadbox",
-        "/sys/fs/cgroup/memory/threadbox",
-        "/sys/fs/cgroup/pids/threadbox",
-        "/sys/fs/cgroup/cpu/threadbox",
-    ] {
+    each_tier(&[], |d| {
+        let id = d.create(&["--name", "keeper"]);
+        d.sh("keeper", "echo hi > /home/user/notes.txt");
+        let agent_pid = d.json(&["info", "keeper", "--json"])["agent_pid"]
+            .as_i64()
+            .unwrap();
+        d.ok(&["stop", "keeper"]);
+        assert_eq!(d.json(&["info", "keeper", "--json"])["state"], "stopped");
         assert!(
-            !Path::new(base).join(&id).exists(),
-            "cgroup left behind in {base}"
+            !Path::new(&format!("/proc/{agent_pid}")).exists() || {
+                // A zombie awaiting its reaper is not a running process.
+                std::fs::read_to_string(format!("/proc/{agent_pid}/stat"))
+                    .map(|s| s.contains(") Z"))
+                    .unwrap_or(true)
+            }
         );
-    }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&id), "mount left behind");
-    assert!(!d.log().contains("panicked"));
+        let r = d.tb(&["exec", "keeper", "--", "true"]);
+        assert!(!r.status.success());
+        assert!(String::from_utf8_lossy(&r.stderr).contains("not running"));
+        d.ok(&["start", "keeper"]);
+        assert_eq!(d.sh("keeper", "cat /home/user/notes.txt")["stdout"], "hi\n");
+
+        // Running sandboxes need --force.
+        assert!(!d.tb(&["rm", "keeper"]).status.success());
+        d.ok(&["rm", "--force", "keeper"]);
+        assert!(!d.tb(&["info", &id]).status.success());
+        assert!(
+            !d.root.path().join("sandboxes").join(&id).exists(),
+            "sandbox dir left behind"
+        );
+        for base in [
+            "/sys/fs/cgroup/unified/threadbox",
+            "/sys/fs/cgroup/threadbox",
+            "/sys/fs/cgroup/memory/threadbox",
+            "/sys/fs/cgroup/pids/threadbox",
+            "/sys/fs/cgroup/cpu/threadbox",
+        ] {
+            assert!(
+                !Path::new(base).join(&id).exists(),
+                "cgroup left behind in {base}"
+            );
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(&id), "mount left behind");
+        assert!(!d.log().contains("panicked"));
+    });
 }
 
 #[test]
 fn sandboxes_survive_a_daemon_kill_and_are_readopted() {
     require_root!();
-    let mut d = Daemon::start();
+    each_tier(&[], readopted_after_a_daemon_kill);
+}
+
+fn readopted_after_a_daemon_kill(mut d: Daemon) {
     d.create(&["--name", "survivor"]);
     d.sh("survivor", "echo hi > /home/user/notes.txt");
     d.ok(&["spawn", "survivor", "--", "sleep", "1000"]);
@@ -650,8 +683,9 @@ fn sandboxes_survive_a_daemon_kill_and_are_readopted() {
     d.child.wait().unwrap();
     let root = std::mem::replace(&mut d.root, tempfile::tempdir().unwrap());
     let url = d.url.clone();
+    let tier = d.tier.clone();
     std::mem::forget(d); // its Drop would clean up the sandboxes we want to find again
-    let d = Daemon::start_on(root);
+    let d = Daemon::start_on_tier(root, &tier);
     assert_eq!(d.url, url);
     assert_eq!(d.json(&["info", "survivor", "--json"])["state"], "running");
     assert_eq!(
@@ -719,36 +753,38 @@ fn idle_stop_counts_from_the_last_call_and_never_cuts_one() {
 #[test]
 fn get_or_create_by_name_is_idempotent_under_concurrency() {
     require_root!();
-    let d = Daemon::start();
-    let handles: Vec<_> = (0..6)
-        .map(|_| {
-            let url = d.url.clone();
-            std::thread::spawn(move || {
-                let out = Command::new(bin())
-                    .args(["create", "--name", "same", "--json"])
-                    .env("THREADBOX_URL", url)
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-                v["id"].as_str().unwrap().to_string()
+    each_tier(&[], |d| {
+        let handles: Vec<_> = (0..6)
+            .map(|_| {
+                let url = d.url.clone();
+                let tier = d.tier.clone();
+                std::thread::spawn(move || {
+                    let out = Command::new(bin())
+                        .args(["create", "--name", "same", "--json", "--tier", &tier])
+                        .env("THREADBOX_URL", url)
+                        .output()
+                        .unwrap();
+                    assert!(
+                        out.status.success(),
+                        "{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                    v["id"].as_str().unwrap().to_string()
+                })
             })
-        })
-        .collect();
-    let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-    assert!(ids.iter().all(|i| i == &ids[0]), "{ids:?}");
-    assert_eq!(
-        d.json(&["ls", "--json"])["sandboxes"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
-    assert_eq!(d.sh("same", "echo ok")["stdout"], "ok\n");
+            .collect();
+        let ids: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(ids.iter().all(|i| i == &ids[0]), "{ids:?}");
+        assert_eq!(
+            d.json(&["ls", "--json"])["sandboxes"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(d.sh("same", "echo ok")["stdout"], "ok\n");
+    });
 }
 
 #[test]

@@ -157,6 +157,18 @@ impl Manager {
             .clone()
             .unwrap_or_else(|| self.drivers.default_tier().to_string());
         let driver = self.drivers.get(&tier)?;
+        {
+            use crate::driver::capability::EGRESS;
+            if network_json.is_some() {
+                self.require_capability(&tier, EGRESS, "a network policy")?;
+            }
+            if !req.secrets.is_empty() {
+                self.require_capability(&tier, EGRESS, "secrets (swapped in egress)")?;
+            }
+            if req.otlp_relay {
+                self.require_capability(&tier, EGRESS, "otlp_relay")?;
+            }
+        }
         let pids = req.limits.pids.unwrap_or(self.config.default_pids);
         if !(8..=1 << 22).contains(&pids) {
             return Err(CoreError::InvalidArgument(

@@ -198,17 +198,23 @@ impl Manager {
             .call(caller, id_or_name, false, proto::Request::Selftest)
             .await?
         {
-            proto::Response::Selftest { checks } => Ok(SelftestReport {
-                ok: checks.iter().all(|c| c.ok),
-                checks: checks
+            proto::Response::Selftest { checks } => {
+                let mut checks: Vec<PostureCheck> = checks
                     .into_iter()
                     .map(|c| PostureCheck {
                         name: c.name,
                         ok: c.ok,
                         detail: c.detail,
                     })
-                    .collect(),
-            }),
+                    .collect();
+                // Which tier runs it, and the kernel its processes see (issue 16).
+                let row = self.resolve(caller, id_or_name).await?;
+                checks.insert(0, self.tier_check(&row).await?);
+                Ok(SelftestReport {
+                    ok: checks.iter().all(|c| c.ok),
+                    checks,
+                })
+            }
             other => Err(unexpected(other)),
         }
     }

@@ -39,6 +39,7 @@ mod relay;
 mod secrets;
 pub mod state;
 mod templates;
+mod tiers;
 pub(crate) mod validate;
 
 pub use contexts::{ExecuteCodeStream, GetExecution};

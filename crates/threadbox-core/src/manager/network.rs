@@ -247,6 +247,7 @@ impl Manager {
         let row = self.resolve(caller, &op.sandbox).await?;
         // Checked before anything changes: bad input is refused with the rule named.
         let json = check_policy(&op.policy)?;
+        self.require_row_capability(&row, crate::driver::capability::EGRESS, "a network policy")?;
         let live = self.live(&row.id);
         // Under the lifecycle lock: a concurrent stop/start attaches or detaches after us.
         let _guard = live.lifecycle.lock().await;

@@ -127,6 +127,7 @@ impl Manager {
             ));
         }
         let row = self.resolve(caller, &op.sandbox).await?;
+        self.require_row_capability(&row, crate::driver::capability::EGRESS, "a preview")?;
         let token = if public {
             None
         } else {

@@ -13,7 +13,7 @@ const LO_FLAGS_OFFSET: usize = 52;
 
 /// Attaches `image` to a free loop device with autoclear: the device is released as soon
 /// as its last user (our mount, in the sandbox's mount namespace) is gone.
-pub(super) fn attach_loop(image: &Path) -> Result<(OwnedFd, PathBuf)> {
+pub(crate) fn attach_loop(image: &Path) -> Result<(OwnedFd, PathBuf)> {
     let backing = fs::OpenOptions::new()
         .read(true)
         .write(true)

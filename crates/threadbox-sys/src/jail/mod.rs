@@ -18,7 +18,7 @@
 //! [`rootfs`] the mount plan, over a syscall trait so that it is unit-tested without root;
 //! [`disk`] the loop device of the disk image.
 
-mod disk;
+pub(crate) mod disk;
 mod init;
 pub mod rootfs;
 mod store;

@@ -37,11 +37,47 @@ pub fn clear_supplementary_groups() -> io::Result<()> {
 pub struct FsIdentity {
     prev_uid: libc::uid_t,
     prev_gid: libc::gid_t,
+    /// The effective ids were switched instead (see [`assume_fs_identity`]).
+    effective: bool,
     _thread: PhantomData<*const ()>,
 }
 
 /// Switches the filesystem identity of the calling thread (see [`FsIdentity`]).
+///
+/// Where the kernel keeps no separate filesystem ids (gVisor's sentry answers `setfsuid`
+/// with the effective uid and changes nothing), the effective ids are switched instead,
+/// keeping the saved ids to come back: the same permission checks and owners, for the
+/// agent's single thread. The switch is checked either way; neither taking is EPERM.
 pub fn assume_fs_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsIdentity> {
+    match assume_fsids(uid, gid) {
+        Err(e) if raw::process::effective_ids() != (uid, gid) => {
+            assume_effective_ids(uid, gid).map_err(|_| e)
+        }
+        r => r,
+    }
+}
+
+fn assume_effective_ids(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsIdentity> {
+    let (prev_uid, prev_gid) = raw::process::effective_ids();
+    raw::process::setresgid(u32::MAX, gid, u32::MAX)?;
+    if let Err(e) = raw::process::setresuid(u32::MAX, uid, u32::MAX) {
+        let _ = raw::process::setresgid(u32::MAX, prev_gid, u32::MAX);
+        return Err(e);
+    }
+    if raw::process::effective_ids() != (uid, gid) {
+        let _ = raw::process::setresuid(u32::MAX, prev_uid, u32::MAX);
+        let _ = raw::process::setresgid(u32::MAX, prev_gid, u32::MAX);
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
+    }
+    Ok(FsIdentity {
+        prev_uid,
+        prev_gid,
+        effective: true,
+        _thread: PhantomData,
+    })
+}
+
+fn assume_fsids(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsIdentity> {
     let prev_gid = raw::process::setfsgid(gid);
     // setfsgid(-1) fails and returns the current value: the only way to check.
     if raw::process::setfsgid(u32::MAX) != gid {
@@ -57,12 +93,19 @@ pub fn assume_fs_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsId
     Ok(FsIdentity {
         prev_uid,
         prev_gid,
+        effective: false,
         _thread: PhantomData,
     })
 }
 
 impl Drop for FsIdentity {
     fn drop(&mut self) {
+        if self.effective {
+            // The uid first: back at euid 0 the gid may change again.
+            let _ = raw::process::setresuid(u32::MAX, self.prev_uid, u32::MAX);
+            let _ = raw::process::setresgid(u32::MAX, self.prev_gid, u32::MAX);
+            return;
+        }
         raw::process::setfsuid(self.prev_uid);
         raw::process::setfsgid(self.prev_gid);
     }

@@ -250,6 +250,15 @@ pub(crate) fn capset_none() -> io::Result<()> {
         .map(drop)
 }
 
+/// `geteuid()` and `getegid()`.
+pub(crate) fn effective_ids() -> (libc::uid_t, libc::gid_t) {
+    // SAFETY: no arguments; geteuid always succeeds.
+    let uid = unsafe { libc::geteuid() };
+    // SAFETY: no arguments; getegid always succeeds.
+    let gid = unsafe { libc::getegid() };
+    (uid, gid)
+}
+
 /// `setfsuid(uid)`: returns the previous fsuid (`u32::MAX` queries).
 pub(crate) fn setfsuid(uid: libc::uid_t) -> libc::uid_t {
     // SAFETY: integer argument; returns the previous fsuid.

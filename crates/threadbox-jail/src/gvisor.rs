@@ -1,0 +1,580 @@
+//! The `gvisor` tier (issue 16, ADR 0120): the same agent over the same protocol, as the
+//! init of a gVisor container. The sentry (`runsc`, a user-space kernel) is the boundary:
+//! a sandbox's system calls reach the host kernel only through it.
+//!
+//! It shares the jail's host-side bookkeeping (in this crate): the disk image (ADR 0011),
+//! the overlay of the same image layers, the cgroup (around every runsc process of the
+//! sandbox) and the paths under `sandboxes/<id>/`. What is its own:
+//! - `runsc` is found at `serve --runsc PATH` or on `PATH`, and probed once (`--version`,
+//!   then a `runsc do uname -r`, which also gives the sentry's kernel). Without it the
+//!   tier stays registered and answers every create with the probe's reason: a create
+//!   that names it is refused, never booted on another tier.
+//! - `sandboxes/<id>/bundle/config.json` (OCI) and `sandboxes/<id>/run/gvisor/`, bound at
+//!   `/run/threadbox` inside, where the agent binds its socket (`--host-uds=create`): the
+//!   daemon connects to it from the host.
+//! - runsc's state lives in `<root>/gvisor/state`; the container id is the sandbox id.
+
+use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use threadbox_core::driver::{
+    blocking, AgentStream, Driver, Limits, SandboxSpec, TierStatus, Usage,
+};
+use threadbox_core::error::{CoreError, Result};
+use threadbox_core::store::ImageRow;
+use threadbox_sys::gvisor::{GvisorLaunch, GvisorReport};
+use threadbox_sys::jail::SANDBOX_USER_ID;
+
+/// The tier's name, as `create --tier` takes it.
+pub const GVISOR_TIER: &str = "gvisor";
+
+/// Threads and stub processes runsc itself runs inside the sandbox's cgroup (the Go
+/// runtime's threads of the sentry and the gofer, systrap's stubs), added to the pids
+/// limit so the sandbox's own processes get what the API says.
+pub const RUNTIME_PIDS: u32 = 256;
+
+/// Longest the probe, a launch or a runsc command may take (the kvm platform hangs on
+/// this host's PVM: a hang must not hold the daemon).
+const RUNSC_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Where the agent's socket directory is bound inside the sandbox.
+const SOCKET_DIR_INSIDE: &str = "/run/threadbox";
+/// Where the agent binary is bound inside (read-only).
+const AGENT_INSIDE: &str = "/.threadbox/agent";
+
+/// What the tier knows of its runsc after the probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunscInfo {
+    pub path: PathBuf,
+    /// `runsc --version`'s first line.
+    pub version: String,
+    /// `uname -r` inside the sentry (gVisor reports a Linux version of its own).
+    pub kernel: String,
+}
+
+/// The tier of one daemon.
+#[derive(Clone)]
+pub struct GvisorDriver(Arc<Gvisor>);
+
+struct Gvisor {
+    jail: JailDriver,
+    /// `serve --runsc PATH`; `None`: the first `runsc` on `PATH`.
+    runsc: Option<PathBuf>,
+    probe: OnceLock<std::result::Result<RunscInfo, String>>,
+}
+
+impl GvisorDriver {
+    /// The tier over the same root as `jail` (whose uid range, cgroup layout and disk
+    /// images it shares). Nothing is probed until the tier is first used.
+    pub fn new(jail: JailDriver, runsc: Option<PathBuf>) -> GvisorDriver {
+        GvisorDriver(Arc::new(Gvisor {
+            jail,
+            runsc,
+            probe: OnceLock::new(),
+        }))
+    }
+
+    /// The probe's result (run once, then cached): runsc's version and kernel, or why
+    /// the tier cannot run here.
+    pub async fn availability(&self) -> std::result::Result<RunscInfo, String> {
+        let g = self.0.clone();
+        blocking(move || Ok(g.probe().clone()))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()))
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Gvisor) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let g = self.0.clone();
+        blocking(move || f(&g)).await
+    }
+}
+
+/// Finds `name` on `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Runs `cmd` to its end within `deadline` (killed past it); its stdout, or why not.
+fn run_bounded(
+    mut cmd: std::process::Command,
+    deadline: Duration,
+) -> std::result::Result<String, String> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run it: {e}"))?;
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(deadline) {
+        Ok(out) => out.map_err(|e| e.to_string())?,
+        Err(_) => {
+            let _ = threadbox_sys::child::kill(pid, libc::SIGKILL);
+            let _ = rx.recv();
+            return Err(format!("did not finish within {}s", deadline.as_secs()));
+        }
+    };
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "{}: {}",
+            out.status,
+            err.trim().lines().last().unwrap_or("no output")
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Gvisor {
+    fn j(&self) -> &Jail {
+        self.jail.jail()
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.j().config.root.join("gvisor").join("state")
+    }
+
+    fn bundle(&self, id: &str) -> PathBuf {
+        self.j().paths(id).dir.join("bundle")
+    }
+
+    fn socket_dir(&self, id: &str) -> PathBuf {
+        self.j().paths(id).run.join("gvisor")
+    }
+
+    fn socket(&self, id: &str) -> PathBuf {
+        self.socket_dir(id).join("agent.sock")
+    }
+
+    fn probe(&self) -> &std::result::Result<RunscInfo, String> {
+        self.probe.get_or_init(|| {
+            let r = self.probe_now();
+            match &r {
+                Ok(i) => tracing::info!(runsc = %i.path.display(), version = %i.version, kernel = %i.kernel, "gvisor tier available"),
+                Err(e) => tracing::warn!("gvisor tier unavailable: {e}"),
+            }
+            r
+        })
+    }
+
+    fn probe_now(&self) -> std::result::Result<RunscInfo, String> {
+        let path = match &self.runsc {
+            Some(p) if p.is_file() => p.clone(),
+            Some(p) => {
+                return Err(format!(
+                    "runsc not found at {} (serve --runsc)",
+                    p.display()
+                ))
+            }
+            None => on_path("runsc").ok_or_else(|| {
+                "runsc not found on PATH (install gVisor's runsc or pass serve --runsc PATH; \
+                 see the README)"
+                    .to_string()
+            })?,
+        };
+        let mut v = std::process::Command::new(&path);
+        v.arg("--version");
+        let version = run_bounded(v, RUNSC_DEADLINE)
+            .map_err(|e| format!("{} --version failed: {e}", path.display()))?;
+        let version = version.lines().next().unwrap_or("").trim().to_string();
+        if !version.starts_with("runsc version") {
+            return Err(format!(
+                "{} --version answered {version:?}: not gVisor's runsc",
+                path.display()
+            ));
+        }
+        // A tiny sandbox of the host's own root: the sentry boots and runs a process.
+        let dir = self.j().config.root.join("gvisor").join("probe");
+        let _ = std::fs::remove_dir_all(&dir);
+        mkdir(&dir).map_err(|e| e.to_string())?;
+        let mut d = std::process::Command::new(&path);
+        d.arg("--root")
+            .arg(&dir)
+            .args(["--platform=systrap", "--network=none", "--ignore-cgroups"])
+            .args(["do", "/bin/uname", "-r"]);
+        let kernel = run_bounded(d, RUNSC_DEADLINE);
+        let _ = std::fs::remove_dir_all(&dir);
+        let kernel = kernel.map_err(|e| format!("runsc cannot run a sandbox here: {e}"))?;
+        Ok(RunscInfo {
+            path,
+            version,
+            kernel: kernel.trim().to_string(),
+        })
+    }
+
+    fn runsc(&self) -> Result<RunscInfo> {
+        self.probe()
+            .clone()
+            .map_err(|e| CoreError::Unavailable(format!("the gvisor tier is unavailable: {e}")))
+    }
+
+    /// runsc's global flags for this daemon's sandboxes.
+    fn global_args(&self) -> Vec<String> {
+        vec![
+            "--root".into(),
+            self.state_dir().display().to_string(),
+            // ptrace is slower, kvm hangs under this host's nested hypervisor.
+            "--platform=systrap".into(),
+            // Loopback only, as the jail's default (egress on this tier is refused).
+            "--network=none".into(),
+            // The agent binds its listener on a host directory; nothing inside may
+            // connect out to a host socket.
+            "--host-uds=create".into(),
+            // Our cgroup is around runsc (the helper joins it): runsc makes none.
+            "--ignore-cgroups".into(),
+            // The root is our own overlay on the sandbox's disk (persistent, per
+            // sandbox); runsc adds no overlay of its own over it.
+            "--overlay2=none".into(),
+        ]
+    }
+
+    fn runsc_cmd(&self, info: &RunscInfo, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new(&info.path);
+        c.args(self.global_args()).args(args);
+        c
+    }
+
+    fn prepare(&self, spec: &SandboxSpec) -> Result<()> {
+        self.runsc()?;
+        self.j().prepare(&spec.id, spec.index, spec.disk_bytes)?;
+        let p = self.j().paths(&spec.id);
+        // The jail's home belongs to the slot's mapped uid; gVisor maps none.
+        let home = p.upper.join("home/user");
+        if home.is_dir() {
+            std::os::unix::fs::chown(&home, Some(SANDBOX_USER_ID), Some(SANDBOX_USER_ID))?;
+        }
+        Ok(())
+    }
+
+    fn config_json(
+        &self,
+        spec: &SandboxSpec,
+        binds: &[threadbox_sys::jail::Bind],
+    ) -> serde_json::Value {
+        use serde_json::json;
+        let p = self.j().paths(&spec.id);
+        let caps = [
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_DAC_READ_SEARCH",
+            "CAP_FOWNER",
+            "CAP_FSETID",
+            "CAP_KILL",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_SYS_CHROOT",
+            "CAP_AUDIT_WRITE",
+        ];
+        let mut mounts = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "nodev", "mode=1777",
+                               format!("size={}", spec.limits.memory_bytes)]}),
+            json!({"destination": SOCKET_DIR_INSIDE, "type": "bind",
+                   "source": self.socket_dir(&spec.id), "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}),
+            json!({"destination": AGENT_INSIDE, "type": "bind",
+                   "source": self.j().config.agent_path, "options": ["bind", "ro", "nosuid", "nodev"]}),
+        ];
+        for b in binds {
+            mounts.push(
+                json!({"destination": b.target, "type": "bind", "source": b.source,
+                               "options": ["rbind", "ro", "nosuid", "nodev"]}),
+            );
+        }
+        json!({
+            "ociVersion": "1.0.2",
+            "process": {
+                "user": {"uid": 0, "gid": 0},
+                "args": [AGENT_INSIDE, "--listen", format!("unix:{SOCKET_DIR_INSIDE}/agent.sock"),
+                         // gVisor has no Landlock; the sentry is this tier's boundary.
+                         "--allow-no-landlock"],
+                "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "cwd": "/",
+                "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": SANDBOX_NOFILE, "soft": SANDBOX_NOFILE}],
+                "noNewPrivileges": false
+            },
+            "root": {"path": p.rootfs, "readonly": false},
+            "hostname": spec.hostname,
+            "mounts": mounts,
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
+                                      {"type": "uts"}, {"type": "mount"}]}
+        })
+    }
+
+    fn launch(&self, spec: &SandboxSpec) -> Result<i32> {
+        let info = self.runsc()?;
+        let j = self.j();
+        let p = j.paths(&spec.id);
+        let image = p.disk_image.is_file();
+        if !image && !p.upper.is_dir() {
+            return Err(CoreError::Conflict(format!(
+                "the disk of sandbox {} is missing on the host; it cannot be started",
+                spec.id
+            )));
+        }
+        // A previous boot's container (a crash, a stop that did not finish) goes first.
+        self.remove_container(&info, &spec.id);
+        let layers = j.image_spec(&spec.image)?;
+        let (upper, work) = if image {
+            mkdir(&p.disk_mount)?;
+            (p.disk_mount.join("upper"), p.disk_mount.join("work"))
+        } else {
+            (p.upper.clone(), p.work.clone())
+        };
+        mkdir(&p.run)?;
+        let sock_dir = self.socket_dir(&spec.id);
+        let _ = std::fs::remove_dir_all(&sock_dir);
+        mkdir(&sock_dir)?;
+        use std::os::unix::fs::PermissionsExt;
+        // Only root inside may reach the agent's socket.
+        std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700))?;
+        let bundle = self.bundle(&spec.id);
+        mkdir(&bundle)?;
+        let config = self.config_json(spec, &layers.binds);
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
+        )?;
+        mkdir(&self.state_dir())?;
+        let mut limits = cg_limits(&spec.limits);
+        limits.pids = limits.pids.saturating_add(RUNTIME_PIDS);
+        let cg = j.cgroup(&spec.id);
+        cg.create(&limits, None)?;
+        let mut args = self.global_args();
+        args.extend([
+            "run".into(),
+            "-detach".into(),
+            "-bundle".into(),
+            bundle.display().to_string(),
+            spec.id.clone(),
+        ]);
+        let launch = GvisorLaunch {
+            disk_image: image.then(|| p.disk_image.clone()),
+            disk_mount: p.disk_mount.clone(),
+            lower: layers.lower.clone(),
+            upper,
+            work,
+            rootfs: p.rootfs.clone(),
+            home_owner: SANDBOX_USER_ID,
+            cgroup_procs: cg.procs_files(),
+            runsc: info.path.clone(),
+            args,
+            log: p.run.join("agent.log"),
+        };
+        let input = serde_json::to_vec(&launch).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let child = std::process::Command::new(&j.config.helper_path)
+            .arg("__gvisor-launch")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_clear()
+            .spawn()
+            .map_err(|e| CoreError::Internal(format!("start the gvisor helper: {e}")))?;
+        let out = match crate::run_helper(child, &input, RUNSC_DEADLINE) {
+            Ok(out) => out,
+            Err(e) => {
+                let _ = self.stop(&spec.id);
+                return Err(e);
+            }
+        };
+        let line = String::from_utf8_lossy(&out.stdout);
+        let report: Option<GvisorReport> =
+            serde_json::from_str(line.lines().next().unwrap_or("")).ok();
+        match report {
+            Some(GvisorReport { ok: true, .. }) => {}
+            other => {
+                let _ = self.stop(&spec.id);
+                return Err(CoreError::Internal(format!(
+                    "gvisor sandbox setup failed: {}",
+                    other
+                        .and_then(|r| r.error)
+                        .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_string())
+                )));
+            }
+        }
+        match self.sentry_pid(&info, &spec.id) {
+            Ok(pid) => Ok(pid),
+            Err(e) => {
+                let _ = self.stop(&spec.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// The sentry's host pid (`runsc state`): what the manager records as the agent's
+    /// pid, alive exactly while the sandbox is.
+    fn sentry_pid(&self, info: &RunscInfo, id: &str) -> Result<i32> {
+        let out = run_bounded(self.runsc_cmd(info, &["state", id]), RUNSC_DEADLINE)
+            .map_err(|e| CoreError::Internal(format!("runsc state {id}: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|e| CoreError::Internal(format!("runsc state {id}: {e}")))?;
+        v["pid"]
+            .as_i64()
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| CoreError::Internal(format!("runsc state {id}: no pid in {out}")))
+    }
+
+    /// `runsc delete --force` (best effort: a container that never existed is fine).
+    fn remove_container(&self, info: &RunscInfo, id: &str) {
+        if self.state_dir().exists() {
+            let _ = run_bounded(
+                self.runsc_cmd(info, &["delete", "-force", id]),
+                RUNSC_DEADLINE,
+            );
+        }
+    }
+
+    fn stop(&self, id: &str) -> Result<()> {
+        if let Ok(info) = self.probe().clone() {
+            self.remove_container(&info, id);
+        }
+        // Whatever runsc left (or the whole sandbox, if runsc could not be asked).
+        self.j().stop(id)?;
+        let _ = std::fs::remove_file(self.socket(id));
+        Ok(())
+    }
+
+    fn destroy(&self, id: &str) -> Result<()> {
+        self.stop(id)?;
+        self.j().destroy(id)
+    }
+}
+
+/// Connects to the agent's socket, waiting for an agent that has not bound it yet (runsc
+/// returns once the container's init runs, before the agent listens).
+async fn connect_waiting(path: &Path) -> Result<AgentStream> {
+    let deadline = tokio::time::Instant::now() + RUNSC_DEADLINE;
+    loop {
+        match tokio::net::UnixStream::connect(path).await {
+            Ok(s) => return Ok(Box::new(s)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => {
+                return Err(CoreError::Unavailable(format!(
+                    "connection to the sandbox agent failed: {e}"
+                )))
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Driver for GvisorDriver {
+    fn tier(&self) -> &'static str {
+        GVISOR_TIER
+    }
+
+    fn isolation_warnings(&self) -> Vec<String> {
+        vec![
+            "landlock: not applied inside gVisor (no Landlock in the sentry; the sentry is this tier's boundary)"
+                .into(),
+        ]
+    }
+
+    fn capabilities(&self) -> Vec<&'static str> {
+        // Not yet: disk checkpoints (the sentry's page cache must be synced first),
+        // egress (no netns of ours under --network=none), Landlock (none in the sentry),
+        // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
+        // process group, not a `setsid` descendant).
+        Vec::new()
+    }
+
+    async fn status(&self) -> TierStatus {
+        match self.availability().await {
+            Ok(i) => TierStatus {
+                unavailable: None,
+                kernel: Some(i.kernel),
+                version: Some(i.version),
+            },
+            Err(e) => TierStatus {
+                unavailable: Some(e),
+                ..TierStatus::default()
+            },
+        }
+    }
+
+    async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
+        let image = image.clone();
+        self.run(move |g| {
+            g.runsc()?;
+            g.j().image_spec(&image).map(drop)
+        })
+        .await
+    }
+
+    async fn has_disk(&self, id: &str) -> bool {
+        self.0.jail.has_disk(id).await
+    }
+
+    async fn prepare(&self, spec: &SandboxSpec) -> Result<()> {
+        let spec = spec.clone();
+        self.run(move |g| g.prepare(&spec)).await
+    }
+
+    async fn launch(&self, spec: &SandboxSpec) -> Result<i32> {
+        let spec = spec.clone();
+        self.run(move |g| g.launch(&spec)).await
+    }
+
+    async fn connect(&self, id: &str) -> Result<AgentStream> {
+        connect_waiting(&self.0.socket(id)).await
+    }
+
+    async fn freeze(&self, id: &str) -> Result<()> {
+        self.0.jail.freeze(id).await
+    }
+
+    async fn thaw(&self, id: &str) -> Result<()> {
+        self.0.jail.thaw(id).await
+    }
+
+    async fn is_frozen(&self, id: &str) -> Result<bool> {
+        self.0.jail.is_frozen(id).await
+    }
+
+    async fn stop(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |g| g.stop(&id)).await
+    }
+
+    async fn destroy(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |g| g.destroy(&id)).await
+    }
+
+    async fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
+        let mut l = *limits;
+        l.pids = l.pids.saturating_add(RUNTIME_PIDS);
+        self.0.jail.set_limits(id, &l).await
+    }
+
+    async fn usage(&self, id: &str, disk: bool) -> Usage {
+        self.0.jail.usage(id, disk).await
+    }
+
+    async fn agent_alive(&self, id: &str, pid: i32) -> bool {
+        self.0.jail.agent_alive(id, pid).await
+    }
+}
