@@ -10,9 +10,9 @@
 
 mod ca_bundle;
 mod checkpoint;
+pub mod gvisor;
 pub mod store;
 mod templates;
-pub mod gvisor;
 pub mod uid_range;
 
 use std::io::Write;

@@ -20,9 +20,9 @@ pub mod routes;
 mod secret_routes;
 pub mod serve;
 pub mod telemetry;
-mod ui_routes;
 mod template_routes;
 mod tier_routes;
+mod ui_routes;
 
 pub use error::ApiError;
 pub use mcp::McpOptions;
