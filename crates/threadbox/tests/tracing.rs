@@ -373,3 +373,114 @@ fn spans_a_sandboxed_program_exports_reach_the_collector_through_the_daemon() {
     );
     assert_eq!(v["stdout"].as_str().unwrap_or("").trim(), "404", "{v}");
 }
+
+/// The spans named `name` the collector got, waiting (with a deadline) until `want` holds.
+fn wait_spans(got: &Received, what: &str, want: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let all = spans(got);
+        if want(&all) {
+            return all;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}; spans: {:?}",
+            all.iter().map(|s| s["name"].clone()).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn str_attr(span: &Value, key: &str) -> Option<String> {
+    attr(span, key).and_then(|v| v["stringValue"].as_str().map(String::from))
+}
+
+#[test]
+fn egress_decisions_are_spans_with_what_the_log_says() {
+    if !require_root("egress_decisions_are_spans_with_what_the_log_says") {
+        return;
+    }
+    let _g = serial();
+    let (url, got) = collector();
+    let up = common::upstream::Upstream::start();
+    let hosts = up.hosts_file();
+    let private = format!("{}.0/30", up.net);
+    let dns = format!("{}:53", up.addr());
+    let d = Daemon::start_with_env(
+        &[
+            "--otlp-endpoint",
+            &url,
+            "--egress-hosts",
+            hosts.to_str().expect("utf-8 path"),
+            "--egress-dns",
+            &dns,
+            "--egress-allow-private",
+            &private,
+        ],
+        &[
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let sb = d.create(&["--allow", "api.test:8080"]);
+    let run = |script: &str| {
+        d.cli(&["exec", &sb, "--", "sh", "-c", script]);
+    };
+    // One allowed connection (by name), one denied by the default (another port).
+    run("curl -sS --max-time 10 http://api.test:8080/traced >/dev/null");
+    run("curl -sS --max-time 5 http://api.test:9000/ >/dev/null 2>&1; true");
+    let all = wait_spans(&got, "an allowed and a denied egress span", |all| {
+        let conns: Vec<_> = all
+            .iter()
+            .filter(|s| s["name"] == "egress.connection")
+            .collect();
+        conns
+            .iter()
+            .any(|s| str_attr(s, "threadbox.egress.decision").as_deref() == Some("allow"))
+            && conns
+                .iter()
+                .any(|s| str_attr(s, "threadbox.egress.decision").as_deref() == Some("deny"))
+    });
+    let allowed = all
+        .iter()
+        .find(|s| {
+            s["name"] == "egress.connection"
+                && str_attr(s, "threadbox.egress.decision").as_deref() == Some("allow")
+        })
+        .expect("allowed span");
+    assert_eq!(
+        str_attr(allowed, "threadbox.sandbox.id").as_deref(),
+        Some(sb.as_str())
+    );
+    assert_eq!(
+        str_attr(allowed, "server.address").as_deref(),
+        Some("api.test")
+    );
+    assert_eq!(
+        attr(allowed, "server.port").and_then(|v| v["intValue"].as_str().map(String::from)),
+        Some("8080".into())
+    );
+    assert!(
+        str_attr(allowed, "threadbox.egress.reason").is_some(),
+        "{allowed}"
+    );
+    let denied = all
+        .iter()
+        .find(|s| {
+            s["name"] == "egress.connection"
+                && str_attr(s, "threadbox.egress.decision").as_deref() == Some("deny")
+        })
+        .expect("denied span");
+    assert_eq!(
+        attr(denied, "server.port").and_then(|v| v["intValue"].as_str().map(String::from)),
+        Some("9000".into())
+    );
+    // DNS answers are spans too (the allowed name was asked of the daemon's resolver).
+    assert!(
+        all.iter().any(|s| s["name"] == "egress.dns"),
+        "no egress.dns span"
+    );
+    // The request path never reaches a span.
+    let text = serde_json::to_string(&all).expect("json");
+    assert!(!text.contains("/traced"), "a request path reached a span");
+}

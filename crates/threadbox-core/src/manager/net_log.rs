@@ -43,6 +43,9 @@ impl LogWriter {
     }
 
     async fn write(&self, batch: &[NetLogEntry]) -> Result<()> {
+        for e in batch {
+            egress_span(&self.tenant, e);
+        }
         self.store
             .append_net_log(&self.sandbox, batch, self.keep)
             .await?;
@@ -66,6 +69,61 @@ impl LogWriter {
                 .await?;
         }
         Ok(())
+    }
+}
+
+/// The snake_case name serde gives an API enum (`allow`, `rule_deny`, `tcp`).
+fn wire_name<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// One span per egress decision (issue 17 scope 1, ADR 0090), exported like the
+/// operations' spans when the daemon traces and nothing otherwise: `egress.connection`
+/// or `egress.dns`, a root span (a sandbox's socket carries no trace context), with what
+/// the log row says: name, address, port, bytes, decision and reason. Never payloads or
+/// headers: a secret swapped into a request is not on any span.
+fn egress_span(tenant: &str, e: &NetLogEntry) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let name = match e.kind {
+        NetLogKind::Dns => "egress.dns",
+        _ => "egress.connection",
+    };
+    let span = tracing::debug_span!(
+        parent: None,
+        "egress",
+        otel.name = name,
+        otel.kind = "internal",
+    );
+    if span.is_disabled() {
+        return;
+    }
+    span.set_attribute("threadbox.sandbox.id", e.sandbox.clone());
+    span.set_attribute("threadbox.tenant", tenant.to_string());
+    span.set_attribute("threadbox.egress.decision", wire_name(&e.decision));
+    span.set_attribute("threadbox.egress.reason", wire_name(&e.reason));
+    span.set_attribute("server.port", i64::from(e.port));
+    span.set_attribute(
+        "threadbox.egress.bytes_up",
+        e.bytes_up.min(i64::MAX as u64) as i64,
+    );
+    span.set_attribute(
+        "threadbox.egress.bytes_down",
+        e.bytes_down.min(i64::MAX as u64) as i64,
+    );
+    if let Some(n) = &e.name {
+        span.set_attribute("server.address", n.clone());
+    }
+    if let Some(ip) = &e.ip {
+        span.set_attribute("network.peer.address", ip.clone());
+    }
+    if let Some(q) = &e.qtype {
+        span.set_attribute("dns.question.type", q.clone());
+    }
+    if e.name_ip_mismatch {
+        span.set_attribute("threadbox.egress.name_ip_mismatch", true);
     }
 }
 
