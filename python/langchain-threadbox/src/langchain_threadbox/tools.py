@@ -696,13 +696,14 @@ class ThreadboxToolkit(BaseToolkit):
         path: str,
         steps: Callable[[Sandbox], _Steps],
     ) -> ToolResult:
-        sb = self._resolve(config, what)
-        try:
-            return self._new_sandbox(sb, runtime, _drive(steps(sb), sb))
-        except ThreadboxError as e:
-            if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
-                raise _file_error(e, path) from e
-            raise _infra(e, what) from e
+        with tool_span(what, runtime.tool_call_id if runtime is not None else None):
+            sb = self._resolve(config, what)
+            try:
+                return self._new_sandbox(sb, runtime, _drive(steps(sb), sb))
+            except ThreadboxError as e:
+                if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
+                    raise _file_error(e, path) from e
+                raise _infra(e, what) from e
 
     async def _afile_op(
         self,
@@ -712,13 +713,14 @@ class ThreadboxToolkit(BaseToolkit):
         path: str,
         steps: Callable[[AsyncSandbox], _Steps],
     ) -> ToolResult:
-        sb = await self._aresolve(config, what)
-        try:
-            return self._new_sandbox(sb, runtime, await _adrive(steps(sb), sb))
-        except ThreadboxError as e:
-            if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
-                raise _file_error(e, path) from e
-            raise _infra(e, what) from e
+        with tool_span(what, runtime.tool_call_id if runtime is not None else None):
+            sb = await self._aresolve(config, what)
+            try:
+                return self._new_sandbox(sb, runtime, await _adrive(steps(sb), sb))
+            except ThreadboxError as e:
+                if e.code in _FILE_ERROR_CODES and not isinstance(e, SandboxNotFound):
+                    raise _file_error(e, path) from e
+                raise _infra(e, what) from e
 
     def _read_plan(self, path: str, entry: FileEntry) -> str | None:
         """``"image"`` to return an image block, ``None`` to read lines; raises for a directory."""
