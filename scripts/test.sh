@@ -94,6 +94,11 @@ if [ ! -x "$RUNSC" ]; then
 fi
 export THREADBOX_RUNSC="$RUNSC"
 
+# Test daemons copy clones instead of mounting the reflink store image (ADR 0101): many
+# harnesses end their daemon with SIGKILL, and a store left mounted keeps its root (and
+# its host uid range) from being removed. `tests/store.rs` turns the store on explicitly.
+export THREADBOX_STORE_IMAGE=off
+
 echo "== rust tests"
 cargo test --workspace -- --test-threads=2
 

@@ -172,7 +172,7 @@ pub struct ServeArgs {
     /// Where the root's file system cannot reflink (ext4), keep sandbox disks on a sparse
     /// xfs image `ROOT/store.xfs` mounted on `ROOT/sandboxes`, so checkpoints and forks
     /// copy nothing: `auto`; `off` copies instead (ADR 0101) [default: auto].
-    #[arg(long, value_name = "auto|off")]
+    #[arg(long, value_name = "auto|off", env = "THREADBOX_STORE_IMAGE")]
     pub store_image: Option<threadbox_jail::store::StoreMode>,
     /// Size of the store image when it is made, e.g. 200G; a larger size on a later start
     /// grows it [default: the size of the file system holding the root].

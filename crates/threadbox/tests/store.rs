@@ -63,7 +63,8 @@ fn checkpoints_reflink_on_the_store_image_and_a_restart_reuses_it() {
     }
     let _s = serial();
     let native = tmp_reflinks();
-    let mut d = Daemon::start();
+    // Explicit: the test command runs every other daemon with THREADBOX_STORE_IMAGE=off.
+    let mut d = Daemon::start_with(&["--store-image", "auto"]);
     let root = d.root_path().canonicalize().expect("root");
     let sandboxes = root.join("sandboxes");
     if !native {
