@@ -146,6 +146,7 @@ def test_one_trace_from_the_tool_span_to_a_span_the_sandboxed_program_exported(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     # The global provider can be set once per process (another test may have set it):
     # make ours the one the tools' get_tracer() reaches either way.
+    previous = trace._TRACER_PROVIDER
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:
         trace._TRACER_PROVIDER = provider
@@ -176,6 +177,8 @@ def test_one_trace_from_the_tool_span_to_a_span_the_sandboxed_program_exported(
         assert span.get("parentSpanId") == tool_id, f"the chain {chain} does not reach the tool span"
         assert chain == ["inside-the-sandbox", "sandbox.exec", "POST /v1/sandboxes/{sandbox}/exec"], chain
     finally:
+        # Later tests of the session find the global provider as it was.
+        trace._TRACER_PROVIDER = previous
         try:
             tb.delete(f"thread-{tid}", force=True)
         finally:

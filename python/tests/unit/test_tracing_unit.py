@@ -33,6 +33,10 @@ def tracer() -> Iterator[Any]:
     # The global provider can be set once per process; tests use this one directly and
     # make it current for the tools through set_tracer_provider where it is not yet set.
     trace.set_tracer_provider(_PROVIDER)
+    if trace.get_tracer_provider() is not _PROVIDER:
+        # Another test of the session set the global first (it can be set once): make
+        # ours the one `get_tracer()` answers for this test.
+        trace._TRACER_PROVIDER = _PROVIDER
     _EXPORTER.clear()
     yield _PROVIDER.get_tracer("test")
 
