@@ -74,6 +74,9 @@ pub mod capability {
     pub const CALL_CGROUPS: &str = "call_cgroups";
     /// The sandbox's ids map to a host uid range of its own (ADR 0016).
     pub const UID_RANGES: &str = "uid_ranges";
+    /// Hibernate and wake, processes kept (ADR 0129 on the jail: freeze + swap, where the
+    /// host has swap; the refusal then names it).
+    pub const HIBERNATE: &str = "hibernate";
 }
 
 /// What a tier says of itself for `GET /v1/tiers`.

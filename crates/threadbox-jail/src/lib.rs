@@ -712,7 +712,14 @@ impl Driver for JailDriver {
 
     fn capabilities(&self) -> Vec<&'static str> {
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, EGRESS, LANDLOCK, CALL_CGROUPS, UID_RANGES]
+        vec![
+            CHECKPOINTS,
+            EGRESS,
+            LANDLOCK,
+            CALL_CGROUPS,
+            UID_RANGES,
+            HIBERNATE,
+        ]
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
