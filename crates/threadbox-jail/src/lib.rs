@@ -14,6 +14,8 @@ pub mod gvisor;
 pub mod store;
 mod templates;
 pub mod uid_range;
+#[cfg(feature = "insecure-test-hooks")]
+mod wake_hooks;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -628,6 +630,8 @@ impl Jail {
         if cg.exists() {
             cg.close_swap()?;
         }
+        #[cfg(feature = "insecure-test-hooks")]
+        wake_hooks::after_wake(&cg)?;
         Ok(())
     }
 
