@@ -14,6 +14,9 @@
 //!   daemon connects to it from the host.
 //! - runsc's state lives in `<root>/gvisor/state`; the container id is the sandbox id.
 
+#[path = "gvisor_disk.rs"]
+mod disk;
+
 use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -494,11 +497,10 @@ impl Driver for GvisorDriver {
     }
 
     fn capabilities(&self) -> Vec<&'static str> {
-        // Not yet: disk checkpoints (the sentry's page cache must be synced first),
-        // egress (no netns of ours under --network=none), Landlock (none in the sentry),
+        // Not yet: egress (no netns of ours under --network=none), Landlock (none in the sentry),
         // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
         // process group, not a `setsid` descendant).
-        Vec::new()
+        vec![threadbox_core::driver::capability::CHECKPOINTS]
     }
 
     async fn status(&self) -> TierStatus {
@@ -576,5 +578,65 @@ impl Driver for GvisorDriver {
 
     async fn agent_alive(&self, id: &str, pid: i32) -> bool {
         self.0.jail.agent_alive(id, pid).await
+    }
+
+    // Disk checkpoints, fork and templates (ADR 0135): `disk.rs`.
+
+    async fn sync_disk(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |g| g.sync_disk(&id, agent_pid)).await
+    }
+
+    async fn checkpoint_disk(
+        &self,
+        id: &str,
+        ckpt: &str,
+        agent_pid: Option<i32>,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (id, ckpt) = (id.to_string(), ckpt.to_string());
+        self.run(move |g| g.checkpoint_disk(&id, &ckpt, agent_pid))
+            .await
+    }
+
+    async fn restore_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        self.0.jail.restore_disk(id, ckpt).await
+    }
+
+    async fn fork_disk(&self, spec: &SandboxSpec, from: &str, _: u32, ckpt: &str) -> Result<()> {
+        let (id, from, ckpt) = (spec.id.clone(), from.to_string(), ckpt.to_string());
+        self.run(move |g| g.fork_disk(&id, &from, &ckpt)).await
+    }
+
+    async fn remove_checkpoint_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        self.0.jail.remove_checkpoint_disk(id, ckpt).await
+    }
+
+    async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
+        self.0.jail.checkpoint_disks(id).await
+    }
+
+    async fn save_template_disk(
+        &self,
+        from: &str,
+        _: u32,
+        ckpt: &str,
+        tpl: &str,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (from, ckpt, tpl) = (from.to_string(), ckpt.to_string(), tpl.to_string());
+        self.run(move |g| g.save_template_disk(&from, &ckpt, &tpl))
+            .await
+    }
+
+    async fn template_disk(&self, spec: &SandboxSpec, tpl: &str) -> Result<()> {
+        let (id, tpl) = (spec.id.clone(), tpl.to_string());
+        self.run(move |g| g.template_disk(&id, &tpl)).await
+    }
+
+    async fn remove_template_disk(&self, tpl: &str) -> Result<()> {
+        self.0.jail.remove_template_disk(tpl).await
+    }
+
+    async fn template_disks(&self) -> Vec<String> {
+        self.0.jail.template_disks().await
     }
 }
