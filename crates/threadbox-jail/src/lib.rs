@@ -11,6 +11,7 @@
 mod ca_bundle;
 mod checkpoint;
 pub mod gvisor;
+pub mod gvisor_ckpt;
 pub mod store;
 mod templates;
 pub mod uid_range;
@@ -723,6 +724,7 @@ impl Driver for JailDriver {
             CALL_CGROUPS,
             UID_RANGES,
             HIBERNATE,
+            HIBERNATE_SWAP,
         ]
     }
 
@@ -845,9 +847,9 @@ impl Driver for JailDriver {
         self.run(move |j| j.hibernate(&id)).await
     }
 
-    async fn wake(&self, id: &str) -> Result<()> {
-        let id = id.to_string();
-        self.run(move |j| j.wake(&id)).await
+    async fn wake(&self, spec: &SandboxSpec) -> Result<Option<i32>> {
+        let id = spec.id.clone();
+        self.run(move |j| j.wake(&id)).await.map(|()| None)
     }
 
     async fn thaw(&self, id: &str) -> Result<()> {
