@@ -298,6 +298,7 @@ pub fn across_wake(d: &mut Daemon, tier: &str, caps: &[String]) -> Outcome {
             == Some(0)
     });
     let before = ask(d, &id, "before");
+    eprintln!("tier {tier}, before hibernate: {before}");
     let mut out = Outcome {
         before: losses(&before, tier, caps, None),
         ..Outcome::default()
