@@ -34,6 +34,10 @@ pub struct DensityOpts {
     /// Print the results as one JSON document instead of the table.
     #[arg(long)]
     json: bool,
+    /// A daemon to measure, `unix://ROOT/threadbox.sock` (its root is where the disk
+    /// figures are read); without it one is started on a temporary root.
+    #[arg(long)]
+    url: Option<String>,
 }
 
 const HOLDER: &str = "import os, time\nb = bytearray(os.urandom(int(os.environ['HOLD']) << 20))\nopen('/tmp/held', 'w').close()\nwhile True:\n    time.sleep(3600)\n";
@@ -159,7 +163,13 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
         o.count = o.count.min(3);
         o.hold = o.hold.min(8);
     }
-    let (_daemon, url) = start_daemon(0).await?;
+    let (_daemon, url) = match o.url.clone() {
+        Some(u) => (None, u),
+        None => {
+            let (d, u) = start_daemon(0).await?;
+            (Some(d), u)
+        }
+    };
     let root = PathBuf::from(
         url.strip_prefix("unix://")
             .and_then(|p| p.strip_suffix("/threadbox.sock"))
@@ -203,7 +213,8 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
         for _ in 0..n {
             let mut req = bench_sandbox();
             req.tier = Some(tier.clone());
-            req.limits.memory_bytes = Some((o.hold + 96) << 20);
+            // The default limit: gVisor's restore needs more than the sandbox holds (a
+            // 128 MiB limit for a 32 MiB holder OOMs the sentry on wake).
             let id = c.create(&req).await?.0.id;
             let mut env = std::collections::BTreeMap::new();
             env.insert("HOLD".to_string(), o.hold.to_string());
@@ -241,6 +252,7 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
         settle().await;
         states.push(("paused", read(&ids, &root, host0, swap0)?));
         let mut wake = Vec::new();
+        let mut wake_failed: Vec<String> = Vec::new();
         let mut hibernate_ms = Vec::new();
         let mut refused = None;
         if can_hibernate {
@@ -255,8 +267,13 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
             if refused.is_none() {
                 settle().await;
                 states.push(("hibernated", read(&ids, &root, host0, swap0)?));
+                // A failed wake is counted and shown, not fatal: the figure is how many
+                // of N came back as well as how fast.
                 for id in &ids {
-                    wake.push(tb_exec(&c, id, &["true"]).await?);
+                    match tb_exec(&c, id, &["true"]).await {
+                        Ok(v) => wake.push(v),
+                        Err(e) => wake_failed.push(format!("{e:#}")),
+                    }
                 }
             }
         } else {
@@ -316,6 +333,15 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
                     "ms",
                     wake,
                 ));
+                let mut failed = Row::value(
+                    "wakes that failed",
+                    &contender,
+                    "count",
+                    wake_failed.len() as f64,
+                    n,
+                );
+                failed.note = wake_failed.first().cloned();
+                rows.push(failed);
             }
         }
     }
@@ -327,7 +353,12 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
     };
     let mut compared = Vec::new();
     for r in &rows {
-        let base = if r.figure.ends_with(", hibernated") || r.figure.ends_with(", paused") {
+        // Ratios only where running is a meaningful base: swap is 0 then, and the
+        // MemAvailable drop is noise-sized once the memory is out.
+        let comparable = r.figure.starts_with("memory charged") || r.figure.starts_with("disk");
+        let base = if comparable
+            && (r.figure.ends_with(", hibernated") || r.figure.ends_with(", paused"))
+        {
             let stem = r.figure.rsplit_once(", ").map(|x| x.0).unwrap_or_default();
             by(&format!("{stem}, running"), &r.contender)
         } else {
