@@ -227,8 +227,6 @@ impl Gvisor {
             self.state_dir().display().to_string(),
             // ptrace is slower, kvm hangs under this host's nested hypervisor.
             "--platform=systrap".into(),
-            // Loopback only, as the jail's default (egress on this tier is refused).
-            "--network=none".into(),
             // The agent binds its listener on a host directory; nothing inside may
             // connect out to a host socket.
             "--host-uds=create".into(),
@@ -261,7 +259,8 @@ impl Gvisor {
     fn config_json(
         &self,
         spec: &SandboxSpec,
-        binds: &[threadbox_sys::jail::Bind],
+        layers: &threadbox_core::images::ImageSpec,
+        egress: bool,
     ) -> serde_json::Value {
         use serde_json::json;
         let p = self.j().paths(&spec.id);
@@ -289,7 +288,13 @@ impl Gvisor {
             json!({"destination": AGENT_INSIDE, "type": "bind",
                    "source": self.j().config.agent_path, "options": ["bind", "ro", "nosuid", "nodev"]}),
         ];
-        for b in binds {
+        let run = self.j().paths(&spec.id).run;
+        mounts.extend(crate::gvisor_net::ca_mount(
+            &layers.lower,
+            spec.trust_ca.as_deref(),
+            &run,
+        ));
+        for b in &layers.binds {
             mounts.push(
                 json!({"destination": b.target, "type": "bind", "source": b.source,
                                "options": ["rbind", "ro", "nosuid", "nodev"]}),
@@ -311,8 +316,7 @@ impl Gvisor {
             "root": {"path": p.rootfs, "readonly": false},
             "hostname": spec.hostname,
             "mounts": mounts,
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-                                      {"type": "uts"}, {"type": "mount"}]}
+            "linux": {"namespaces": crate::gvisor_net::namespaces(egress)}
         })
     }
 
@@ -345,7 +349,9 @@ impl Gvisor {
         std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700))?;
         let bundle = self.bundle(&spec.id);
         mkdir(&bundle)?;
-        let config = self.config_json(spec, &layers.binds);
+        let egress = crate::gvisor_net::egress_of(spec);
+        j.forget_netns(&spec.id)?;
+        let config = self.config_json(spec, &layers, egress.is_some());
         std::fs::write(
             bundle.join("config.json"),
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
@@ -357,6 +363,7 @@ impl Gvisor {
         cg.create(&limits, None)?;
         let mut args = self.global_args();
         args.extend([
+            crate::gvisor_net::network_flag(egress.is_some()).into(),
             "run".into(),
             "-detach".into(),
             "-bundle".into(),
@@ -375,6 +382,7 @@ impl Gvisor {
             runsc: info.path.clone(),
             args,
             log: p.run.join("agent.log"),
+            egress,
         };
         let input = serde_json::to_vec(&launch).map_err(|e| CoreError::Internal(e.to_string()))?;
         let child = std::process::Command::new(&j.config.helper_path)
@@ -407,7 +415,14 @@ impl Gvisor {
                 )));
             }
         }
-        match self.sentry_pid(&info, &spec.id) {
+        // The sentry lives in the helper's netns: its identity is the sandbox's.
+        let pid = self.sentry_pid(&info, &spec.id).and_then(|pid| {
+            if egress.is_some() {
+                j.record_netns(&spec.id, pid)?;
+            }
+            Ok(pid)
+        });
+        match pid {
             Ok(pid) => Ok(pid),
             Err(e) => {
                 let _ = self.stop(&spec.id);
@@ -494,11 +509,11 @@ impl Driver for GvisorDriver {
     }
 
     fn capabilities(&self) -> Vec<&'static str> {
+        // Egress: a sandbox created with a policy boots in a netns of ours (ADR 0140).
         // Not yet: disk checkpoints (the sentry's page cache must be synced first),
-        // egress (no netns of ours under --network=none), Landlock (none in the sentry),
-        // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
-        // process group, not a `setsid` descendant).
-        Vec::new()
+        // Landlock (none in the sentry), call cgroups (the agent gets no cgroup inside:
+        // a timeout ends the call's process group, not a `setsid` descendant).
+        vec![threadbox_core::driver::capability::EGRESS]
     }
 
     async fn status(&self) -> TierStatus {
@@ -576,5 +591,14 @@ impl Driver for GvisorDriver {
 
     async fn agent_alive(&self, id: &str, pid: i32) -> bool {
         self.0.jail.agent_alive(id, pid).await
+    }
+
+    async fn egress_netns(
+        &self,
+        id: &str,
+        agent_pid: i32,
+    ) -> Result<Option<threadbox_sys::net::NetNs>> {
+        // The recorded pid is the sentry's, which runs in the sandbox's netns.
+        self.0.jail.egress_netns(id, agent_pid).await
     }
 }
