@@ -16,6 +16,8 @@ mod gvisor_net;
 pub mod store;
 mod templates;
 pub mod uid_range;
+#[cfg(feature = "insecure-test-hooks")]
+mod wake_hooks;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -640,6 +642,8 @@ impl Jail {
         if cg.exists() {
             cg.close_swap()?;
         }
+        #[cfg(feature = "insecure-test-hooks")]
+        wake_hooks::after_wake(&cg)?;
         Ok(())
     }
 
