@@ -176,6 +176,21 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
             .context("the bench daemon's root")?,
     );
     let c = Client::new(&url)?;
+    let r = measure(&o, &c, &root).await;
+    if r.is_err() {
+        // A failed run leaves nothing behind: every sandbox it made carries the label.
+        let mut sel = std::collections::BTreeMap::new();
+        sel.insert(LABEL.to_string(), "1".to_string());
+        if let Ok(list) = c.list(&sel, None).await {
+            for sb in list.sandboxes {
+                let _ = c.delete(&sb.id, true).await;
+            }
+        }
+    }
+    r
+}
+
+async fn measure(o: &DensityOpts, c: &Client, root: &Path) -> Result<()> {
     let list = c.call(&threadbox_api::tiers::ListTiers).await?;
     // The jail hibernates to swap: enough for every holder, and some for the rest.
     let _swap = if o.tiers.iter().any(|t| t == "jail") && meminfo("SwapTotal:") == 0 {
@@ -245,12 +260,12 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
         }
         let mut states = Vec::new();
         settle().await;
-        states.push(("running", read(&ids, &root, host0, swap0)?));
+        states.push(("running", read(&ids, root, host0, swap0)?));
         for id in &ids {
             c.pause(id).await?;
         }
         settle().await;
-        states.push(("paused", read(&ids, &root, host0, swap0)?));
+        states.push(("paused", read(&ids, root, host0, swap0)?));
         let mut wake = Vec::new();
         let mut wake_failed: Vec<String> = Vec::new();
         let mut hibernate_ms = Vec::new();
@@ -266,11 +281,11 @@ pub async fn run(mut o: DensityOpts) -> Result<()> {
             }
             if refused.is_none() {
                 settle().await;
-                states.push(("hibernated", read(&ids, &root, host0, swap0)?));
+                states.push(("hibernated", read(&ids, root, host0, swap0)?));
                 // A failed wake is counted and shown, not fatal: the figure is how many
                 // of N came back as well as how fast.
                 for id in &ids {
-                    match tb_exec(&c, id, &["true"]).await {
+                    match tb_exec(c, id, &["true"]).await {
                         Ok(v) => wake.push(v),
                         Err(e) => wake_failed.push(format!("{e:#}")),
                     }
