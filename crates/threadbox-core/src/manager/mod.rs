@@ -23,6 +23,7 @@ mod create;
 mod exec;
 mod files;
 mod governance;
+mod hibernate_image;
 mod image_run;
 mod images;
 mod lifecycle;
