@@ -55,9 +55,8 @@ fn egress_by_policy_end_to_end() {
 
 fn egress_by_policy_on(up: &Upstream, d: Daemon, tier: &str) {
     let t = ["--tier", tier];
-    let with_tier = |args: &[&str]| -> Vec<String> {
-        t.iter().chain(args).map(|a| a.to_string()).collect()
-    };
+    let with_tier =
+        |args: &[&str]| -> Vec<String> { t.iter().chain(args).map(|a| a.to_string()).collect() };
     let create = |d: &Daemon, args: &[&str]| {
         let a = with_tier(args);
         d.create(&a.iter().map(String::as_str).collect::<Vec<_>>())

@@ -13,6 +13,8 @@ mod harness;
 mod host_handles;
 mod posture;
 mod robustness;
+#[path = "../common/tiers.rs"]
+mod tiers;
 #[path = "../common/tls.rs"]
 mod tls;
 
