@@ -75,6 +75,20 @@ pub(crate) fn boot_network(
     Ok((egress, host))
 }
 
+/// runsc 20240729 cannot checkpoint a sandbox on the host network ("checkpoint not
+/// supported when using hostinet"): a sandbox booted with our netns is refused a memory
+/// image (hibernate, fork with memory) with that reason, before runsc is asked.
+pub(crate) fn refuse_memory_image(j: &crate::Jail, id: &str) -> threadbox_core::error::Result<()> {
+    if j.paths(id).run.join(crate::NETNS_FILE).exists() {
+        return Err(threadbox_core::error::CoreError::Conflict(format!(
+            "sandbox {id} uses the network (a policy, secrets or the OTLP endpoint), so on the \
+             gvisor tier it runs on the host network of a netns of ours, which runsc cannot \
+             checkpoint: no hibernate or memory image for it (ADR 0140)"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,10 +11,13 @@
 mod ca_bundle;
 mod checkpoint;
 pub mod gvisor;
+pub mod gvisor_ckpt;
 mod gvisor_net;
 pub mod store;
 mod templates;
 pub mod uid_range;
+#[cfg(feature = "insecure-test-hooks")]
+mod wake_hooks;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -639,6 +642,8 @@ impl Jail {
         if cg.exists() {
             cg.close_swap()?;
         }
+        #[cfg(feature = "insecure-test-hooks")]
+        wake_hooks::after_wake(&cg)?;
         Ok(())
     }
 
@@ -723,7 +728,15 @@ impl Driver for JailDriver {
 
     fn capabilities(&self) -> Vec<&'static str> {
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, EGRESS, LANDLOCK, CALL_CGROUPS, UID_RANGES]
+        vec![
+            CHECKPOINTS,
+            EGRESS,
+            LANDLOCK,
+            CALL_CGROUPS,
+            UID_RANGES,
+            HIBERNATE,
+            HIBERNATE_SWAP,
+        ]
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
@@ -845,9 +858,9 @@ impl Driver for JailDriver {
         self.run(move |j| j.hibernate(&id)).await
     }
 
-    async fn wake(&self, id: &str) -> Result<()> {
-        let id = id.to_string();
-        self.run(move |j| j.wake(&id)).await
+    async fn wake(&self, spec: &SandboxSpec) -> Result<Option<i32>> {
+        let id = spec.id.clone();
+        self.run(move |j| j.wake(&id)).await.map(|()| None)
     }
 
     async fn thaw(&self, id: &str) -> Result<()> {
