@@ -7,11 +7,9 @@
 //! The netns, the veth and the servers are removed on every path (a guard's `Drop`).
 
 mod common;
-#[path = "common/tiers.rs"]
-mod tiers;
 
 use common::upstream::{daemon, Upstream, DEADLINE};
-use common::{require_root, serial, wait_for, Daemon};
+use common::{require_root, serial, tiers, wait_for, Daemon};
 
 /// Runs `script` with bash in sandbox `sb`; its exit code and stdout.
 fn sh(d: &Daemon, sb: &str, script: &str) -> (i32, String) {

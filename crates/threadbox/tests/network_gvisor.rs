@@ -5,11 +5,9 @@
 //! netstack, so a policy or a preview on it is refused with a sentence, changing nothing.
 
 mod common;
-#[path = "common/tiers.rs"]
-mod tiers;
 
 use common::upstream::{daemon_with, Upstream, DEADLINE};
-use common::{require_root, serial, Daemon};
+use common::{require_root, serial, tiers, Daemon};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
