@@ -16,6 +16,7 @@
 
 mod baselines;
 mod egress;
+mod hibernate;
 mod interp;
 mod stats;
 mod tiers;
@@ -62,6 +63,9 @@ enum Cmd {
     /// Tiers (issue 16): create→first result and exec round trip on gvisor against the
     /// jail, interleaved.
     Tiers(tiers::TiersOpts),
+    /// Hibernate (issue 16): hibernate and wake p50 per tier, the memory image's size,
+    /// host RAM of a hibernated sandbox against a paused one.
+    Hibernate(hibernate::HibernateOpts),
 }
 
 /// Which figures a run measures.
@@ -1038,6 +1042,7 @@ async fn main() -> Result<()> {
         Cmd::Egress(o) => egress::run(o).await,
         Cmd::Tracing(o) => tracing::run(o).await,
         Cmd::Tiers(o) => tiers::run(o).await,
+        Cmd::Hibernate(o) => hibernate::run(o).await,
         Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

@@ -95,7 +95,7 @@ impl GvisorDriver {
 }
 
 /// Finds `name` on `PATH`.
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join(name))
@@ -221,7 +221,7 @@ impl Gvisor {
     }
 
     /// runsc's global flags for this daemon's sandboxes.
-    fn global_args(&self) -> Vec<String> {
+    pub(crate) fn global_args(&self) -> Vec<String> {
         vec![
             "--root".into(),
             self.state_dir().display().to_string(),
@@ -393,7 +393,17 @@ impl Gvisor {
             log: p.run.join("agent.log"),
         };
         let input = serde_json::to_vec(&launch).map_err(|e| CoreError::Internal(e.to_string()))?;
-        let child = std::process::Command::new(&j.config.helper_path)
+        // A restore runs under the image's lock (`gvisor_ckpt.rs`): a daemon restarted
+        // meanwhile waits for it to finish before it judges the image.
+        let mut cmd = match restore {
+            Some(image) => {
+                let mut c = crate::gvisor_ckpt::under_lock(image)?;
+                c.arg(&j.config.helper_path);
+                c
+            }
+            None => std::process::Command::new(&j.config.helper_path),
+        };
+        let child = cmd
             .arg("__gvisor-launch")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
