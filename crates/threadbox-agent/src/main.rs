@@ -35,6 +35,7 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
                     background process gets its own child cgroup in it
   --allow-no-landlock  run even where Landlock cannot be enforced (the operator's
                     explicit choice of a weaker posture; refused otherwise)
+  --sync            sync the file system of / and exit (the gvisor tier's checkpoints)
   --version         print the version";
 
 #[derive(Debug, Default)]
@@ -65,6 +66,18 @@ fn parse_args() -> Result<Args, String> {
             }
             #[cfg(feature = "insecure-test-hooks")]
             "--test-weaken" => testhooks::set(&it.next().ok_or("--test-weaken needs a value")?)?,
+            // The gvisor tier runs this (`runsc exec`) before a disk checkpoint: the
+            // sentry's own sync pushes out what it caches (ADR 0135).
+            "--sync" => {
+                let code = match threadbox_sys::clonefile::syncfs(std::path::Path::new("/")) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("threadbox-agent: sync: {e}");
+                        1
+                    }
+                };
+                std::process::exit(code);
+            }
             "--version" => {
                 println!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
                 std::process::exit(0);

@@ -14,6 +14,9 @@
 //!   daemon connects to it from the host.
 //! - runsc's state lives in `<root>/gvisor/state`; the container id is the sandbox id.
 
+#[path = "gvisor_disk.rs"]
+mod disk;
+
 use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -227,8 +230,6 @@ impl Gvisor {
             self.state_dir().display().to_string(),
             // ptrace is slower, kvm hangs under this host's nested hypervisor.
             "--platform=systrap".into(),
-            // Loopback only, as the jail's default (egress on this tier is refused).
-            "--network=none".into(),
             // The agent binds its listener on a host directory; nothing inside may
             // connect out to a host socket.
             "--host-uds=create".into(),
@@ -261,7 +262,8 @@ impl Gvisor {
     fn config_json(
         &self,
         spec: &SandboxSpec,
-        binds: &[threadbox_sys::jail::Bind],
+        layers: &threadbox_core::images::ImageSpec,
+        egress: bool,
     ) -> serde_json::Value {
         use serde_json::json;
         let p = self.j().paths(&spec.id);
@@ -289,7 +291,13 @@ impl Gvisor {
             json!({"destination": AGENT_INSIDE, "type": "bind",
                    "source": self.j().config.agent_path, "options": ["bind", "ro", "nosuid", "nodev"]}),
         ];
-        for b in binds {
+        let run = self.j().paths(&spec.id).run;
+        mounts.extend(crate::gvisor_net::ca_mount(
+            &layers.lower,
+            spec.trust_ca.as_deref(),
+            &run,
+        ));
+        for b in &layers.binds {
             mounts.push(
                 json!({"destination": b.target, "type": "bind", "source": b.source,
                                "options": ["rbind", "ro", "nosuid", "nodev"]}),
@@ -311,8 +319,7 @@ impl Gvisor {
             "root": {"path": p.rootfs, "readonly": false},
             "hostname": spec.hostname,
             "mounts": mounts,
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-                                      {"type": "uts"}, {"type": "mount"}]}
+            "linux": {"namespaces": crate::gvisor_net::namespaces(egress)}
         })
     }
 
@@ -353,7 +360,9 @@ impl Gvisor {
         std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700))?;
         let bundle = self.bundle(&spec.id);
         mkdir(&bundle)?;
-        let config = self.config_json(spec, &layers.binds);
+        let egress = crate::gvisor_net::egress_of(spec);
+        j.forget_netns(&spec.id)?;
+        let config = self.config_json(spec, &layers, egress.is_some());
         std::fs::write(
             bundle.join("config.json"),
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
@@ -364,6 +373,8 @@ impl Gvisor {
         let cg = j.cgroup(&spec.id);
         cg.create(&limits, None)?;
         let mut args = self.global_args();
+        // A global flag: before the subcommand (run, or restore of a hibernated image).
+        args.push(crate::gvisor_net::network_flag(egress.is_some()).into());
         if let Some(image) = restore {
             args.extend([
                 "restore".into(),
@@ -391,6 +402,7 @@ impl Gvisor {
             runsc: info.path.clone(),
             args,
             log: p.run.join("agent.log"),
+            egress,
         };
         let input = serde_json::to_vec(&launch).map_err(|e| CoreError::Internal(e.to_string()))?;
         // A restore runs under the image's lock (`gvisor_ckpt.rs`): a daemon restarted
@@ -433,7 +445,14 @@ impl Gvisor {
                 )));
             }
         }
-        match self.sentry_pid(&info, &spec.id) {
+        // The sentry lives in the helper's netns: its identity is the sandbox's.
+        let pid = self.sentry_pid(&info, &spec.id).and_then(|pid| {
+            if egress.is_some() {
+                j.record_netns(&spec.id, pid)?;
+            }
+            Ok(pid)
+        });
+        match pid {
             Ok(pid) => Ok(pid),
             Err(e) => {
                 let _ = self.halt(&spec.id);
@@ -548,12 +567,11 @@ impl Driver for GvisorDriver {
     }
 
     fn capabilities(&self) -> Vec<&'static str> {
-        // Not yet: disk checkpoints (the sentry's page cache must be synced first),
-        // egress (no netns of ours under --network=none), Landlock (none in the sentry),
-        // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
-        // process group, not a `setsid` descendant).
+        // Egress: a sandbox created with a policy boots in a netns of ours (ADR 0140).
+        // Not yet: Landlock (none in the sentry), call cgroups (the agent gets no cgroup
+        // inside: a timeout ends the call's process group, not a `setsid` descendant).
         use threadbox_core::driver::capability::*;
-        vec![HIBERNATE, HIBERNATE_IMAGE]
+        vec![CHECKPOINTS, EGRESS, HIBERNATE, HIBERNATE_IMAGE]
     }
 
     async fn hibernate(&self, id: &str) -> Result<u64> {
@@ -649,5 +667,74 @@ impl Driver for GvisorDriver {
 
     async fn agent_alive(&self, id: &str, pid: i32) -> bool {
         self.0.jail.agent_alive(id, pid).await
+    }
+
+    // Disk checkpoints, fork and templates (ADR 0135): `disk.rs`.
+
+    async fn sync_disk(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |g| g.sync_disk(&id, agent_pid)).await
+    }
+
+    async fn checkpoint_disk(
+        &self,
+        id: &str,
+        ckpt: &str,
+        agent_pid: Option<i32>,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (id, ckpt) = (id.to_string(), ckpt.to_string());
+        self.run(move |g| g.checkpoint_disk(&id, &ckpt, agent_pid))
+            .await
+    }
+
+    async fn restore_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        self.0.jail.restore_disk(id, ckpt).await
+    }
+
+    async fn fork_disk(&self, spec: &SandboxSpec, from: &str, _: u32, ckpt: &str) -> Result<()> {
+        let (id, from, ckpt) = (spec.id.clone(), from.to_string(), ckpt.to_string());
+        self.run(move |g| g.fork_disk(&id, &from, &ckpt)).await
+    }
+
+    async fn remove_checkpoint_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        self.0.jail.remove_checkpoint_disk(id, ckpt).await
+    }
+
+    async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
+        self.0.jail.checkpoint_disks(id).await
+    }
+
+    async fn save_template_disk(
+        &self,
+        from: &str,
+        _: u32,
+        ckpt: &str,
+        tpl: &str,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (from, ckpt, tpl) = (from.to_string(), ckpt.to_string(), tpl.to_string());
+        self.run(move |g| g.save_template_disk(&from, &ckpt, &tpl))
+            .await
+    }
+
+    async fn template_disk(&self, spec: &SandboxSpec, tpl: &str) -> Result<()> {
+        let (id, tpl) = (spec.id.clone(), tpl.to_string());
+        self.run(move |g| g.template_disk(&id, &tpl)).await
+    }
+
+    async fn remove_template_disk(&self, tpl: &str) -> Result<()> {
+        self.0.jail.remove_template_disk(tpl).await
+    }
+
+    async fn template_disks(&self) -> Vec<String> {
+        self.0.jail.template_disks().await
+    }
+
+    async fn egress_netns(
+        &self,
+        id: &str,
+        agent_pid: i32,
+    ) -> Result<Option<threadbox_sys::net::NetNs>> {
+        // The recorded pid is the sentry's, which runs in the sandbox's netns.
+        self.0.jail.egress_netns(id, agent_pid).await
     }
 }
