@@ -198,10 +198,12 @@ impl Gvisor {
         // A complete image left by an interrupted wake is older than what runs now.
         remove_dir(&dir);
         let image = self.checkpoint_memory(id, &dir)?;
+        let t = Instant::now();
         if let Err(e) = self.halt(id) {
             tracing::warn!(sandbox = %id, "after its checkpoint: {e}");
         }
-        tracing::info!(sandbox = %id, bytes = image.bytes, ms = image.ms, "memory image written");
+        tracing::info!(sandbox = %id, bytes = image.bytes, checkpoint_ms = image.ms,
+            halt_ms = t.elapsed().as_millis() as u64, "memory image written");
         Ok(image)
     }
 
@@ -216,8 +218,11 @@ impl Gvisor {
             }
             return Ok(None);
         }
+        let t = Instant::now();
         let pid = self.restore_memory(spec, &dir)?;
+        let restore_ms = t.elapsed().as_millis() as u64;
         self.rebind(&spec.id)?;
+        let rebind_ms = t.elapsed().as_millis() as u64 - restore_ms;
         // The sentry may still be reading the image after `restore -detach` returned
         // (one removed at once killed it): it goes once the agent answers. A daemon
         // killed before that finds the image and the restored processes are ended
@@ -235,6 +240,8 @@ impl Gvisor {
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         remove_dir(&dir);
+        tracing::info!(sandbox = %spec.id, restore_ms, rebind_ms,
+            total_ms = t.elapsed().as_millis() as u64, "memory image restored");
         Ok(Some(pid))
     }
 

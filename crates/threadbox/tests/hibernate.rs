@@ -13,10 +13,8 @@
 //! wake leaves it running or hibernated with a complete image, never lost.
 
 mod common;
-#[path = "common/tiers.rs"]
-mod tiers;
 
-use common::{require_root, serial, threadbox_bin, Daemon};
+use common::{each_tier, require_root, serial, threadbox_bin, tiers, Daemon};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -270,18 +268,6 @@ fn an_idle_sandbox_pauses_then_hibernates_and_a_call_wakes_it() {
     let bad = d.cli(&["create", "--idle-hibernate", "0"]);
     assert_ne!(bad.code, 0);
     assert!(bad.stderr.contains("idle_hibernate_secs"), "{}", bad.stderr);
-}
-
-/// Runs `f` once per tier under test that has every capability in `needs`, each on a
-/// daemon of its own; `f` gets the daemon and the tier's `create` arguments.
-fn each_tier(needs: &[&str], mut f: impl FnMut(Daemon, &str)) {
-    for tier in tiers::under_test() {
-        let d = Daemon::start();
-        let json = d.cli(&["tiers", "--json"]).ok().json();
-        if tiers::runs_on(&tier, &json, needs) {
-            f(d, &tier);
-        }
-    }
 }
 
 /// A counter in the background (`/tmp/count`, ten a second) and a server on :8000 serving
