@@ -97,7 +97,7 @@ pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
 pub const CGROUP_MAX_DEPTH: u32 = 2;
 
 /// Where the identity of a sandbox's netns is recorded at boot (in its `run/`).
-const NETNS_FILE: &str = "netns.json";
+pub(crate) const NETNS_FILE: &str = "netns.json";
 
 /// Most directory entries one disk-usage walk reads (a sandbox without a disk image).
 const MAX_DU_ENTRIES: usize = 2_000_000;
