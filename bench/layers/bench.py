@@ -41,6 +41,9 @@ def main() -> None:
         help="with --ext4: serve --store-image off (clones copy; ADR 0101)",
     )
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument(
+        "--log", help="copy the daemon's log here (RUST_LOG=debug shows the phases)"
+    )
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tb-bench-layers-"))
     root = work / "root"
@@ -120,6 +123,8 @@ def main() -> None:
         if daemon is not None:
             daemon.terminate()
             daemon.wait(timeout=30)
+        if a.log and (work / "daemon.log").exists():
+            shutil.copy(work / "daemon.log", a.log)
         # The daemon's store, when it left it mounted (ADR 0101).
         subprocess.run(["umount", "-l", str(root / "sandboxes")], capture_output=True)
         if mounted:

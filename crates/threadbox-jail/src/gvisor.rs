@@ -98,7 +98,7 @@ impl GvisorDriver {
 }
 
 /// Finds `name` on `PATH`.
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join(name))
@@ -224,7 +224,7 @@ impl Gvisor {
     }
 
     /// runsc's global flags for this daemon's sandboxes.
-    fn global_args(&self) -> Vec<String> {
+    pub(crate) fn global_args(&self) -> Vec<String> {
         vec![
             "--root".into(),
             self.state_dir().display().to_string(),
@@ -360,9 +360,9 @@ impl Gvisor {
         std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700))?;
         let bundle = self.bundle(&spec.id);
         mkdir(&bundle)?;
-        let egress = crate::gvisor_net::egress_of(spec);
+        let (egress, host_net) = crate::gvisor_net::boot_network(spec)?;
         j.forget_netns(&spec.id)?;
-        let config = self.config_json(spec, &layers, egress.is_some());
+        let config = self.config_json(spec, &layers, host_net);
         std::fs::write(
             bundle.join("config.json"),
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
@@ -374,7 +374,7 @@ impl Gvisor {
         cg.create(&limits, None)?;
         let mut args = self.global_args();
         // A global flag: before the subcommand (run, or restore of a hibernated image).
-        args.push(crate::gvisor_net::network_flag(egress.is_some()).into());
+        args.push(crate::gvisor_net::network_flag(host_net).into());
         if let Some(image) = restore {
             args.extend([
                 "restore".into(),
@@ -405,7 +405,17 @@ impl Gvisor {
             egress,
         };
         let input = serde_json::to_vec(&launch).map_err(|e| CoreError::Internal(e.to_string()))?;
-        let child = std::process::Command::new(&j.config.helper_path)
+        // A restore runs under the image's lock (`gvisor_ckpt.rs`): a daemon restarted
+        // meanwhile waits for it to finish before it judges the image.
+        let mut cmd = match restore {
+            Some(image) => {
+                let mut c = crate::gvisor_ckpt::under_lock(image)?;
+                c.arg(&j.config.helper_path);
+                c
+            }
+            None => std::process::Command::new(&j.config.helper_path),
+        };
+        let child = cmd
             .arg("__gvisor-launch")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -467,7 +477,14 @@ impl Gvisor {
 
     /// `runsc delete --force` (best effort: a container that never existed is fine).
     pub(crate) fn remove_container(&self, info: &RunscInfo, id: &str) {
-        if self.state_dir().exists() {
+        // runsc keeps `<id>_sandbox:<id>.state` (and a socket, a lock) per container: with
+        // none of them there is nothing to delete, and a runsc run (tens of ms, more on a
+        // loaded host) is saved on every wake and boot.
+        let known = std::fs::read_dir(self.state_dir()).is_ok_and(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().contains(id))
+        });
+        if known {
             let _ = run_bounded(
                 self.runsc_cmd(info, &["delete", "-force", id]),
                 RUNSC_DEADLINE,

@@ -34,6 +34,37 @@ pub struct MemoryImage {
     pub ms: u64,
 }
 
+/// The lock a checkpoint into `dir` or a restore from it holds while it runs: `.<dir>.lock`.
+fn lock_of(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".{name}.lock"))
+}
+
+/// A command that runs what follows its arguments holding `dir`'s lock (`flock(1)`).
+/// The lock, not the daemon, spans the whole checkpoint or restore: a daemon killed
+/// during one leaves it running to its end (the sentry saves on its own anyway), and the
+/// next daemon waits for the lock before it looks at the image (ADR 0130).
+pub(crate) fn under_lock(dir: &Path) -> Result<std::process::Command> {
+    let flock = crate::gvisor::on_path("flock").ok_or_else(|| {
+        CoreError::Unavailable("hibernate on gvisor needs flock(1) (util-linux) on PATH".into())
+    })?;
+    let mut c = std::process::Command::new(flock);
+    c.arg(lock_of(dir));
+    Ok(c)
+}
+
+/// Waits (bounded) until no checkpoint or restore of `dir` holds its lock.
+fn wait_unlocked(dir: &Path) {
+    let Ok(mut c) = under_lock(dir) else { return };
+    c.args(["-w", "120", "true"]);
+    if let Err(e) = run_bounded(c, std::time::Duration::from_secs(130)) {
+        tracing::warn!("waiting for {}: {e}", lock_of(dir).display());
+    }
+}
+
 /// The temporary name a checkpoint into `dir` writes first.
 fn tmp_of(dir: &Path) -> PathBuf {
     let name = dir
@@ -56,16 +87,13 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// fsyncs every file of `dir`, then `dir` itself.
-fn sync_tree(dir: &Path) -> std::io::Result<()> {
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        if e.file_type()?.is_file() {
-            std::fs::File::open(e.path())?.sync_all()?;
-        }
-    }
-    std::fs::File::open(dir)?.sync_all()
-}
+/// `sh -ec CHECKPOINT_SH sh TMP DIR RUNSC ARGS…`: runs the checkpoint into TMP, fsyncs
+/// its files and itself, renames it to DIR and fsyncs DIR's parent.
+const CHECKPOINT_SH: &str = r#"tmp=$1; dir=$2; shift 2
+"$@"
+sync "$tmp" "$tmp"/*
+mv -T "$tmp" "$dir"
+sync "${dir%/*}""#;
 
 fn remove_dir(dir: &Path) {
     match std::fs::remove_dir_all(dir) {
@@ -91,10 +119,12 @@ impl Gvisor {
         let dir = self.memory_image_dir(id);
         remove_dir(&tmp_of(&dir));
         remove_dir(&dir);
+        let _ = std::fs::remove_file(lock_of(&dir));
     }
 
     pub(crate) fn checkpoint_memory(&self, id: &str, dir: &Path) -> Result<MemoryImage> {
         let info = self.runsc()?;
+        crate::gvisor_net::refuse_memory_image(self.j(), id)?;
         if dir.exists() {
             return Err(CoreError::Conflict(format!(
                 "a memory image already exists at {}",
@@ -105,22 +135,28 @@ impl Gvisor {
         remove_dir(&tmp);
         crate::mkdir(&tmp)?;
         let started = Instant::now();
-        let tmp_s = tmp.display().to_string();
-        let r = run_bounded(
-            self.runsc_cmd(&info, &["checkpoint", "-image-path", &tmp_s, id]),
-            RUNSC_DEADLINE,
-        );
+        // checkpoint, fsync, rename, as one process tree under the lock: it finishes even
+        // if the daemon dies, so a complete image is always renamed, a partial never.
+        let mut c = under_lock(dir)?;
+        c.args(["sh", "-ec", CHECKPOINT_SH, "sh"])
+            .arg(&tmp)
+            .arg(dir)
+            .arg(&info.path)
+            .args(self.global_args())
+            .args(["checkpoint", "-image-path"])
+            .arg(&tmp)
+            .arg(id);
+        let r = run_bounded(c, RUNSC_DEADLINE);
         let ms = started.elapsed().as_millis() as u64;
         if let Err(e) = r {
             remove_dir(&tmp);
             return Err(CoreError::Internal(format!("runsc checkpoint {id}: {e}")));
         }
-        sync_tree(&tmp).map_err(|e| {
-            CoreError::Internal(format!("sync the memory image {}: {e}", tmp.display()))
-        })?;
-        std::fs::rename(&tmp, dir)?;
-        if let Some(parent) = dir.parent() {
-            crate::checkpoint::sync_dir(parent);
+        if !Self::is_memory_image(dir) {
+            return Err(CoreError::Internal(format!(
+                "runsc checkpoint {id}: no image at {}",
+                dir.display()
+            )));
         }
         Ok(MemoryImage {
             bytes: dir_bytes(dir),
@@ -150,14 +186,25 @@ impl Gvisor {
 
     /// Hibernate: the (prepared) sandbox's memory into its image, then nothing of it runs.
     pub(crate) fn hibernate(&self, id: &str) -> Result<MemoryImage> {
+        // runsc cannot save its host network (a sandbox with egress runs on one, ADR 0140),
+        // and a checkpoint that fails ends the sandbox: refused before it is tried.
+        if self.j().paths(id).run.join(crate::NETNS_FILE).exists() {
+            return Err(CoreError::Unavailable(
+                "hibernate is not supported yet for a gvisor sandbox that uses the network \
+                 (runsc cannot checkpoint its host network); pause it instead"
+                    .into(),
+            ));
+        }
         let dir = self.memory_image_dir(id);
         // A complete image left by an interrupted wake is older than what runs now.
         remove_dir(&dir);
         let image = self.checkpoint_memory(id, &dir)?;
+        let t = Instant::now();
         if let Err(e) = self.halt(id) {
             tracing::warn!(sandbox = %id, "after its checkpoint: {e}");
         }
-        tracing::info!(sandbox = %id, bytes = image.bytes, ms = image.ms, "memory image written");
+        tracing::info!(sandbox = %id, bytes = image.bytes, checkpoint_ms = image.ms,
+            halt_ms = t.elapsed().as_millis() as u64, "memory image written");
         Ok(image)
     }
 
@@ -172,11 +219,30 @@ impl Gvisor {
             }
             return Ok(None);
         }
+        let t = Instant::now();
         let pid = self.restore_memory(spec, &dir)?;
-        // From here the processes run on: the image is history. Removed before the
-        // agent is told to bind, so a crash in between is seen as running (ADR 0130).
-        remove_dir(&dir);
+        let restore_ms = t.elapsed().as_millis() as u64;
         self.rebind(&spec.id)?;
+        let rebind_ms = t.elapsed().as_millis() as u64 - restore_ms;
+        // The sentry may still be reading the image after `restore -detach` returned
+        // (one removed at once killed it): it goes once the agent answers. A daemon
+        // killed before that finds the image and the restored processes are ended
+        // (ADR 0130).
+        let sock = self.socket(&spec.id);
+        let deadline = Instant::now() + RUNSC_DEADLINE;
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            if Instant::now() > deadline {
+                return Err(CoreError::Unavailable(format!(
+                    "the restored agent of {} did not listen within {}s",
+                    spec.id,
+                    RUNSC_DEADLINE.as_secs()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        remove_dir(&dir);
+        tracing::info!(sandbox = %spec.id, restore_ms, rebind_ms,
+            total_ms = t.elapsed().as_millis() as u64, "memory image restored");
         Ok(Some(pid))
     }
 
@@ -184,6 +250,10 @@ impl Gvisor {
     /// What a wake that did not finish left running is ended: the image is the truth.
     pub(crate) fn recover_hibernated(&self, id: &str) -> bool {
         let dir = self.memory_image_dir(id);
+        // A checkpoint or restore a killed daemon started runs to its end first.
+        if lock_of(&dir).exists() {
+            wait_unlocked(&dir);
+        }
         remove_dir(&tmp_of(&dir));
         if !Self::is_memory_image(&dir) {
             return false;

@@ -97,7 +97,7 @@ pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
 pub const CGROUP_MAX_DEPTH: u32 = 2;
 
 /// Where the identity of a sandbox's netns is recorded at boot (in its `run/`).
-const NETNS_FILE: &str = "netns.json";
+pub(crate) const NETNS_FILE: &str = "netns.json";
 
 /// Most directory entries one disk-usage walk reads (a sandbox without a disk image).
 const MAX_DU_ENTRIES: usize = 2_000_000;
@@ -377,6 +377,7 @@ impl Jail {
                 limits.cpus = 64.0;
             }
         }
+        let t0 = std::time::Instant::now();
         cg.create(&limits, Some((base, base)))?;
         #[cfg(feature = "insecure-test-hooks")]
         let tree_limit = !weaken.has("no-cgroup-tree-limit");
@@ -439,6 +440,7 @@ impl Jail {
         let spec = LaunchSpec { jail: spec, egress };
         let egress = spec.egress;
         let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let t1 = std::time::Instant::now();
         let child = std::process::Command::new(&self.config.helper_path)
             .arg("__jail-launch")
             .stdin(Stdio::piped())
@@ -469,6 +471,14 @@ impl Jail {
                     String::from_utf8_lossy(&out.stderr).trim()
                 ))
             })?;
+        // Where a boot's time goes (issue 14's fork target, ADR 0155).
+        tracing::debug!(
+            sandbox = %req.id,
+            cgroup_us = (t1 - t0).as_micros() as u64,
+            helper_us = t1.elapsed().as_micros() as u64,
+            phases_us = ?report.phases_us,
+            "jail launched"
+        );
         match (report.ok, report.agent_pid) {
             (true, Some(pid)) => {
                 if egress.is_some() {

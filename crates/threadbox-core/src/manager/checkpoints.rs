@@ -300,6 +300,7 @@ impl Manager {
     async fn fork_inner(&self, caller: &Caller, op: &Fork) -> Result<ForkResponse> {
         caller.require(Fork::SCOPE)?;
         let names = fork_names(&op.request)?;
+        let t0 = std::time::Instant::now();
         let parent = self.resolve(caller, &op.sandbox).await?;
         let live = self.live(&parent.id);
         // Forking from a checkpoint: its clone is the source, kept, and the parent's
@@ -342,6 +343,7 @@ impl Manager {
             from_index: parent.slot,
             ckpt: ckpt.clone(),
         };
+        let t1 = std::time::Instant::now();
         // Booted side by side: each create takes the create lock only for its insert.
         let creates = names.into_iter().map(|name| {
             let mut labels = parent.labels.clone();
@@ -384,6 +386,7 @@ impl Manager {
             }
         });
         let results = futures::future::join_all(creates).await;
+        let t2 = std::time::Instant::now();
         let mut made: Vec<Sandbox> = Vec::new();
         let mut failed = None;
         for r in results {
@@ -405,7 +408,14 @@ impl Manager {
             }
             return Err(e);
         }
-        tracing::info!(sandbox = %parent.id, forks = made.len(), "forked");
+        tracing::info!(
+            sandbox = %parent.id,
+            forks = made.len(),
+            source_us = (t1 - t0).as_micros() as u64,
+            creates_us = (t2 - t1).as_micros() as u64,
+            cleanup_us = t2.elapsed().as_micros() as u64,
+            "forked"
+        );
         Ok(ForkResponse { sandboxes: made })
     }
 

@@ -32,19 +32,33 @@ impl Manager {
 
     /// Starts the agent of `row` and connects to it. Caller holds the lifecycle lock.
     pub(super) async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
+        let start = std::time::Instant::now();
         let spec = self.spec_of(row).await?;
         let driver = self.driver_for(row)?;
+        let t0 = std::time::Instant::now();
         let pid = driver.launch(&spec).await.inspect_err(|_| {
             self.metrics().boot_failures.inc(["launch"]);
         })?;
+        let t1 = std::time::Instant::now();
         match AgentConn::connect(driver.as_ref(), &row.id, AGENT_CONNECT_TIMEOUT).await {
             Ok(conn) => {
+                let t2 = std::time::Instant::now();
                 // Secrets: the sandbox trusts the egress CA before anything runs in it.
                 if let Err(e) = self.install_secret_ca(&row.id, &conn).await {
                     tracing::error!(sandbox = %row.id, "secrets: the egress CA was not installed: {e}");
                 }
                 Self::set_conn(live, Some(conn));
+                let t3 = std::time::Instant::now();
                 self.attach_network(row, pid).await;
+                tracing::debug!(
+                    sandbox = %row.id,
+                    spec_us = (t0 - start).as_micros() as u64,
+                    launch_us = (t1 - t0).as_micros() as u64,
+                    handshake_us = (t2 - t1).as_micros() as u64,
+                    ca_us = (t3 - t2).as_micros() as u64,
+                    network_us = t3.elapsed().as_micros() as u64,
+                    "boot phases"
+                );
                 Ok(pid)
             }
             Err(e) => {
@@ -215,6 +229,8 @@ impl Manager {
         let image = req.image.clone().unwrap_or_else(|| HOST_IMAGE.to_string());
         // Refused before anything exists: an image this tier cannot boot.
         driver.resolve_image(&self.image_row(&image).await?).await?;
+        // And one whose config names a user it does not have (ADR 0160).
+        self.image_run(&image).await?;
 
         let created = now_ms();
         let id = format!("sb-{}", uuid::Uuid::new_v4().simple());

@@ -95,6 +95,25 @@ impl Manager {
         drop(conn);
         let started = std::time::Instant::now();
         if let Err(e) = driver.hibernate(&row.id).await {
+            let alive = match row.agent_pid {
+                Some(pid) => driver.agent_alive(&row.id, pid).await,
+                None => false,
+            };
+            if !alive {
+                // runsc ends a container whose checkpoint failed (20240729): its
+                // processes are gone, and the row must say so.
+                tracing::error!(sandbox = %row.id, "the checkpoint failed and ended the sandbox: {e}");
+                let _ = driver.stop(&row.id).await;
+                self.store
+                    .transition(&row.id, from, State::Stopped, None)
+                    .await?;
+                if let Err(t) = self.store.mark_contexts_lost(&row.id, "stopped").await {
+                    tracing::warn!(sandbox = %row.id, "marking its contexts lost: {t}");
+                }
+                return Err(CoreError::Internal(format!(
+                    "hibernate failed and the sandbox's processes ended (it is stopped, its disk kept): {e}"
+                )));
+            }
             return Err(undo(e).await);
         }
         tracing::info!(sandbox = %row.id, ms = started.elapsed().as_millis() as u64, "hibernated to a memory image");

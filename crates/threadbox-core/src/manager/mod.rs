@@ -24,6 +24,7 @@ mod exec;
 mod files;
 mod governance;
 mod hibernate_image;
+mod image_run;
 mod images;
 mod lifecycle;
 mod net_floor;

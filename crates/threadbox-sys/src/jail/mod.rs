@@ -150,23 +150,50 @@ pub struct LaunchReport {
     /// The error is a refusal of this host's posture (see `SysError::Refused`).
     #[serde(default)]
     pub refused: bool,
+    /// Microseconds from the helper's start to the end of each phase (where a boot's time
+    /// goes; the daemon logs them at debug level).
+    #[serde(default)]
+    pub phases_us: Vec<(String, u64)>,
+}
+
+/// The helper's start and its phase marks so far.
+type Phases = (Option<std::time::Instant>, Vec<(String, u64)>);
+
+thread_local! {
+    /// The helper's phase marks (it is single-threaded; the init child never reports).
+    static PHASES: std::cell::RefCell<Phases> = const { std::cell::RefCell::new((None, Vec::new())) };
+}
+
+/// Marks the end of a phase of the helper (see [`LaunchReport::phases_us`]).
+fn phase(name: &str) {
+    PHASES.with(|p| {
+        let mut p = p.borrow_mut();
+        let t0 = *p.0.get_or_insert_with(std::time::Instant::now);
+        let us = t0.elapsed().as_micros() as u64;
+        p.1.push((name.to_string(), us));
+    });
 }
 
 /// Entry point of `threadbox __jail-launch`. Reads a [`JailSpec`] from stdin, prints a
 /// [`LaunchReport`], returns the process exit code. Must run in a single-threaded process.
 pub fn helper_main() -> i32 {
-    let report = match run_helper() {
+    phase("start");
+    let result = run_helper();
+    let phases_us = PHASES.with(|p| std::mem::take(&mut p.borrow_mut().1));
+    let report = match result {
         Ok(pid) => LaunchReport {
             ok: true,
             agent_pid: Some(pid),
             error: None,
             refused: false,
+            phases_us,
         },
         Err(e) => LaunchReport {
             ok: false,
             agent_pid: None,
             refused: matches!(e, SysError::Refused(_)),
             error: Some(e.to_string()),
+            phases_us,
         },
     };
     let code = if report.ok { 0 } else { 1 };
@@ -184,6 +211,7 @@ fn run_helper() -> Result<i32> {
         .map_err(|e| SysError::os("read the jail spec", e))?;
     let spec: LaunchSpec =
         serde_json::from_str(&input).map_err(|e| SysError::Other(format!("bad jail spec: {e}")))?;
+    phase("spec");
     launch_with(&spec.jail, spec.egress.as_ref())
 }
 
@@ -262,11 +290,14 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
         fs::write(procs, "0")
             .map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
     }
+    // A cgroup move waits for an RCU grace period when none ran lately (ADR 0014).
+    phase("cgroup-join");
     let agent = match spec.agent_memfd.as_deref().and_then(open_sealed) {
         Some(fd) => fd,
         None => sealed_agent(&spec.agent_path)?,
     };
     let listener = listen_socket(&spec.socket_path)?;
+    phase("agent+socket");
     // A handle on the sandbox's cgroup2 directory by its host path. It never reaches the
     // agent (unless weakened): a directory fd of the host's mount namespace is a way out
     // through `/proc/self/fd/N/..`. The child mounts its own view of the cgroup (below)
@@ -287,6 +318,7 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
         }
         _ => None,
     };
+    phase("idmap");
     let with_ns;
     let spec = match &idmap_ns {
         Some(ns) => {
@@ -350,6 +382,7 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
     drop(agent);
     drop(listener);
     drop(cgroup_fd);
+    phase("fork");
 
     let result = (|| {
         let mut byte = [0u8; 1];
@@ -363,6 +396,8 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
                 )))
             }
         }
+        // The child has its namespaces, disk, overlay root and pivot, and its user ns.
+        phase("root");
         if !weakened(spec, "host-userns") {
             let map = format!("0 {} {}\n", spec.id_base, ID_RANGE);
             fs::write(format!("/proc/{pid}/uid_map"), &map)
@@ -375,6 +410,7 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
             .map_err(|e| SysError::os("signal the sandbox init", e))?;
         drop(gf);
         let err = read_all(err_r);
+        phase("agent-exec");
         if !err.is_empty() {
             let text = String::from_utf8_lossy(&err);
             if let Some(m) = text.strip_prefix(REFUSED_PREFIX) {
