@@ -35,6 +35,8 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
                     background process gets its own child cgroup in it
   --allow-no-landlock  run even where Landlock cannot be enforced (the operator's
                     explicit choice of a weaker posture; refused otherwise)
+  --tier NAME       the isolation tier the agent runs on (jail, the default, or gvisor):
+                    which posture checks the selftest makes
   --version         print the version";
 
 #[derive(Debug, Default)]
@@ -43,6 +45,7 @@ struct Args {
     listen_path: Option<String>,
     cgroup_fd: Option<i32>,
     allow_no_landlock: bool,
+    tier: selftest::Tier,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -58,6 +61,7 @@ fn parse_args() -> Result<Args, String> {
             "--listen-fd" => args.listen_fd = Some(fd(it.next(), "--listen-fd")?),
             "--cgroup-fd" => args.cgroup_fd = Some(fd(it.next(), "--cgroup-fd")?),
             "--allow-no-landlock" => args.allow_no_landlock = true,
+            "--tier" => args.tier = it.next().ok_or("--tier needs a value")?.parse()?,
             "--listen" => {
                 let v = it.next().ok_or("--listen needs a value")?;
                 let p = v.strip_prefix("unix:").ok_or("--listen takes unix:PATH")?;
@@ -180,7 +184,7 @@ fn run(args: Args) -> Result<(), String> {
     local.block_on(&rt, async move {
         let listener =
             tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
-        let agent = Rc::new(agent::Agent::new(root, cgroup, policy));
+        let agent = Rc::new(agent::Agent::new(root, cgroup, policy, args.tier));
         // The SIGCHLD handler must exist before the first child is started.
         let reaper = agent::Reaper::install().map_err(|e| format!("SIGCHLD handler: {e}"))?;
         tokio::task::spawn_local(reaper.run(agent.clone()));

@@ -20,7 +20,7 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use threadbox_core::driver::{
-    blocking, AgentStream, Driver, Limits, SandboxSpec, TierStatus, Usage,
+    blocking, AgentStream, Driver, HostCheck, Limits, SandboxSpec, TierStatus, Usage,
 };
 use threadbox_core::error::{CoreError, Result};
 use threadbox_core::store::ImageRow;
@@ -301,7 +301,7 @@ impl Gvisor {
                 "user": {"uid": 0, "gid": 0},
                 "args": [AGENT_INSIDE, "--listen", format!("unix:{SOCKET_DIR_INSIDE}/agent.sock"),
                          // gVisor has no Landlock; the sentry is this tier's boundary.
-                         "--allow-no-landlock"],
+                         "--allow-no-landlock", "--tier", "gvisor"],
                 "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "cwd": "/",
                 "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
@@ -576,5 +576,9 @@ impl Driver for GvisorDriver {
 
     async fn agent_alive(&self, id: &str, pid: i32) -> bool {
         self.0.jail.agent_alive(id, pid).await
+    }
+
+    async fn host_posture(&self, id: &str, agent_pid: Option<i32>) -> Vec<HostCheck> {
+        crate::gvisor_posture::sentry_checks(id, agent_pid)
     }
 }

@@ -11,6 +11,7 @@
 mod ca_bundle;
 mod checkpoint;
 pub mod gvisor;
+mod gvisor_posture;
 pub mod store;
 mod templates;
 pub mod uid_range;

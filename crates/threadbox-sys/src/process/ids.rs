@@ -53,6 +53,16 @@ pub fn assume_fs_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsId
         Err(e) if raw::process::effective_ids() != (uid, gid) => {
             assume_effective_ids(uid, gid).map_err(|_| e)
         }
+        // The effective ids already are the asked ones, yet the fsids would not follow:
+        // a kernel without separate filesystem ids (the agent, root, acting as root on
+        // gVisor; on Linux setfsuid to the euid always succeeds). The identity is already
+        // in place; dropping the guard sets back the same ids.
+        Err(_) => Ok(FsIdentity {
+            prev_uid: uid,
+            prev_gid: gid,
+            effective: true,
+            _thread: PhantomData,
+        }),
         r => r,
     }
 }
