@@ -37,6 +37,7 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
                     explicit choice of a weaker posture; refused otherwise)
   --tier NAME       the isolation tier the agent runs on (jail, the default, or gvisor):
                     which posture checks the selftest makes
+  --sync            sync the file system of / and exit (the gvisor tier's checkpoints)
   --version         print the version";
 
 #[derive(Debug, Default)]
@@ -69,6 +70,18 @@ fn parse_args() -> Result<Args, String> {
             }
             #[cfg(feature = "insecure-test-hooks")]
             "--test-weaken" => testhooks::set(&it.next().ok_or("--test-weaken needs a value")?)?,
+            // The gvisor tier runs this (`runsc exec`) before a disk checkpoint: the
+            // sentry's own sync pushes out what it caches (ADR 0135).
+            "--sync" => {
+                let code = match threadbox_sys::clonefile::syncfs(std::path::Path::new("/")) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("threadbox-agent: sync: {e}");
+                        1
+                    }
+                };
+                std::process::exit(code);
+            }
             "--version" => {
                 println!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
                 std::process::exit(0);
@@ -182,9 +195,18 @@ fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("runtime: {e}"))?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let listener =
-            tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
-        let agent = Rc::new(agent::Agent::new(root, cgroup, policy, args.tier));
+        let mut listener = Some(
+            tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?,
+        );
+        let mut agent = agent::Agent::new(root, cgroup, policy, args.tier);
+        agent.listen_path = args.listen_path.clone();
+        let agent = Rc::new(agent);
+        // The host's "bind again" after a memory checkpoint's restore (ADR 0130). Installed
+        // before anything can be asked to quiesce; one arriving while we listen is dropped.
+        let mut rebind =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+                .map_err(|e| format!("SIGUSR2 handler: {e}"))?;
+        let mut quiesced = agent.quiesce.subscribe();
         // The SIGCHLD handler must exist before the first child is started.
         let reaper = agent::Reaper::install().map_err(|e| format!("SIGCHLD handler: {e}"))?;
         tokio::task::spawn_local(reaper.run(agent.clone()));
@@ -194,7 +216,34 @@ fn run(args: Args) -> Result<(), String> {
             std::process::id()
         ));
         loop {
-            match listener.accept().await {
+            let Some(l) = listener.as_ref() else {
+                // Quiesced: nothing of ours is bound on the host until the restore (or a
+                // checkpoint that failed) is over.
+                let after = quiesced.borrow_and_update().rebind_after_ms;
+                tokio::select! {
+                    _ = rebind.recv() => {}
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(after)) => {
+                        log("no word from the host after a checkpoint; binding again");
+                    }
+                    // Another prepare meanwhile: wait on with its deadline.
+                    _ = quiesced.changed() => continue,
+                }
+                listener = bind_again(args.listen_path.as_deref()).await;
+                continue;
+            };
+            let accepted = tokio::select! {
+                biased;
+                _ = quiesced.changed() => {
+                    // Nothing is logged here: a write to the host's log file that the
+                    // checkpoint interrupts does not finish after the restore (seen with
+                    // runsc 20240729). `PrepareCheckpoint` logged before answering.
+                    listener = None;
+                    continue;
+                }
+                _ = rebind.recv() => continue,
+                a = l.accept() => a,
+            };
+            match accepted {
                 Ok((stream, _)) => {
                     tokio::task::spawn_local(conn::serve(agent.clone(), stream));
                 }
@@ -206,6 +255,31 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
     })
+}
+
+/// Binds the listener again at `path` after a checkpoint, retrying a failure (logged)
+/// rather than leaving the sandbox unreachable.
+async fn bind_again(path: Option<&str>) -> Option<tokio::net::UnixListener> {
+    let path = path?;
+    let args = Args {
+        listen_path: Some(path.to_string()),
+        ..Args::default()
+    };
+    loop {
+        match listener(&args).and_then(|l| {
+            l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            tokio::net::UnixListener::from_std(l).map_err(|e| e.to_string())
+        }) {
+            Ok(l) => {
+                log("listening again after a checkpoint");
+                return Some(l);
+            }
+            Err(e) => {
+                log(&format!("binding again after a checkpoint: {e}"));
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
 /// One line to the agent's log (its stderr, which the host keeps).

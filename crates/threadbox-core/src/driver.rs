@@ -74,6 +74,17 @@ pub mod capability {
     pub const CALL_CGROUPS: &str = "call_cgroups";
     /// The sandbox's ids map to a host uid range of its own (ADR 0016).
     pub const UID_RANGES: &str = "uid_ranges";
+    /// `hibernate`: a sandbox's memory leaves RAM, its processes continue on wake
+    /// (ADR 0129, 0130). Each tier also names its flavour, below.
+    pub const HIBERNATE: &str = "hibernate";
+    /// Hibernate pushes the frozen cgroup's memory to the host's swap (the jail, ADR
+    /// 0129): needs swap or zram, does not survive a host reboot.
+    pub const HIBERNATE_SWAP: &str = "hibernate_swap";
+    /// Hibernate checkpoints memory and processes into an image on the sandbox's disk
+    /// (gvisor, ADR 0130): nothing of it stays in RAM or runs, it survives a daemon
+    /// restart and a host reboot. The agent is asked to let go of its host socket first
+    /// (`PrepareCheckpoint`) and the wake boots a new agent process tree from the image.
+    pub const HIBERNATE_IMAGE: &str = "hibernate_image";
 }
 
 /// What a tier says of itself for `GET /v1/tiers`.
@@ -185,9 +196,17 @@ pub trait Driver: Send + Sync {
             self.tier()
         )))
     }
-    /// Undoes what [`Driver::hibernate`] changed besides the freeze, before the thaw.
-    async fn wake(&self, _id: &str) -> Result<()> {
-        Ok(())
+    /// Undoes what [`Driver::hibernate`] changed besides the freeze, before the thaw (also
+    /// after a hibernate that failed). `Some(pid)`: the wake booted the sandbox's agent
+    /// anew (a memory image restored), and this is its host pid.
+    async fn wake(&self, _spec: &SandboxSpec) -> Result<Option<i32>> {
+        Ok(None)
+    }
+    /// After a daemon restart: whether the sandbox is hibernated in a complete memory
+    /// image with nothing of it running (a [`capability::HIBERNATE_IMAGE`] tier; what an
+    /// interrupted wake left running is ended, the image being the truth).
+    async fn recover_hibernated(&self, _id: &str) -> bool {
+        false
     }
 
     // ---- checkpoints (issue 14, ADR 0100): clones of the whole disk ----

@@ -92,11 +92,17 @@ impl Jail {
         ckpt: &str,
         agent_pid: Option<i32>,
     ) -> Result<DiskClone> {
+        self.sync_disk(id, agent_pid)?;
+        self.clone_checkpoint(id, ckpt)
+    }
+
+    /// The clone itself, of a disk whose writes the caller has synced (the jail through
+    /// its agent's root, the gvisor tier through its gofer's).
+    pub(crate) fn clone_checkpoint(&self, id: &str, ckpt: &str) -> Result<DiskClone> {
         use std::os::unix::fs::MetadataExt;
         let img = self.image_of(id)?;
         let dst = self.checkpoint_image(id, ckpt)?;
         mkdir(&self.checkpoint_dir(id))?;
-        self.sync_disk(id, agent_pid)?;
         let tmp = dst.with_extension("img.tmp");
         let _ = std::fs::remove_file(&tmp);
         let method = clone_file(&img, &tmp).map_err(sys)?;
@@ -143,8 +149,24 @@ impl Jail {
         from_index: u32,
         ckpt: &str,
     ) -> Result<()> {
-        use std::os::unix::fs::PermissionsExt;
         let _ = index;
+        let from_base = match disk_owner_base(&self.paths(from).dir) {
+            Some(b) => b,
+            None => self.uid_range.slot_base(from_index)?,
+        };
+        self.fork_disk_stored_at(id, from, ckpt, from_base)
+    }
+
+    /// A fork's disk as a clone of `from`'s checkpoint, recorded as stored relative to
+    /// host uid `from_base` (0 on the gvisor tier, which maps no ids: ADR 0135).
+    pub(crate) fn fork_disk_stored_at(
+        &self,
+        id: &str,
+        from: &str,
+        ckpt: &str,
+        from_base: u32,
+    ) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
         let src = self.checkpoint_image(from, ckpt)?;
         let p = self.paths(id);
         for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
@@ -152,10 +174,6 @@ impl Jail {
         }
         std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
         let t0 = std::time::Instant::now();
-        let from_base = match disk_owner_base(&self.paths(from).dir) {
-            Some(b) => b,
-            None => self.uid_range.slot_base(from_index)?,
-        };
         let tmp = p.dir.join("disk.img.tmp");
         let _ = std::fs::remove_file(&tmp);
         clone_file(&src, &tmp).map_err(sys)?;
@@ -176,14 +194,15 @@ impl Jail {
         Ok(())
     }
 
-    /// Makes `id`'s disk a clone of the image `src`, its owners moved into `index`'s uid
-    /// range from the base `src` records (`default_base` when it records none), and only
-    /// then renamed into place (a disk that exists is always whole and owned right).
+    /// Makes `id`'s disk a clone of the image `src`, its owners moved onto host uid base
+    /// `to_base` (a jail slot's, or 0 on the gvisor tier) from the base `src` records
+    /// (`default_base` when it records none), and only then renamed into place (a disk
+    /// that exists is always whole and owned right).
     pub(crate) fn disk_from_clone(
         &self,
         src: &Path,
         id: &str,
-        index: u32,
+        to_base: u32,
         default_base: u32,
     ) -> Result<()> {
         use std::os::unix::fs::PermissionsExt;
@@ -195,7 +214,7 @@ impl Jail {
         let tmp = p.dir.join("disk.img.tmp");
         let _ = std::fs::remove_file(&tmp);
         clone_file(src, &tmp).map_err(sys)?;
-        let (from_base, to_base) = (default_base, self.uid_range.slot_base(index)?);
+        let from_base = default_base;
         let shifted = threadbox_sys::jail::with_image_mounted(&tmp, &p.disk_mount, |root| {
             let file = root.join(UID_BASE_FILE);
             let recorded = std::fs::read_to_string(&file)

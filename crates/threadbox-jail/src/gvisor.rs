@@ -14,6 +14,9 @@
 //!   daemon connects to it from the host.
 //! - runsc's state lives in `<root>/gvisor/state`; the container id is the sandbox id.
 
+#[path = "gvisor_disk.rs"]
+mod disk;
+
 use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -37,7 +40,7 @@ pub const RUNTIME_PIDS: u32 = 256;
 
 /// Longest the probe, a launch or a runsc command may take (the kvm platform hangs on
 /// this host's PVM: a hang must not hold the daemon).
-const RUNSC_DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const RUNSC_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Where the agent's socket directory is bound inside the sandbox.
 const SOCKET_DIR_INSIDE: &str = "/run/threadbox";
@@ -56,9 +59,9 @@ pub struct RunscInfo {
 
 /// The tier of one daemon.
 #[derive(Clone)]
-pub struct GvisorDriver(Arc<Gvisor>);
+pub struct GvisorDriver(pub(crate) Arc<Gvisor>);
 
-struct Gvisor {
+pub(crate) struct Gvisor {
     jail: JailDriver,
     /// `serve --runsc PATH`; `None`: the first `runsc` on `PATH`.
     runsc: Option<PathBuf>,
@@ -85,7 +88,7 @@ impl GvisorDriver {
             .unwrap_or_else(|e| Err(e.to_string()))
     }
 
-    async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Gvisor) -> Result<T> + Send + 'static,
     ) -> Result<T> {
@@ -103,7 +106,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// Runs `cmd` to its end within `deadline` (killed past it); its stdout, or why not.
-fn run_bounded(
+pub(crate) fn run_bounded(
     mut cmd: std::process::Command,
     deadline: Duration,
 ) -> std::result::Result<String, String> {
@@ -138,11 +141,11 @@ fn run_bounded(
 }
 
 impl Gvisor {
-    fn j(&self) -> &Jail {
+    pub(crate) fn j(&self) -> &Jail {
         self.jail.jail()
     }
 
-    fn state_dir(&self) -> PathBuf {
+    pub(crate) fn state_dir(&self) -> PathBuf {
         self.j().config.root.join("gvisor").join("state")
     }
 
@@ -154,7 +157,7 @@ impl Gvisor {
         self.j().paths(id).run.join("gvisor")
     }
 
-    fn socket(&self, id: &str) -> PathBuf {
+    pub(crate) fn socket(&self, id: &str) -> PathBuf {
         self.socket_dir(id).join("agent.sock")
     }
 
@@ -214,7 +217,7 @@ impl Gvisor {
         })
     }
 
-    fn runsc(&self) -> Result<RunscInfo> {
+    pub(crate) fn runsc(&self) -> Result<RunscInfo> {
         self.probe()
             .clone()
             .map_err(|e| CoreError::Unavailable(format!("the gvisor tier is unavailable: {e}")))
@@ -240,7 +243,7 @@ impl Gvisor {
         ]
     }
 
-    fn runsc_cmd(&self, info: &RunscInfo, args: &[&str]) -> std::process::Command {
+    pub(crate) fn runsc_cmd(&self, info: &RunscInfo, args: &[&str]) -> std::process::Command {
         let mut c = std::process::Command::new(&info.path);
         c.args(self.global_args()).args(args);
         c
@@ -317,6 +320,14 @@ impl Gvisor {
     }
 
     fn launch(&self, spec: &SandboxSpec) -> Result<i32> {
+        // A fresh boot: whatever a hibernate left is of the processes a stop ended.
+        self.remove_memory_image(&spec.id);
+        self.launch_as(spec, None)
+    }
+
+    /// Boots `spec`'s container on its disk: `runsc run`, or `runsc restore` of the memory
+    /// image `restore` (`gvisor_ckpt.rs`). Returns the sentry's host pid.
+    pub(crate) fn launch_as(&self, spec: &SandboxSpec, restore: Option<&Path>) -> Result<i32> {
         let info = self.runsc()?;
         let j = self.j();
         let p = j.paths(&spec.id);
@@ -356,8 +367,16 @@ impl Gvisor {
         let cg = j.cgroup(&spec.id);
         cg.create(&limits, None)?;
         let mut args = self.global_args();
+        if let Some(image) = restore {
+            args.extend([
+                "restore".into(),
+                "-image-path".into(),
+                image.display().to_string(),
+            ]);
+        } else {
+            args.push("run".into());
+        }
         args.extend([
-            "run".into(),
             "-detach".into(),
             "-bundle".into(),
             bundle.display().to_string(),
@@ -388,7 +407,7 @@ impl Gvisor {
         let out = match crate::run_helper(child, &input, RUNSC_DEADLINE) {
             Ok(out) => out,
             Err(e) => {
-                let _ = self.stop(&spec.id);
+                let _ = self.halt(&spec.id);
                 return Err(e);
             }
         };
@@ -398,7 +417,7 @@ impl Gvisor {
         match report {
             Some(GvisorReport { ok: true, .. }) => {}
             other => {
-                let _ = self.stop(&spec.id);
+                let _ = self.halt(&spec.id);
                 return Err(CoreError::Internal(format!(
                     "gvisor sandbox setup failed: {}",
                     other
@@ -410,7 +429,7 @@ impl Gvisor {
         match self.sentry_pid(&info, &spec.id) {
             Ok(pid) => Ok(pid),
             Err(e) => {
-                let _ = self.stop(&spec.id);
+                let _ = self.halt(&spec.id);
                 Err(e)
             }
         }
@@ -418,7 +437,7 @@ impl Gvisor {
 
     /// The sentry's host pid (`runsc state`): what the manager records as the agent's
     /// pid, alive exactly while the sandbox is.
-    fn sentry_pid(&self, info: &RunscInfo, id: &str) -> Result<i32> {
+    pub(crate) fn sentry_pid(&self, info: &RunscInfo, id: &str) -> Result<i32> {
         let out = run_bounded(self.runsc_cmd(info, &["state", id]), RUNSC_DEADLINE)
             .map_err(|e| CoreError::Internal(format!("runsc state {id}: {e}")))?;
         let v: serde_json::Value = serde_json::from_str(&out)
@@ -431,7 +450,7 @@ impl Gvisor {
     }
 
     /// `runsc delete --force` (best effort: a container that never existed is fine).
-    fn remove_container(&self, info: &RunscInfo, id: &str) {
+    pub(crate) fn remove_container(&self, info: &RunscInfo, id: &str) {
         if self.state_dir().exists() {
             let _ = run_bounded(
                 self.runsc_cmd(info, &["delete", "-force", id]),
@@ -441,6 +460,14 @@ impl Gvisor {
     }
 
     fn stop(&self, id: &str) -> Result<()> {
+        // The processes end here: a memory image of them would be restored into a disk
+        // that has moved on.
+        self.remove_memory_image(id);
+        self.halt(id)
+    }
+
+    /// Ends every process of the sandbox; a memory image stays.
+    pub(crate) fn halt(&self, id: &str) -> Result<()> {
         if let Ok(info) = self.probe().clone() {
             self.remove_container(&info, id);
         }
@@ -458,11 +485,31 @@ impl Gvisor {
 
 /// Connects to the agent's socket, waiting for an agent that has not bound it yet (runsc
 /// returns once the container's init runs, before the agent listens).
-async fn connect_waiting(path: &Path) -> Result<AgentStream> {
-    let deadline = tokio::time::Instant::now() + RUNSC_DEADLINE;
+///
+/// A socket that exists but refuses for a while is an agent that closed its listener for
+/// a checkpoint (ADR 0130) and was not told to bind again (a daemon that died in between):
+/// `rebind` is called once.
+async fn connect_waiting<F: std::future::Future<Output = Result<()>>>(
+    path: &Path,
+    rebind: impl FnOnce() -> F,
+) -> Result<AgentStream> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + RUNSC_DEADLINE;
+    let mut rebind = Some(rebind);
     loop {
         match tokio::net::UnixStream::connect(path).await {
             Ok(s) => return Ok(Box::new(s)),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && started.elapsed() > Duration::from_millis(200)
+                    && rebind.is_some() =>
+            {
+                if let Some(f) = rebind.take() {
+                    if let Err(e) = f().await {
+                        tracing::debug!("asking the agent to bind again: {e}");
+                    }
+                }
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -494,11 +541,29 @@ impl Driver for GvisorDriver {
     }
 
     fn capabilities(&self) -> Vec<&'static str> {
-        // Not yet: disk checkpoints (the sentry's page cache must be synced first),
-        // egress (no netns of ours under --network=none), Landlock (none in the sentry),
+        // Not yet: egress (no netns of ours under --network=none), Landlock (none in the sentry),
         // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
         // process group, not a `setsid` descendant).
-        Vec::new()
+        use threadbox_core::driver::capability::*;
+        vec![CHECKPOINTS, HIBERNATE, HIBERNATE_IMAGE]
+    }
+
+    async fn hibernate(&self, id: &str) -> Result<u64> {
+        let id = id.to_string();
+        // Nothing of it is left in RAM: its cgroup is gone with its processes.
+        self.run(move |g| g.hibernate(&id).map(|_| 0)).await
+    }
+
+    async fn wake(&self, spec: &SandboxSpec) -> Result<Option<i32>> {
+        let spec = spec.clone();
+        self.run(move |g| g.wake(&spec)).await
+    }
+
+    async fn recover_hibernated(&self, id: &str) -> bool {
+        let id = id.to_string();
+        self.run(move |g| Ok(g.recover_hibernated(&id)))
+            .await
+            .unwrap_or(false)
     }
 
     async fn status(&self) -> TierStatus {
@@ -539,7 +604,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn connect(&self, id: &str) -> Result<AgentStream> {
-        connect_waiting(&self.0.socket(id)).await
+        connect_waiting(&self.0.socket(id), || self.rebind(id)).await
     }
 
     async fn freeze(&self, id: &str) -> Result<()> {
@@ -576,6 +641,66 @@ impl Driver for GvisorDriver {
 
     async fn agent_alive(&self, id: &str, pid: i32) -> bool {
         self.0.jail.agent_alive(id, pid).await
+    }
+
+    // Disk checkpoints, fork and templates (ADR 0135): `disk.rs`.
+
+    async fn sync_disk(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |g| g.sync_disk(&id, agent_pid)).await
+    }
+
+    async fn checkpoint_disk(
+        &self,
+        id: &str,
+        ckpt: &str,
+        agent_pid: Option<i32>,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (id, ckpt) = (id.to_string(), ckpt.to_string());
+        self.run(move |g| g.checkpoint_disk(&id, &ckpt, agent_pid))
+            .await
+    }
+
+    async fn restore_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        self.0.jail.restore_disk(id, ckpt).await
+    }
+
+    async fn fork_disk(&self, spec: &SandboxSpec, from: &str, _: u32, ckpt: &str) -> Result<()> {
+        let (id, from, ckpt) = (spec.id.clone(), from.to_string(), ckpt.to_string());
+        self.run(move |g| g.fork_disk(&id, &from, &ckpt)).await
+    }
+
+    async fn remove_checkpoint_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        self.0.jail.remove_checkpoint_disk(id, ckpt).await
+    }
+
+    async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
+        self.0.jail.checkpoint_disks(id).await
+    }
+
+    async fn save_template_disk(
+        &self,
+        from: &str,
+        _: u32,
+        ckpt: &str,
+        tpl: &str,
+    ) -> Result<threadbox_core::driver::DiskClone> {
+        let (from, ckpt, tpl) = (from.to_string(), ckpt.to_string(), tpl.to_string());
+        self.run(move |g| g.save_template_disk(&from, &ckpt, &tpl))
+            .await
+    }
+
+    async fn template_disk(&self, spec: &SandboxSpec, tpl: &str) -> Result<()> {
+        let (id, tpl) = (spec.id.clone(), tpl.to_string());
+        self.run(move |g| g.template_disk(&id, &tpl)).await
+    }
+
+    async fn remove_template_disk(&self, tpl: &str) -> Result<()> {
+        self.0.jail.remove_template_disk(tpl).await
+    }
+
+    async fn template_disks(&self) -> Vec<String> {
+        self.0.jail.template_disks().await
     }
 
     async fn host_posture(&self, id: &str, agent_pid: Option<i32>) -> Vec<HostCheck> {

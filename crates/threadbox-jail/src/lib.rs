@@ -11,6 +11,7 @@
 mod ca_bundle;
 mod checkpoint;
 pub mod gvisor;
+pub mod gvisor_ckpt;
 mod gvisor_posture;
 pub mod store;
 mod templates;
@@ -713,7 +714,15 @@ impl Driver for JailDriver {
 
     fn capabilities(&self) -> Vec<&'static str> {
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, EGRESS, LANDLOCK, CALL_CGROUPS, UID_RANGES]
+        vec![
+            CHECKPOINTS,
+            EGRESS,
+            LANDLOCK,
+            CALL_CGROUPS,
+            UID_RANGES,
+            HIBERNATE,
+            HIBERNATE_SWAP,
+        ]
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
@@ -835,9 +844,9 @@ impl Driver for JailDriver {
         self.run(move |j| j.hibernate(&id)).await
     }
 
-    async fn wake(&self, id: &str) -> Result<()> {
-        let id = id.to_string();
-        self.run(move |j| j.wake(&id)).await
+    async fn wake(&self, spec: &SandboxSpec) -> Result<Option<i32>> {
+        let id = spec.id.clone();
+        self.run(move |j| j.wake(&id)).await.map(|()| None)
     }
 
     async fn thaw(&self, id: &str) -> Result<()> {

@@ -26,6 +26,23 @@ impl Jail {
         ckpt: &str,
         tpl: &str,
     ) -> Result<DiskClone> {
+        // A forked source keeps its parent's owners, recorded beside its disk (ADR 0102).
+        let from_base = match crate::checkpoint::disk_owner_base(&self.paths(from).dir) {
+            Some(b) => b,
+            None => self.uid_range.slot_base(from_index)?,
+        };
+        self.save_template_disk_stored_at(from, ckpt, tpl, from_base)
+    }
+
+    /// [`Jail::save_template_disk`] of a disk whose owners are stored relative to host uid
+    /// `from_base` (0 on the gvisor tier, unless the image records its own).
+    pub(crate) fn save_template_disk_stored_at(
+        &self,
+        from: &str,
+        ckpt: &str,
+        tpl: &str,
+        from_base: u32,
+    ) -> Result<DiskClone> {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         let src = self.checkpoint_image(from, ckpt)?;
         if !src.is_file() {
@@ -39,11 +56,6 @@ impl Jail {
         let mnt = dst.with_extension("mnt");
         let _ = std::fs::remove_file(&tmp);
         let method = clone_file(&src, &tmp).map_err(sys)?;
-        // A forked source keeps its parent's owners, recorded beside its disk (ADR 0102).
-        let from_base = match crate::checkpoint::disk_owner_base(&self.paths(from).dir) {
-            Some(b) => b,
-            None => self.uid_range.slot_base(from_index)?,
-        };
         // The base its owners are relative to goes into the image itself: the source
         // sandbox may be gone (and its slot reused) when the template is used.
         let recorded = mkdir(&mnt).and_then(|()| {
@@ -78,14 +90,19 @@ impl Jail {
     }
 
     pub fn template_disk(&self, id: &str, index: u32, tpl: &str) -> Result<()> {
+        self.template_disk_to(id, self.uid_range.slot_base(index)?, tpl)
+    }
+
+    /// A sandbox's disk from template `tpl`, its owners moved to host uid base `own` (the
+    /// slot's on the jail, 0 on the gvisor tier).
+    pub(crate) fn template_disk_to(&self, id: &str, own: u32, tpl: &str) -> Result<()> {
         let src = self.template_image(tpl)?;
         if !src.is_file() {
             return Err(CoreError::NotFound(format!("the disk of template {tpl}")));
         }
         // Every template image records its base (save_template_disk); the default is
         // never used, and a shift from the target's own base is a no-op.
-        let own = self.uid_range.slot_base(index)?;
-        self.disk_from_clone(&src, id, index, own)
+        self.disk_from_clone(&src, id, own, own)
     }
 
     pub fn remove_template_disk(&self, tpl: &str) -> Result<()> {

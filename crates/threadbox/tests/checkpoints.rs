@@ -1,5 +1,6 @@
 //! Checkpoints, rewind and fork of a sandbox's disk (issue 14, ADR 0100), through the real
-//! daemon and CLI on the jail tier, judged from inside the sandboxes and from the host.
+//! daemon and CLI on every tier with the `checkpoints` capability (ADR 0135), judged from
+//! inside the sandboxes and from the host.
 
 mod common;
 
@@ -26,8 +27,11 @@ fn checkpoint_rewind_and_fork_through_the_cli() {
         return;
     }
     let _s = serial();
-    let d = Daemon::start();
-    let id = d.create(&["--name", "work", "--label", "team=a"]);
+    common::each_tier(&["checkpoints"], checkpoint_rewind_and_fork_on);
+}
+
+fn checkpoint_rewind_and_fork_on(d: Daemon, tier: &str) {
+    let id = d.create(&["--name", "work", "--label", "team=a", "--tier", tier]);
     sh(
         &d,
         "work",
@@ -100,6 +104,29 @@ fn checkpoint_rewind_and_fork_through_the_cli() {
     assert_eq!(kids.len(), 2, "{out}");
     for (i, k) in kids.iter().enumerate() {
         assert_eq!(k["state"], "running");
+        assert_eq!(k["tier"], tier);
+        let name = format!("kid-{}", i + 1);
+        assert_eq!(sh(&d, &name, "hostname"), format!("{name}\n"));
+        // The stored owner base: the parent's slot on the jail (mounted idmapped onto
+        // the fork's, ADR 0102); none on gvisor, which maps no ids (ADR 0135).
+        let kid_dir = d
+            .root_path()
+            .join("sandboxes")
+            .join(k["id"].as_str().unwrap_or(""));
+        let base = std::fs::read_to_string(kid_dir.join("disk-base")).unwrap_or_default();
+        if tier == "gvisor" {
+            assert_eq!(
+                base.trim(),
+                "0",
+                "a gvisor fork's owners are stored as seen"
+            );
+        } else {
+            assert_ne!(
+                base.trim(),
+                "0",
+                "a jail fork's owners are in the parent's range"
+            );
+        }
         assert_eq!(k["labels"]["team"], "a");
         assert_eq!(k["name"], format!("kid-{}", i + 1));
         assert_eq!(k["limits"]["disk_bytes"], sb["limits"]["disk_bytes"]);

@@ -1,5 +1,5 @@
-//! Templates (issue 14 scope 5, ADR 0110) through the real daemon and CLI on the jail
-//! tier: from a sandbox's checkpoint, from a fresh one, from an image with build steps; a
+//! Templates (issue 14 scope 5, ADR 0110) through the real daemon and CLI (from a
+//! sandbox: on every tier with `checkpoints`, ADR 0135; the rest on the jail): from a sandbox's checkpoint, from a fresh one, from an image with build steps; a
 //! failing step leaves nothing; sandboxes of a template see its files, keep their own
 //! writes, carry its policy and outlive it; the warm pool holds sandboxes of a template.
 
@@ -53,17 +53,18 @@ fn templates_from_a_sandbox_and_its_sandboxes() {
         return;
     }
     let _s = serial();
-    let d = Daemon::start();
-    d.create(&[
-        "--name",
-        "src",
-        "--label",
-        "team=a",
-        "--memory",
-        "768M",
-        "--allow",
-        "example.com",
-    ]);
+    common::each_tier(&["checkpoints"], templates_from_a_sandbox_on);
+}
+
+fn templates_from_a_sandbox_on(d: Daemon, tier: &str) {
+    // A network policy where the tier can hold one (it is copied to the template).
+    let egress = tier == "jail";
+    let mut args = vec!["--name", "src", "--label", "team=a", "--memory", "768M"];
+    args.extend(["--tier", tier]);
+    if egress {
+        args.extend(["--allow", "example.com"]);
+    }
+    d.create(&args);
     sh(
         &d,
         "src",
@@ -90,8 +91,10 @@ fn templates_from_a_sandbox_and_its_sandboxes() {
     assert_eq!(base["memory_bytes"], 768u64 << 20);
     assert_eq!(base["sandboxes"], 0);
     assert!(base["size_bytes"].as_u64().unwrap_or(0) > 0, "{base}");
-    assert!(
+    assert_eq!(base["tier"], tier, "{base}");
+    assert_eq!(
         base["network"]["rules"].to_string().contains("example.com"),
+        egress,
         "the policy is copied to the template: {base}"
     );
     assert_eq!(template_files(&d).len(), 2, "{:?}", template_files(&d));
@@ -124,8 +127,10 @@ fn templates_from_a_sandbox_and_its_sandboxes() {
     let ia = d.cli(&["info", "a", "--json"]).ok().json();
     assert_eq!(ia["labels"]["team"], "a");
     assert_eq!(ia["limits"]["memory_bytes"], 768u64 << 20);
-    assert!(
+    assert_eq!(ia["tier"], tier, "a template's sandboxes are of its tier");
+    assert_eq!(
         ia["network"]["rules"].to_string().contains("example.com"),
+        egress,
         "the policy is copied to the template's sandboxes: {ia}"
     );
     let ib = d.cli(&["info", "b", "--json"]).ok().json();

@@ -23,6 +23,7 @@ mod create;
 mod exec;
 mod files;
 mod governance;
+mod hibernate_image;
 mod images;
 mod lifecycle;
 mod net_floor;

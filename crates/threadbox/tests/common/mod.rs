@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod inproc;
+pub mod tiers;
 pub mod tls;
 pub mod upstream;
 
@@ -13,6 +14,18 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// Runs `f` once per tier under test ([`tiers::under_test`]) that has every capability in
+/// `needs`, each on a daemon of its own, with the tier's name for `create --tier`.
+pub fn each_tier(needs: &[&str], mut f: impl FnMut(Daemon, &str)) {
+    for tier in tiers::under_test() {
+        let d = Daemon::start();
+        let listed = d.cli(&["tiers", "--json"]).ok().json();
+        if tiers::runs_on(&tier, &listed, needs) {
+            f(d, &tier);
+        }
+    }
+}
 
 /// How long the daemon may take to answer /healthz.
 const START_DEADLINE: Duration = Duration::from_secs(30);
