@@ -101,3 +101,26 @@ def test_toolkit_on_each_tier(tb: Threadbox, daemon: Daemon, names: Names, tier:
     assert "42" in tk.run_python.invoke({"code": "print(v)"})
     assert tb.get(name).info.tier == tier
     tb.delete(name)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+async def test_mcp_tools_on_each_tier(daemon: Daemon, names: Names, tier: str) -> None:
+    from test_mcp import mcp_session, ok
+
+    _tier(daemon, tier)
+    async with mcp_session(daemon, "http") as session:
+        name = names.new(f"tier-mcp-{tier}")
+        created = await ok(session, "sandbox_create", name=name, tier=tier)
+        assert created["sandbox"]["tier"] == tier
+        out = await ok(session, "exec", sandbox=name, command="echo $((6*7)) from $(pwd)", cwd="/tmp")
+        assert out["stdout"] == "42 from /tmp\n", out
+        await ok(session, "write_file", sandbox=name, path="t.txt", content="kept")
+        assert (await ok(session, "read_file", sandbox=name, path="t.txt"))["content"] == "kept"
+        first = await ok(session, "run_code", sandbox=name, code="x = 20\nx + 1")
+        assert first["result"]["data"]["text/plain"] == "21", first
+        again = await ok(session, "run_code", sandbox=name, code="x * 2")
+        assert again["result"]["data"]["text/plain"] == "40", again
+        await ok(session, "sandbox_pause", sandbox=name)
+        out = await ok(session, "exec", sandbox=name, command="echo awake")
+        assert out["stdout"] == "awake\n"
+        await ok(session, "sandbox_delete", sandbox=name)
