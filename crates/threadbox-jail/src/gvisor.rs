@@ -298,13 +298,21 @@ impl Gvisor {
                                "options": ["rbind", "ro", "nosuid", "nodev"]}),
             );
         }
+        let mut agent_args: Vec<String> = vec![
+            AGENT_INSIDE.into(),
+            "--listen".into(),
+            format!("unix:{SOCKET_DIR_INSIDE}/agent.sock"),
+            // gVisor has no Landlock; the sentry is this tier's boundary.
+            "--allow-no-landlock".into(),
+            "--tier".into(),
+            "gvisor".into(),
+        ];
+        agent_args.extend(crate::gvisor_weaken::agent_args());
         json!({
             "ociVersion": "1.0.2",
             "process": {
                 "user": {"uid": 0, "gid": 0},
-                "args": [AGENT_INSIDE, "--listen", format!("unix:{SOCKET_DIR_INSIDE}/agent.sock"),
-                         // gVisor has no Landlock; the sentry is this tier's boundary.
-                         "--allow-no-landlock", "--tier", "gvisor"],
+                "args": agent_args,
                 "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "cwd": "/",
                 "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
@@ -362,10 +370,15 @@ impl Gvisor {
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
         )?;
         mkdir(&self.state_dir())?;
-        let mut limits = cg_limits(&spec.limits);
+        let mut limits = crate::gvisor_weaken::limits(cg_limits(&spec.limits));
         limits.pids = limits.pids.saturating_add(RUNTIME_PIDS);
         let cg = j.cgroup(&spec.id);
         cg.create(&limits, None)?;
+        // runsc makes no cgroups under ours (--ignore-cgroups): bound the subtree as the
+        // jail does, so nothing can (security case I6).
+        if crate::gvisor_weaken::tree_limit() {
+            cg.limit_tree(crate::CGROUP_MAX_DESCENDANTS, crate::CGROUP_MAX_DEPTH)?;
+        }
         let mut args = self.global_args();
         if let Some(image) = restore {
             args.extend([
