@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod baselines;
+mod density;
 mod egress;
 mod interp;
 mod stats;
@@ -62,6 +63,9 @@ enum Cmd {
     /// Tiers (issue 16): create→first result and exec round trip on gvisor against the
     /// jail, interleaved.
     Tiers(tiers::TiersOpts),
+    /// Density (issue 16): memory, swap and disk per sandbox running, paused and
+    /// hibernated, per tier, in one run (makes and removes a swap file for the jail).
+    Density(density::DensityOpts),
 }
 
 /// Which figures a run measures.
@@ -1038,6 +1042,7 @@ async fn main() -> Result<()> {
         Cmd::Egress(o) => egress::run(o).await,
         Cmd::Tracing(o) => tracing::run(o).await,
         Cmd::Tiers(o) => tiers::run(o).await,
+        Cmd::Density(o) => density::run(o).await,
         Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

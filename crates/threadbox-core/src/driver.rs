@@ -44,6 +44,10 @@ pub struct SandboxSpec {
     /// A CA (PEM) the sandbox trusts through its image's own bundle: the daemon's egress
     /// CA when the sandbox has secrets (ADR 0075). `None` leaves the image's bundle alone.
     pub trust_ca: Option<String>,
+    /// The sandbox uses the network (a policy, secrets or the OTLP endpoint): a tier
+    /// that boots a netns of ours only on demand (gvisor, ADR 0140) boots it now. The
+    /// jail has one at every boot and ignores this.
+    pub network: bool,
 }
 
 /// What a sandbox uses now. `None`: the driver could not read it (nothing runs, or the

@@ -230,8 +230,6 @@ impl Gvisor {
             self.state_dir().display().to_string(),
             // ptrace is slower, kvm hangs under this host's nested hypervisor.
             "--platform=systrap".into(),
-            // Loopback only, as the jail's default (egress on this tier is refused).
-            "--network=none".into(),
             // The agent binds its listener on a host directory; nothing inside may
             // connect out to a host socket.
             "--host-uds=create".into(),
@@ -264,7 +262,8 @@ impl Gvisor {
     fn config_json(
         &self,
         spec: &SandboxSpec,
-        binds: &[threadbox_sys::jail::Bind],
+        layers: &threadbox_core::images::ImageSpec,
+        egress: bool,
     ) -> serde_json::Value {
         use serde_json::json;
         let p = self.j().paths(&spec.id);
@@ -292,7 +291,13 @@ impl Gvisor {
             json!({"destination": AGENT_INSIDE, "type": "bind",
                    "source": self.j().config.agent_path, "options": ["bind", "ro", "nosuid", "nodev"]}),
         ];
-        for b in binds {
+        let run = self.j().paths(&spec.id).run;
+        mounts.extend(crate::gvisor_net::ca_mount(
+            &layers.lower,
+            spec.trust_ca.as_deref(),
+            &run,
+        ));
+        for b in &layers.binds {
             mounts.push(
                 json!({"destination": b.target, "type": "bind", "source": b.source,
                                "options": ["rbind", "ro", "nosuid", "nodev"]}),
@@ -322,8 +327,7 @@ impl Gvisor {
             "root": {"path": p.rootfs, "readonly": false},
             "hostname": spec.hostname,
             "mounts": mounts,
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-                                      {"type": "uts"}, {"type": "mount"}]}
+            "linux": {"namespaces": crate::gvisor_net::namespaces(egress)}
         })
     }
 
@@ -364,7 +368,9 @@ impl Gvisor {
         std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700))?;
         let bundle = self.bundle(&spec.id);
         mkdir(&bundle)?;
-        let config = self.config_json(spec, &layers.binds);
+        let egress = crate::gvisor_net::egress_of(spec);
+        j.forget_netns(&spec.id)?;
+        let config = self.config_json(spec, &layers, egress.is_some());
         std::fs::write(
             bundle.join("config.json"),
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
@@ -380,6 +386,8 @@ impl Gvisor {
             cg.limit_tree(crate::CGROUP_MAX_DESCENDANTS, crate::CGROUP_MAX_DEPTH)?;
         }
         let mut args = self.global_args();
+        // A global flag: before the subcommand (run, or restore of a hibernated image).
+        args.push(crate::gvisor_net::network_flag(egress.is_some()).into());
         if let Some(image) = restore {
             args.extend([
                 "restore".into(),
@@ -407,6 +415,7 @@ impl Gvisor {
             runsc: info.path.clone(),
             args,
             log: p.run.join("agent.log"),
+            egress,
         };
         let input = serde_json::to_vec(&launch).map_err(|e| CoreError::Internal(e.to_string()))?;
         let child = std::process::Command::new(&j.config.helper_path)
@@ -439,7 +448,14 @@ impl Gvisor {
                 )));
             }
         }
-        match self.sentry_pid(&info, &spec.id) {
+        // The sentry lives in the helper's netns: its identity is the sandbox's.
+        let pid = self.sentry_pid(&info, &spec.id).and_then(|pid| {
+            if egress.is_some() {
+                j.record_netns(&spec.id, pid)?;
+            }
+            Ok(pid)
+        });
+        match pid {
             Ok(pid) => Ok(pid),
             Err(e) => {
                 let _ = self.halt(&spec.id);
@@ -554,11 +570,11 @@ impl Driver for GvisorDriver {
     }
 
     fn capabilities(&self) -> Vec<&'static str> {
-        // Not yet: egress (no netns of ours under --network=none), Landlock (none in the sentry),
-        // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
-        // process group, not a `setsid` descendant).
+        // Egress: a sandbox created with a policy boots in a netns of ours (ADR 0140).
+        // Not yet: Landlock (none in the sentry), call cgroups (the agent gets no cgroup
+        // inside: a timeout ends the call's process group, not a `setsid` descendant).
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, HIBERNATE, HIBERNATE_IMAGE]
+        vec![CHECKPOINTS, EGRESS, HIBERNATE, HIBERNATE_IMAGE]
     }
 
     async fn hibernate(&self, id: &str) -> Result<u64> {
@@ -714,6 +730,15 @@ impl Driver for GvisorDriver {
 
     async fn template_disks(&self) -> Vec<String> {
         self.0.jail.template_disks().await
+    }
+
+    async fn egress_netns(
+        &self,
+        id: &str,
+        agent_pid: i32,
+    ) -> Result<Option<threadbox_sys::net::NetNs>> {
+        // The recorded pid is the sentry's, which runs in the sandbox's netns.
+        self.0.jail.egress_netns(id, agent_pid).await
     }
 
     async fn host_posture(&self, id: &str, agent_pid: Option<i32>) -> Vec<HostCheck> {

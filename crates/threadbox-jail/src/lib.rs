@@ -12,11 +12,14 @@ mod ca_bundle;
 mod checkpoint;
 pub mod gvisor;
 pub mod gvisor_ckpt;
+mod gvisor_net;
 mod gvisor_posture;
 mod gvisor_weaken;
 pub mod store;
 mod templates;
 pub mod uid_range;
+#[cfg(feature = "insecure-test-hooks")]
+mod wake_hooks;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -471,14 +474,7 @@ impl Jail {
         match (report.ok, report.agent_pid) {
             (true, Some(pid)) => {
                 if egress.is_some() {
-                    // Recorded at boot, checked on every later open (a reused pid is refused).
-                    let recorded = threadbox_sys::net::netns_inode(pid)
-                        .map_err(CoreError::from)
-                        .and_then(|ns| {
-                            serde_json::to_vec(&ns).map_err(|e| CoreError::Internal(e.to_string()))
-                        })
-                        .and_then(|b| Ok(std::fs::write(p.run.join(NETNS_FILE), b)?));
-                    if let Err(e) = recorded {
+                    if let Err(e) = self.record_netns(&req.id, pid) {
                         let _ = self.stop(&req.id);
                         return Err(e);
                     }
@@ -546,6 +542,23 @@ impl Jail {
                 "remove {}: {e}",
                 p.dir.display()
             ))),
+        }
+    }
+
+    /// Records the netns identity of `pid` (a process of the sandbox that booted with the
+    /// egress table) at boot; every later open is checked against it (a reused pid is
+    /// refused).
+    pub(crate) fn record_netns(&self, id: &str, pid: i32) -> Result<()> {
+        let ns = threadbox_sys::net::netns_inode(pid)?;
+        let b = serde_json::to_vec(&ns).map_err(|e| CoreError::Internal(e.to_string()))?;
+        Ok(std::fs::write(self.paths(id).run.join(NETNS_FILE), b)?)
+    }
+
+    /// Forgets the recorded netns (a boot without the egress table).
+    pub(crate) fn forget_netns(&self, id: &str) -> Result<()> {
+        match std::fs::remove_file(self.paths(id).run.join(NETNS_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
         }
     }
 
@@ -631,6 +644,8 @@ impl Jail {
         if cg.exists() {
             cg.close_swap()?;
         }
+        #[cfg(feature = "insecure-test-hooks")]
+        wake_hooks::after_wake(&cg)?;
         Ok(())
     }
 
