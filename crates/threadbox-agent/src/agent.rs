@@ -146,6 +146,8 @@ pub struct Agent {
     pub root: Root,
     pub cgroup: Option<DirFd>,
     pub policy: PolicyParts,
+    /// The tier the agent runs on (`--tier`): which posture checks apply.
+    pub tier: crate::selftest::Tier,
     waiters: RefCell<HashMap<i32, oneshot::Sender<WaitStatus>>>,
     next_cgroup: Cell<u64>,
     /// Cgroups that still had processes when their call ended.
@@ -173,11 +175,17 @@ pub struct Quiesce {
 }
 
 impl Agent {
-    pub fn new(root: Root, cgroup: Option<DirFd>, policy: PolicyParts) -> Agent {
+    pub fn new(
+        root: Root,
+        cgroup: Option<DirFd>,
+        policy: PolicyParts,
+        tier: crate::selftest::Tier,
+    ) -> Agent {
         Agent {
             root,
             cgroup,
             policy,
+            tier,
             waiters: RefCell::new(HashMap::new()),
             next_cgroup: Cell::new(1),
             leftover_cgroups: RefCell::new(Vec::new()),

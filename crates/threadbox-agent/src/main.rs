@@ -35,6 +35,8 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
                     background process gets its own child cgroup in it
   --allow-no-landlock  run even where Landlock cannot be enforced (the operator's
                     explicit choice of a weaker posture; refused otherwise)
+  --tier NAME       the isolation tier the agent runs on (jail, the default, or gvisor):
+                    which posture checks the selftest makes
   --sync            sync the file system of / and exit (the gvisor tier's checkpoints)
   --version         print the version";
 
@@ -44,6 +46,7 @@ struct Args {
     listen_path: Option<String>,
     cgroup_fd: Option<i32>,
     allow_no_landlock: bool,
+    tier: selftest::Tier,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -59,6 +62,7 @@ fn parse_args() -> Result<Args, String> {
             "--listen-fd" => args.listen_fd = Some(fd(it.next(), "--listen-fd")?),
             "--cgroup-fd" => args.cgroup_fd = Some(fd(it.next(), "--cgroup-fd")?),
             "--allow-no-landlock" => args.allow_no_landlock = true,
+            "--tier" => args.tier = it.next().ok_or("--tier needs a value")?.parse()?,
             "--listen" => {
                 let v = it.next().ok_or("--listen needs a value")?;
                 let p = v.strip_prefix("unix:").ok_or("--listen takes unix:PATH")?;
@@ -194,7 +198,7 @@ fn run(args: Args) -> Result<(), String> {
         let mut listener = Some(
             tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?,
         );
-        let mut agent = agent::Agent::new(root, cgroup, policy);
+        let mut agent = agent::Agent::new(root, cgroup, policy, args.tier);
         agent.listen_path = args.listen_path.clone();
         let agent = Rc::new(agent);
         // The host's "bind again" after a memory checkpoint's restore (ADR 0130). Installed

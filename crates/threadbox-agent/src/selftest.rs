@@ -1,6 +1,11 @@
 //! The posture check, seen from inside: a child forked into exactly the policy of a user
 //! process (uid 1000, no capabilities, no_new_privs, Landlock, seccomp) probes what it can
 //! see and do, and reports one line per check. Like youki's `runtimetest`, but in the agent.
+//!
+//! The checks depend on the tier (`--tier`, ADR 0145): on gvisor the sentry answers the
+//! probes, so a jail layer it does not have (Landlock, a host uid map) is reported as not
+//! applying, with the reason, and the probes that read a `/proc/self/status` line the
+//! sentry leaves out ask the kernel instead. No check is dropped.
 
 use crate::agent::{identity, Agent};
 use crate::error::{AgentError, Result};
@@ -25,11 +30,69 @@ const DEV_ALLOWED: &[&str] = &[
 ];
 const DEV_ALLOWED_SYMLINKS: &[&str] = &["fd", "stdin", "stdout", "stderr", "ptmx", "core"];
 
+/// The isolation tier the agent was started on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tier {
+    #[default]
+    Jail,
+    Gvisor,
+}
+
+impl std::str::FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Tier, String> {
+        match s {
+            "jail" => Ok(Tier::Jail),
+            "gvisor" => Ok(Tier::Gvisor),
+            other => Err(format!("unknown tier {other:?} (jail or gvisor)")),
+        }
+    }
+}
+
+/// /dev entries the sentry adds: its own FUSE and tun devices, implemented inside the
+/// sentry, which open no host device.
+const DEV_ALLOWED_GVISOR: &[&str] = &["fuse", "net"];
+
+/// Kernel files the jail masks (bound to /dev/null, or an empty read-only tmpfs) and
+/// files that never belong in a sandbox: each must be absent, unreadable or empty.
+const MASKED: &[&str] = &[
+    "/proc/kcore",
+    "/proc/kmsg",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/timer_list",
+    "/proc/sched_debug",
+    "/proc/kpagecount",
+    "/proc/kpageflags",
+    "/proc/kpagecgroup",
+    "/proc/kallsyms",
+    "/proc/vmallocinfo",
+    "/proc/slabinfo",
+    "/proc/mtrr",
+    "/sys/firmware/efi",
+    "/sys/kernel/security",
+    "/sys/kernel/debug",
+];
+
+/// The host-bound unix socket the agent listens on under gVisor (`--host-uds=create`).
+const GVISOR_AGENT_SOCKET: &str = "/run/threadbox/agent.sock";
+
 fn check(name: &str, ok: bool, detail: impl Into<String>) -> PostureCheck {
     PostureCheck {
         name: name.into(),
         ok,
         detail: detail.into(),
+        applies: true,
+    }
+}
+
+/// A check that does not apply on this tier: reported, with the reason, never dropped.
+fn not_applicable(name: &str, reason: impl Into<String>) -> PostureCheck {
+    PostureCheck {
+        name: name.into(),
+        ok: true,
+        detail: reason.into(),
+        applies: false,
     }
 }
 
@@ -51,8 +114,9 @@ async fn run(agent: &Rc<Agent>) -> Result<Vec<PostureCheck>> {
         std::io::pipe().map_err(|e| AgentError::internal(format!("selftest pipe: {e}")))?;
     let landlock = agent.policy.landlock.as_ref().map(|r| r.abi());
     let keep = [writer.as_raw_fd()];
+    let tier = agent.tier;
     let pid = syschild::run_forked(&policy, &keep, move || {
-        let checks = child_checks(landlock);
+        let checks = child_checks(tier, landlock);
         let mut w = writer;
         match serde_json::to_vec(&checks) {
             Ok(json) if w.write_all(&json).is_ok() => 0,
@@ -101,7 +165,7 @@ async fn run(agent: &Rc<Agent>) -> Result<Vec<PostureCheck>> {
 }
 
 /// Everything below runs in the child, under the policy.
-fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
+fn child_checks(tier: Tier, landlock_abi: Option<u32>) -> Vec<PostureCheck> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| -> String {
         status
@@ -118,26 +182,9 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
         s == "2",
         format!("Seccomp: {s} (2 = filter)"),
     ));
-    let n = field("NoNewPrivs");
-    out.push(check("no_new_privs", n == "1", format!("NoNewPrivs: {n}")));
+    out.push(no_new_privs_check(tier, &field("NoNewPrivs")));
 
-    let sets = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"];
-    let nonzero: Vec<String> = sets
-        .iter()
-        .filter_map(|s| {
-            let v = field(s);
-            (u64::from_str_radix(&v, 16) != Ok(0)).then(|| format!("{s}={v}"))
-        })
-        .collect();
-    out.push(check(
-        "capabilities",
-        nonzero.is_empty(),
-        if nonzero.is_empty() {
-            "every capability set is empty".into()
-        } else {
-            nonzero.join(" ")
-        },
-    ));
+    out.push(capabilities_check(tier, &field));
 
     let uid = field("Uid");
     let gid = field("Gid");
@@ -145,7 +192,15 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
         uid.split_whitespace().all(|u| u == "1000") && gid.split_whitespace().all(|g| g == "1000");
     out.push(check("user", ids_ok, format!("Uid: {uid}; Gid: {gid}")));
 
-    out.push(uid_map_check());
+    out.push(match tier {
+        Tier::Jail => uid_map_check(),
+        Tier::Gvisor => not_applicable(
+            "uid_map",
+            "gvisor: the sentry keeps its own user namespace (an identity map inside a \
+             user-space kernel; the sandbox's uid 0 is the sentry's, not a host uid); the \
+             user check covers the ids",
+        ),
+    });
     out.push(interfaces_check());
     out.push(routes_check());
 
@@ -202,7 +257,9 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
         },
     ));
 
-    out.push(dev_check());
+    out.push(dev_check(tier));
+    out.push(masked_check());
+    out.push(agent_socket_check(tier));
 
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let host = host.trim();
@@ -220,8 +277,135 @@ fn child_checks(landlock_abi: Option<u32>) -> Vec<PostureCheck> {
         format!("parent (the agent) is pid {ppid}; {pids} processes visible"),
     ));
 
-    out.push(landlock_check(landlock_abi));
+    out.push(match tier {
+        Tier::Jail => landlock_check(landlock_abi),
+        Tier::Gvisor => not_applicable(
+            "landlock",
+            "gvisor: the sentry has no Landlock; on this tier the sentry is the boundary \
+             (it answers every system call; the agent runs with --allow-no-landlock)",
+        ),
+    });
     out
+}
+
+/// Asked of the kernel (`PR_GET_NO_NEW_PRIVS`); where `/proc/self/status` shows the
+/// line (the jail), it must agree. gVisor's status has no such line.
+fn no_new_privs_check(tier: Tier, status_line: &str) -> PostureCheck {
+    let asked = syschild::no_new_privs();
+    let shown = match (tier, status_line) {
+        (Tier::Gvisor, "missing") => "not shown by the sentry's /proc".to_string(),
+        (_, v) => v.to_string(),
+    };
+    let line_ok = status_line == "1" || (tier == Tier::Gvisor && status_line == "missing");
+    let ok = matches!(asked, Ok(true)) && line_ok;
+    let asked = match asked {
+        Ok(v) => u8::from(v).to_string(),
+        Err(e) => e.to_string(),
+    };
+    check(
+        "no_new_privs",
+        ok,
+        format!("PR_GET_NO_NEW_PRIVS: {asked}; NoNewPrivs: {shown}"),
+    )
+}
+
+/// Every set of `/proc/self/status` empty, and the ambient set asked of the kernel too
+/// (`PR_CAP_AMBIENT_IS_SET`: gVisor's status has no `CapAmb` line). A set missing from
+/// status fails, except `CapAmb` on gvisor.
+fn capabilities_check(tier: Tier, field: &dyn Fn(&str) -> String) -> PostureCheck {
+    let mut bad: Vec<String> = Vec::new();
+    for s in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        let v = field(s);
+        if s == "CapAmb" && v == "missing" && tier == Tier::Gvisor {
+            continue;
+        }
+        if u64::from_str_radix(&v, 16) != Ok(0) {
+            bad.push(format!("{s}={v}"));
+        }
+    }
+    let mut ambient = "ambient asked of the kernel";
+    match syschild::ambient_capabilities(63) {
+        Ok(a) if a.is_empty() => {}
+        Ok(a) => bad.push(format!("ambient (PR_CAP_AMBIENT_IS_SET): {a:?}")),
+        // The sentry implements no ambient set: PR_CAP_AMBIENT is EINVAL for every cap.
+        Err(e) if tier == Tier::Gvisor && e.raw_os_error() == Some(libc::EINVAL) => {
+            ambient = "the sentry has no ambient set (PR_CAP_AMBIENT: EINVAL)";
+        }
+        Err(e) => bad.push(format!("PR_CAP_AMBIENT_IS_SET failed: {e}")),
+    }
+    check(
+        "capabilities",
+        bad.is_empty(),
+        if bad.is_empty() {
+            format!("every capability set is empty ({ambient})")
+        } else {
+            bad.join(" ")
+        },
+    )
+}
+
+/// The masked kernel files: absent, unreadable, or empty when read.
+fn masked_check() -> PostureCheck {
+    let mut readable = Vec::new();
+    let mut absent = 0;
+    for p in MASKED {
+        match std::fs::File::open(p) {
+            Ok(mut f) => {
+                let mut buf = [0u8; 64];
+                if let Ok(n) = std::io::Read::read(&mut f, &mut buf) {
+                    if n > 0 {
+                        readable.push(*p);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => absent += 1,
+            Err(_) => {}
+        }
+    }
+    check(
+        "mount_masks",
+        readable.is_empty(),
+        if readable.is_empty() {
+            format!(
+                "{} kernel files masked ({absent} absent, the rest empty or unreadable)",
+                MASKED.len()
+            )
+        } else {
+            format!("readable: {}", readable.join(", "))
+        },
+    )
+}
+
+/// The agent's own socket is not a way in for a sandbox user. On gvisor it is a host
+/// unix socket bound through the sentry in a root-only directory: connecting must fail.
+/// On the jail the agent listens on an inherited descriptor: no path of it exists inside.
+fn agent_socket_check(tier: Tier) -> PostureCheck {
+    match tier {
+        Tier::Jail => {
+            let present = Path::new("/run/threadbox").exists();
+            check(
+                "agent_socket",
+                !present,
+                if present {
+                    "/run/threadbox exists inside the jail".to_string()
+                } else {
+                    "no socket path: the agent listens on an inherited descriptor".to_string()
+                },
+            )
+        }
+        Tier::Gvisor => match std::os::unix::net::UnixStream::connect(GVISOR_AGENT_SOCKET) {
+            Ok(_) => check(
+                "agent_socket",
+                false,
+                format!("a sandbox user connected to the host-bound {GVISOR_AGENT_SOCKET}"),
+            ),
+            Err(e) => check(
+                "agent_socket",
+                true,
+                format!("connect to the host-bound {GVISOR_AGENT_SOCKET}: {e}"),
+            ),
+        },
+    }
 }
 
 fn outcome(r: &std::io::Result<()>) -> String {
@@ -282,7 +466,7 @@ fn routes_check() -> PostureCheck {
     )
 }
 
-fn dev_check() -> PostureCheck {
+fn dev_check(tier: Tier) -> PostureCheck {
     let mut extra = Vec::new();
     let mut seen = Vec::new();
     match std::fs::read_dir("/dev") {
@@ -290,8 +474,11 @@ fn dev_check() -> PostureCheck {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let is_link = e.file_type().map(|t| t.is_symlink()).unwrap_or(false);
+                let sentry_own =
+                    tier == Tier::Gvisor && DEV_ALLOWED_GVISOR.contains(&name.as_str());
                 if DEV_ALLOWED.contains(&name.as_str())
                     || (is_link && DEV_ALLOWED_SYMLINKS.contains(&name.as_str()))
+                    || sentry_own
                 {
                     seen.push(name);
                 } else {
@@ -302,7 +489,18 @@ fn dev_check() -> PostureCheck {
         Err(e) => return check("dev_entries", false, format!("cannot list /dev: {e}")),
     }
     extra.sort();
-    let detail = if extra.is_empty() {
+    let own: Vec<&String> = seen
+        .iter()
+        .filter(|n| tier == Tier::Gvisor && DEV_ALLOWED_GVISOR.contains(&n.as_str()))
+        .collect();
+    let detail = if extra.is_empty() && !own.is_empty() {
+        let own: Vec<&str> = own.iter().map(|s| s.as_str()).collect();
+        format!(
+            "{} allowed entries ({} the sentry's own devices, no host device)",
+            seen.len(),
+            own.join(", ")
+        )
+    } else if extra.is_empty() {
         format!("{} allowed entries", seen.len())
     } else {
         let shown: Vec<_> = extra.iter().take(10).cloned().collect();

@@ -506,6 +506,9 @@ pub struct PostureCheck {
     pub name: String,
     pub ok: bool,
     pub detail: String,
+    /// False for a check that does not apply on the sandbox's tier (a jail layer gVisor
+    /// does not have): `ok` is then true and `detail` gives the reason.
+    pub applies: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]

@@ -114,6 +114,14 @@ pub trait AgentIo: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> AgentIo for T {}
 pub type AgentStream = Box<dyn AgentIo>;
 
+/// One posture check a driver makes from the host ([`Driver::host_posture`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostCheck {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
 /// What one sandbox needs from a driver. The manager holds drivers as trait objects, one
 /// per isolation tier ([`Drivers`]), and asks a sandbox's own. Blocking work (helpers,
 /// mounts, walks) is the driver's to move off the async threads.
@@ -128,6 +136,11 @@ pub trait Driver: Send + Sync {
     }
     /// What the tier supports, of [`capability`].
     fn capabilities(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    /// Posture checks made from the host for `selftest` (after the agent's own): what
+    /// cannot be seen from inside, such as the confinement of gVisor's sentry (ADR 0145).
+    async fn host_posture(&self, _id: &str, _agent_pid: Option<i32>) -> Vec<HostCheck> {
         Vec::new()
     }
     /// Whether the tier can run here, and its kernel (may probe the host once).

@@ -23,7 +23,7 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use threadbox_core::driver::{
-    blocking, AgentStream, Driver, Limits, SandboxSpec, TierStatus, Usage,
+    blocking, AgentStream, Driver, HostCheck, Limits, SandboxSpec, TierStatus, Usage,
 };
 use threadbox_core::error::{CoreError, Result};
 use threadbox_core::store::ImageRow;
@@ -303,13 +303,21 @@ impl Gvisor {
                                "options": ["rbind", "ro", "nosuid", "nodev"]}),
             );
         }
+        let mut agent_args: Vec<String> = vec![
+            AGENT_INSIDE.into(),
+            "--listen".into(),
+            format!("unix:{SOCKET_DIR_INSIDE}/agent.sock"),
+            // gVisor has no Landlock; the sentry is this tier's boundary.
+            "--allow-no-landlock".into(),
+            "--tier".into(),
+            "gvisor".into(),
+        ];
+        agent_args.extend(crate::gvisor_weaken::agent_args());
         json!({
             "ociVersion": "1.0.2",
             "process": {
                 "user": {"uid": 0, "gid": 0},
-                "args": [AGENT_INSIDE, "--listen", format!("unix:{SOCKET_DIR_INSIDE}/agent.sock"),
-                         // gVisor has no Landlock; the sentry is this tier's boundary.
-                         "--allow-no-landlock"],
+                "args": agent_args,
                 "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "cwd": "/",
                 "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
@@ -368,10 +376,15 @@ impl Gvisor {
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
         )?;
         mkdir(&self.state_dir())?;
-        let mut limits = cg_limits(&spec.limits);
+        let mut limits = crate::gvisor_weaken::limits(cg_limits(&spec.limits));
         limits.pids = limits.pids.saturating_add(RUNTIME_PIDS);
         let cg = j.cgroup(&spec.id);
         cg.create(&limits, None)?;
+        // runsc makes no cgroups under ours (--ignore-cgroups): bound the subtree as the
+        // jail does, so nothing can (security case I6).
+        if crate::gvisor_weaken::tree_limit() {
+            cg.limit_tree(crate::CGROUP_MAX_DESCENDANTS, crate::CGROUP_MAX_DEPTH)?;
+        }
         let mut args = self.global_args();
         // A global flag: before the subcommand (run, or restore of a hibernated image).
         args.push(crate::gvisor_net::network_flag(host_net).into());
@@ -743,5 +756,9 @@ impl Driver for GvisorDriver {
     ) -> Result<Option<threadbox_sys::net::NetNs>> {
         // The recorded pid is the sentry's, which runs in the sandbox's netns.
         self.0.jail.egress_netns(id, agent_pid).await
+    }
+
+    async fn host_posture(&self, id: &str, agent_pid: Option<i32>) -> Vec<HostCheck> {
+        crate::gvisor_posture::sentry_checks(id, agent_pid)
     }
 }

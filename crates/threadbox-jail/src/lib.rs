@@ -13,6 +13,8 @@ mod checkpoint;
 pub mod gvisor;
 pub mod gvisor_ckpt;
 mod gvisor_net;
+mod gvisor_posture;
+mod gvisor_weaken;
 pub mod store;
 mod templates;
 pub mod uid_range;

@@ -348,6 +348,14 @@ pub struct PostureCheck {
     pub name: String,
     pub ok: bool,
     pub detail: String,
+    /// False for a check that does not apply on the sandbox's tier (`ok` is then true
+    /// and `detail` says why); an older agent leaves it out: every check applied.
+    #[serde(default = "applies")]
+    pub applies: bool,
+}
+
+fn applies() -> bool {
+    true
 }
 
 /// Stable error kinds the agent reports; the host maps them to API error codes.

@@ -137,7 +137,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<u8> {
             } else {
                 let mut text = String::new();
                 for c in &report.checks {
-                    let mark = if c.ok { "ok  " } else { "FAIL" };
+                    let mark = match (c.applies, c.ok) {
+                        (false, _) => "n/a ",
+                        (true, true) => "ok  ",
+                        (true, false) => "FAIL",
+                    };
                     text.push_str(&format!(
                         "{mark} {}: {}\n",
                         crate::term::escape(&c.name),

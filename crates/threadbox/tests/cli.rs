@@ -1,10 +1,11 @@
 //! End-to-end tests of the `threadbox` CLI against a real daemon. Tests that need
 //! sandboxes skip (with a message) when not run as root; run `cargo build --workspace`
-//! first so that `threadbox-agent` sits next to `threadbox`.
+//! first so that `threadbox-agent` sits next to `threadbox`. The sandbox tests marked with
+//! `each_tier` run on every tier of `THREADBOX_TEST_TIERS` (ADR 0123).
 
 mod common;
 
-use common::{require_root, run_cli, serial, Daemon};
+use common::{each_tier, require_root, run_cli, serial, Daemon};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
@@ -169,47 +170,48 @@ fn exec_streams_output_and_propagates_the_exit_code() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    let run = d.cli(&["exec", &id, "--", "echo", "42"]).ok();
-    assert_eq!(run.stdout_str(), "42\n");
-    let run = d
-        .cli(&[
-            "exec",
-            &id,
-            "--",
-            "sh",
-            "-c",
-            "echo out; echo err >&2; exit 3",
-        ])
-        .expect_code(3);
-    assert_eq!(run.stdout_str(), "out\n");
-    assert!(run.stderr.contains("err"), "{}", run.stderr);
-    // stdin, env and cwd reach the process.
-    let run = d
-        .cli_stdin(
-            &[
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        let run = d.cli(&["exec", &id, "--", "echo", "42"]).ok();
+        assert_eq!(run.stdout_str(), "42\n");
+        let run = d
+            .cli(&[
                 "exec",
                 &id,
-                "--stdin",
-                "--env",
-                "X=y",
-                "--cwd",
-                "/tmp",
                 "--",
                 "sh",
                 "-c",
-                "cat; echo $X; pwd",
-            ],
-            Some(b"in\n"),
-        )
-        .ok();
-    assert_eq!(run.stdout_str(), "in\ny\n/tmp\n");
-    // Binary output is not mangled.
-    let run = d
-        .cli(&["exec", &id, "--", "printf", "\\377\\000\\376"])
-        .ok();
-    assert_eq!(run.stdout, vec![0xff, 0, 0xfe]);
+                "echo out; echo err >&2; exit 3",
+            ])
+            .expect_code(3);
+        assert_eq!(run.stdout_str(), "out\n");
+        assert!(run.stderr.contains("err"), "{}", run.stderr);
+        // stdin, env and cwd reach the process.
+        let run = d
+            .cli_stdin(
+                &[
+                    "exec",
+                    &id,
+                    "--stdin",
+                    "--env",
+                    "X=y",
+                    "--cwd",
+                    "/tmp",
+                    "--",
+                    "sh",
+                    "-c",
+                    "cat; echo $X; pwd",
+                ],
+                Some(b"in\n"),
+            )
+            .ok();
+        assert_eq!(run.stdout_str(), "in\ny\n/tmp\n");
+        // Binary output is not mangled.
+        let run = d
+            .cli(&["exec", &id, "--", "printf", "\\377\\000\\376"])
+            .ok();
+        assert_eq!(run.stdout, vec![0xff, 0, 0xfe]);
+    });
 }
 
 #[test]
@@ -238,22 +240,23 @@ fn exec_timeout_exits_124() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    let started = Instant::now();
-    d.cli(&["exec", &id, "--timeout", "1", "--", "sleep", "30"])
-        .expect_code(124);
-    assert!(
-        started.elapsed() < Duration::from_secs(15),
-        "{:?}",
-        started.elapsed()
-    );
-    let v = d
-        .cli(&["exec", &id, "--timeout", "1", "--json", "--", "sleep", "30"])
-        .ok()
-        .json();
-    assert_eq!(v["timed_out"], true);
-    assert_eq!(v["exit_code"], serde_json::Value::Null);
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        let started = Instant::now();
+        d.cli(&["exec", &id, "--timeout", "1", "--", "sleep", "30"])
+            .expect_code(124);
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            started.elapsed()
+        );
+        let v = d
+            .cli(&["exec", &id, "--timeout", "1", "--json", "--", "sleep", "30"])
+            .ok()
+            .json();
+        assert_eq!(v["timed_out"], true);
+        assert_eq!(v["exit_code"], serde_json::Value::Null);
+    });
 }
 
 #[test]
@@ -262,21 +265,22 @@ fn pause_resume_stop_start() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    assert_eq!(d.cli(&["pause", &id]).ok().stdout_str(), "paused\n");
-    assert_eq!(
-        d.cli(&["info", &id, "--json"]).ok().json()["state"],
-        "paused"
-    );
-    assert_eq!(d.cli(&["resume", &id]).ok().stdout_str(), "running\n");
-    d.cli(&["exec", &id, "--", "true"]).ok();
-    assert_eq!(d.cli(&["stop", &id]).ok().stdout_str(), "stopped\n");
-    let run = d.cli(&["exec", &id, "--", "true"]).expect_code(1);
-    assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
-    let sb = d.cli(&["start", &id, "--json"]).ok().json();
-    assert_eq!(sb["state"], "running");
-    d.cli(&["exec", &id, "--", "true"]).ok();
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        assert_eq!(d.cli(&["pause", &id]).ok().stdout_str(), "paused\n");
+        assert_eq!(
+            d.cli(&["info", &id, "--json"]).ok().json()["state"],
+            "paused"
+        );
+        assert_eq!(d.cli(&["resume", &id]).ok().stdout_str(), "running\n");
+        d.cli(&["exec", &id, "--", "true"]).ok();
+        assert_eq!(d.cli(&["stop", &id]).ok().stdout_str(), "stopped\n");
+        let run = d.cli(&["exec", &id, "--", "true"]).expect_code(1);
+        assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
+        let sb = d.cli(&["start", &id, "--json"]).ok().json();
+        assert_eq!(sb["state"], "running");
+        d.cli(&["exec", &id, "--", "true"]).ok();
+    });
 }
 
 #[test]
@@ -304,42 +308,43 @@ fn files_round_trip_is_binary_safe() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    d.cli(&["files", "mkdir", &id, "/tmp/a/b", "-p"]).ok();
-    d.cli_stdin(&["files", "write", &id, "/tmp/a/b/blob.bin"], Some(&data))
-        .ok();
-    let read = d.cli(&["files", "read", &id, "/tmp/a/b/blob.bin"]).ok();
-    assert!(read.stdout == data, "read back {} bytes", read.stdout.len());
-    let list = d
-        .cli(&["files", "ls", &id, "/tmp/a/b", "--json"])
-        .ok()
-        .json();
-    let entries = list["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), 1, "{list}");
-    assert_eq!(entries[0]["name"], "blob.bin");
-    assert_eq!(entries[0]["size"], data.len() as u64);
-    let stat = d
-        .cli(&["files", "stat", &id, "/tmp/a/b/blob.bin", "--json"])
-        .ok()
-        .json();
-    assert_eq!(stat["kind"], "file");
-    // The process inside sees the same bytes.
-    let sum = d
-        .cli(&["exec", &id, "--", "wc", "-c", "/tmp/a/b/blob.bin"])
-        .ok()
-        .stdout_str();
-    assert!(sum.starts_with(&data.len().to_string()), "{sum}");
-    d.cli(&["files", "rm", &id, "/tmp/a", "-r"]).ok();
-    let run = d
-        .cli(&["files", "read", &id, "/tmp/a/b/blob.bin"])
-        .expect_code(1);
-    let msg = run.stderr.to_lowercase();
-    assert!(
-        msg.contains("not found") || msg.contains("no such"),
-        "{msg}"
-    );
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        d.cli(&["files", "mkdir", &id, "/tmp/a/b", "-p"]).ok();
+        d.cli_stdin(&["files", "write", &id, "/tmp/a/b/blob.bin"], Some(&data))
+            .ok();
+        let read = d.cli(&["files", "read", &id, "/tmp/a/b/blob.bin"]).ok();
+        assert!(read.stdout == data, "read back {} bytes", read.stdout.len());
+        let list = d
+            .cli(&["files", "ls", &id, "/tmp/a/b", "--json"])
+            .ok()
+            .json();
+        let entries = list["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 1, "{list}");
+        assert_eq!(entries[0]["name"], "blob.bin");
+        assert_eq!(entries[0]["size"], data.len() as u64);
+        let stat = d
+            .cli(&["files", "stat", &id, "/tmp/a/b/blob.bin", "--json"])
+            .ok()
+            .json();
+        assert_eq!(stat["kind"], "file");
+        // The process inside sees the same bytes.
+        let sum = d
+            .cli(&["exec", &id, "--", "wc", "-c", "/tmp/a/b/blob.bin"])
+            .ok()
+            .stdout_str();
+        assert!(sum.starts_with(&data.len().to_string()), "{sum}");
+        d.cli(&["files", "rm", &id, "/tmp/a", "-r"]).ok();
+        let run = d
+            .cli(&["files", "read", &id, "/tmp/a/b/blob.bin"])
+            .expect_code(1);
+        let msg = run.stderr.to_lowercase();
+        assert!(
+            msg.contains("not found") || msg.contains("no such"),
+            "{msg}"
+        );
+    });
 }
 
 #[test]
@@ -403,36 +408,37 @@ fn background_processes() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    let pid = d
-        .cli(&["spawn", &id, "--", "sh", "-c", "echo started; sleep 300"])
-        .ok()
-        .stdout_str()
-        .trim()
-        .to_string();
-    let ps = d.cli(&["ps", &id, "--json"]).ok().json();
-    assert!(
-        ps["processes"].as_array().unwrap().iter().any(|p| p["id"]
-            .as_u64()
-            .map(|n| n.to_string())
-            .as_deref()
-            == Some(pid.as_str())),
-        "{ps}"
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let logs = d.cli(&["logs", &id, &pid]).ok();
-        if logs.stdout_str().contains("started") {
-            break;
-        }
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        let pid = d
+            .cli(&["spawn", &id, "--", "sh", "-c", "echo started; sleep 300"])
+            .ok()
+            .stdout_str()
+            .trim()
+            .to_string();
+        let ps = d.cli(&["ps", &id, "--json"]).ok().json();
         assert!(
-            Instant::now() < deadline,
-            "no output from the background process"
+            ps["processes"].as_array().unwrap().iter().any(|p| p["id"]
+                .as_u64()
+                .map(|n| n.to_string())
+                .as_deref()
+                == Some(pid.as_str())),
+            "{ps}"
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    d.cli(&["kill", &id, &pid, "--signal", "TERM"]).ok();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let logs = d.cli(&["logs", &id, &pid]).ok();
+            if logs.stdout_str().contains("started") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no output from the background process"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        d.cli(&["kill", &id, &pid, "--signal", "TERM"]).ok();
+    });
 }
 
 #[test]

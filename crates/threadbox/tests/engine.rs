@@ -845,3 +845,67 @@ fn a_debian_rootfs_directory_works_as_an_image() {
         before
     );
 }
+
+/// `selftest` passes on every tier (ADR 0145): on gvisor the jail's layers the sentry does
+/// not have are reported as not applying, with a reason, never dropped, and the host-side
+/// checks of the sentry are made; every check the jail makes is in the report either way.
+#[test]
+fn selftest_passes_on_every_tier_and_names_what_does_not_apply() {
+    require_root!();
+    each_tier(&[], |d| {
+        let id = d.create(&[]);
+        let report = d.json(&["selftest", &id, "--json"]);
+        assert_eq!(report["ok"], true, "{report:#}");
+        let checks = report["checks"].as_array().expect("checks");
+        let by_name = |n: &str| {
+            checks
+                .iter()
+                .find(|c| c["name"] == n)
+                .unwrap_or_else(|| panic!("no {n} check: {report:#}"))
+        };
+        for n in [
+            "tier",
+            "seccomp",
+            "no_new_privs",
+            "capabilities",
+            "user",
+            "uid_map",
+            "dev_entries",
+            "mount_masks",
+            "agent_socket",
+            "landlock",
+            "egress_blocked",
+        ] {
+            assert_eq!(by_name(n)["ok"], true, "{n}: {report:#}");
+        }
+        let na: Vec<&str> = checks
+            .iter()
+            .filter(|c| c["applies"] == false)
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        if d.tier == "gvisor" {
+            assert_eq!(na, ["uid_map", "landlock"], "{report:#}");
+            assert!(
+                by_name("landlock")["detail"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("sentry")),
+                "{report:#}"
+            );
+            for n in [
+                "sentry_seccomp",
+                "sentry_namespaces",
+                "sentry_root",
+                "sentry_cgroup",
+            ] {
+                assert_eq!(by_name(n)["ok"], true, "{n}: {report:#}");
+            }
+            // Root inside is the sentry's root: its execs and file calls work too.
+            let r = d.json(&["exec", &id, "--json", "--user", "root", "--", "id", "-u"]);
+            assert_eq!(r["stdout"], "0\n", "{r}");
+        } else {
+            assert!(na.is_empty(), "on the jail every check applies: {report:#}");
+        }
+        let out = d.tb(&["selftest", &id]);
+        assert!(out.status.success(), "{out:?}");
+    });
+}

@@ -797,7 +797,8 @@ fn bash_request(count: u64, code: &str, env: &BTreeMap<String, String>) -> Vec<u
 /// Pids in the context's cgroup other than the worker: the processes its cells spawned.
 fn cell_children(agent: &Agent, cgroup: Option<&str>, worker: i32) -> Vec<i32> {
     let (Some(dir), Some(cg)) = (agent.cgroup.as_ref(), cgroup) else {
-        return Vec::new();
+        // No call cgroups (the gvisor tier): the worker's descendants by parent pid.
+        return descendants(worker);
     };
     let Ok(fd) = dir.open_read(&format!("{cg}/cgroup.procs")) else {
         return Vec::new();
@@ -810,6 +811,40 @@ fn cell_children(agent: &Agent, cgroup: Option<&str>, worker: i32) -> Vec<i32> {
         .filter_map(|l| l.trim().parse::<i32>().ok())
         .filter(|&p| p != worker)
         .collect()
+}
+
+/// Every descendant of `root`, from the parent pids in `/proc/*/stat` (the sandbox's own
+/// pid namespace: a handful of processes). A process reparented away (a daemonized
+/// grandchild) is not found: without call cgroups that is the tier's documented limit.
+fn descendants(root: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((pid, ppid));
+        }
+    }
+    let mut out = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(child, _) in parent_of.iter().filter(|(_, pp)| *pp == p) {
+            if !out.contains(&child) && child != root {
+                out.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    out
 }
 
 /// Where the escalation of a stop request is.

@@ -209,11 +209,21 @@ impl Manager {
                         name: c.name,
                         ok: c.ok,
                         detail: c.detail,
+                        applies: c.applies,
                     })
                     .collect();
                 // Which tier runs it, and the kernel its processes see (issue 16).
                 let row = self.resolve(caller, id_or_name).await?;
                 checks.insert(0, self.tier_check(&row).await?);
+                let host = self.driver_for(&row)?;
+                for c in host.host_posture(&row.id, row.agent_pid).await {
+                    checks.push(PostureCheck {
+                        name: c.name,
+                        ok: c.ok,
+                        detail: c.detail,
+                        applies: true,
+                    });
+                }
                 Ok(SelftestReport {
                     ok: checks.iter().all(|c| c.ok),
                     checks,

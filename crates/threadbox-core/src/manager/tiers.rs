@@ -43,6 +43,7 @@ impl Manager {
             name: "tier".into(),
             ok: status.unavailable.is_none(),
             detail,
+            applies: true,
         })
     }
 

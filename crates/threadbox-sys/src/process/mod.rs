@@ -14,7 +14,9 @@ pub use ids::{
     sync_all, FsIdentity,
 };
 pub use policy::{ChildPolicy, Weaken};
-pub use probe::{probe_fsopen, probe_mount_tmpfs, probe_unshare};
+pub use probe::{
+    ambient_capabilities, no_new_privs, probe_fsopen, probe_mount_tmpfs, probe_unshare,
+};
 pub use reap::{kill, kill_group, reap_any, reap_pid, WaitStatus};
 pub use spawn::{
     clone3_unavailable, run_forked, spawn_in_cgroup, spawn_in_cgroup_passing, spawn_on_terminal,

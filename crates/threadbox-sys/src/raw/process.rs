@@ -178,6 +178,23 @@ pub(crate) fn setsid() -> io::Result<()> {
     cvt_int(unsafe { libc::setsid() }).map(drop)
 }
 
+/// `prctl(option, arg2, arg3, 0, 0)` for the read-only queries the selftest makes:
+/// `PR_GET_NO_NEW_PRIVS` and `PR_CAP_AMBIENT` with `PR_CAP_AMBIENT_IS_SET`. Any other
+/// option or sub-command is refused with EINVAL.
+pub(crate) fn prctl_query(
+    option: i32,
+    arg2: libc::c_ulong,
+    arg3: libc::c_ulong,
+) -> io::Result<i32> {
+    let allowed = option == libc::PR_GET_NO_NEW_PRIVS
+        || (option == libc::PR_CAP_AMBIENT && arg2 == libc::PR_CAP_AMBIENT_IS_SET as libc::c_ulong);
+    if !allowed {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: both queries read integer arguments only and write no memory of ours.
+    cvt_int(unsafe { libc::prctl(option, arg2, arg3, 0, 0) })
+}
+
 /// `prctl(option, arg2, 0, 0, 0)` for the options that take integers only and touch no
 /// memory of ours. Any other option is refused with EINVAL.
 pub(crate) fn prctl(option: i32, arg2: libc::c_ulong) -> io::Result<i32> {

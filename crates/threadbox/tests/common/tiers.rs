@@ -55,3 +55,13 @@ pub fn runs_on(tier: &str, tiers_json: &Value, needs: &[&str]) -> bool {
     eprintln!("running on tier {tier}");
     true
 }
+
+/// Whether `tier` of `tiers_json` has `capability` (for a part of a test that needs it;
+/// the caller prints what it leaves out).
+pub fn has(tier: &str, tiers_json: &Value, capability: &str) -> bool {
+    tiers_json["tiers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["name"] == tier))
+        .and_then(|t| t["capabilities"].as_array())
+        .is_some_and(|c| c.iter().any(|c| c == capability))
+}

@@ -77,6 +77,9 @@ pub struct Case {
     pub disk: Option<u64>,
     /// CPU limit in cores; None = the default.
     pub cpus: Option<f64>,
+    /// Tier capabilities the case needs (`GET /v1/tiers`): on a tier without one it is
+    /// skipped there, by name, with the capability printed (ADR 0145).
+    pub needs: &'static [&'static str],
 }
 
 pub const BASE: Case = Case {
@@ -95,6 +98,7 @@ pub const BASE: Case = Case {
     limits: None,
     disk: None,
     cpus: None,
+    needs: &[],
 };
 
 pub const E_LIMITS: Option<(u64, u32)> = Some((128 << 20, 64));
@@ -911,6 +915,7 @@ echo END
 "##,
             ),
             control: Some("no-cgroup-kill"),
+            needs: &["call_cgroups"],
             ..BASE
         },
         Case {
@@ -939,6 +944,7 @@ echo END
 "##,
             ),
             control: Some("no-cgroup-kill"),
+            needs: &["call_cgroups"],
             ..BASE
         },
         Case {
@@ -978,6 +984,7 @@ echo END
 "##,
             ),
             control: Some("no-cgroup-kill"),
+            needs: &["call_cgroups"],
             ..BASE
         },
         Case {
@@ -998,6 +1005,7 @@ echo END
 "##,
             ),
             control: Some("no-cgroup-kill"),
+            needs: &["call_cgroups"],
             ..BASE
         },
         // ---------------------------------------------------------------- G output
@@ -1171,6 +1179,7 @@ time.sleep(120)
 "##,
             extra: Extra::HostCounters,
             control: Some("root-owned-userns"),
+            needs: &["uid_ranges"],
             ..BASE
         },
         Case {
@@ -1203,6 +1212,7 @@ time.sleep(120)
             extra: Extra::HostCounters,
             control: Some("root-owned-userns"),
             timeout: 120.0,
+            needs: &["uid_ranges"],
             ..BASE
         },
         Case {
@@ -1221,6 +1231,7 @@ else:
 print("END")
 "##,
             control: Some("no-landlock"),
+            needs: &["landlock"],
             ..BASE
         },
         Case {
@@ -1249,6 +1260,7 @@ time.sleep(120)
 "##,
             extra: Extra::HostCounters,
             control: Some("root-owned-userns"),
+            needs: &["uid_ranges"],
             ..BASE
         },
         Case {
@@ -1283,6 +1295,7 @@ time.sleep(15)
             // per host uid, which A3 checks is never host root's.
             control: None,
             limits: Some((4 << 30, 512)),
+            needs: &["uid_ranges"],
             ..BASE
         },
         Case {

@@ -151,6 +151,8 @@ pub struct Daemon {
     /// More `serve` flags.
     pub args: Vec<String>,
     pub client: Client,
+    /// The tier its creates name (`jail` unless [`Daemon::on_tier`]; ADR 0123/0145).
+    pub tier: String,
 }
 
 impl Daemon {
@@ -175,6 +177,7 @@ impl Daemon {
             weaken: weaken.map(str::to_string),
             args: args.iter().map(|a| a.to_string()).collect(),
             client,
+            tier: "jail".into(),
         };
         d.spawn();
         d
@@ -253,9 +256,25 @@ impl Daemon {
         self.spawn();
     }
 
+    /// This daemon's later creates name `tier`.
+    pub fn on_tier(mut self, tier: &str) -> Daemon {
+        self.tier = tier.to_string();
+        self
+    }
+
+    /// Whether this daemon runs `tier` with every capability of `needs`; prints why not
+    /// (`common/tiers.rs`).
+    pub fn runs(&self, tier: &str, needs: &[&str]) -> bool {
+        let list = block(self.client.call(&threadbox_api::tiers::ListTiers))
+            .unwrap_or_else(|e| panic!("tiers: {e}"));
+        let json = serde_json::to_value(&list).expect("tiers as JSON");
+        crate::tiers::runs_on(tier, &json, needs)
+    }
+
     pub fn create(&self, limits: LimitsRequest) -> String {
         let req = CreateSandboxRequest {
             limits,
+            tier: Some(self.tier.clone()),
             ..Default::default()
         };
         block(self.client.create(&req))

@@ -377,11 +377,16 @@ def _fs_text(b64: str) -> str:
 
 @dataclass(frozen=True)
 class SelftestCheck:
-    """One isolation posture check."""
+    """One isolation posture check.
+
+    ``applies`` is false for a check that does not apply on the sandbox's tier (e.g.
+    Landlock on gvisor): ``ok`` is then true and ``detail`` gives the reason.
+    """
 
     name: str
     ok: bool
     detail: str
+    applies: bool = True
 
 
 @dataclass(frozen=True)
@@ -396,7 +401,12 @@ class SelftestReport:
         return cls(
             ok=bool(d.get("ok", False)),
             checks=[
-                SelftestCheck(name=str(c.get("name", "")), ok=bool(c.get("ok")), detail=str(c.get("detail", "")))
+                SelftestCheck(
+                    name=str(c.get("name", "")),
+                    ok=bool(c.get("ok")),
+                    detail=str(c.get("detail", "")),
+                    applies=bool(c.get("applies", True)),
+                )
                 for c in d.get("checks") or []
             ],
         )

@@ -1,0 +1,45 @@
+//! The security suite's positive controls on the gvisor tier (ADR 0009, 0145): the
+//! weakenings this tier honours. The agent's own (its filter, the child policy, the file
+//! API, the reaper, call kills) reach it through `--test-weaken`; the cgroup limits around
+//! runsc are lifted like the jail's. The jail's namespace, mount and uid-range weakenings
+//! have no counterpart here: the sentry's confinement is runsc's, not ours to weaken.
+//! Without the `insecure-test-hooks` feature nothing here changes anything.
+
+/// The agent's extra arguments: `--test-weaken LIST` in a weakened build with
+/// `THREADBOX_TEST_WEAKEN` set, else none.
+pub fn agent_args() -> Vec<String> {
+    #[cfg(feature = "insecure-test-hooks")]
+    if let Ok(w) = threadbox_sys::testhooks::Weaken::from_env() {
+        if !w.list().is_empty() {
+            return vec!["--test-weaken".into(), w.list().join(",")];
+        }
+    }
+    Vec::new()
+}
+
+/// `limits` with the limit weakenings in force lifted.
+#[allow(unused_mut)]
+pub fn limits(mut limits: threadbox_sys::cgroup::Limits) -> threadbox_sys::cgroup::Limits {
+    #[cfg(feature = "insecure-test-hooks")]
+    if let Ok(w) = threadbox_sys::testhooks::Weaken::from_env() {
+        if w.has("no-pids-limit") {
+            limits.pids = 1 << 22;
+        }
+        if w.has("no-memory-limit") {
+            limits.memory_bytes = 1 << 40;
+        }
+        if w.has("no-cpu-limit") {
+            limits.cpus = 64.0;
+        }
+    }
+    limits
+}
+
+/// Whether the sandbox cgroup's subtree is bounded (`no-cgroup-tree-limit` lifts it).
+pub fn tree_limit() -> bool {
+    #[cfg(feature = "insecure-test-hooks")]
+    if let Ok(w) = threadbox_sys::testhooks::Weaken::from_env() {
+        return !w.has("no-cgroup-tree-limit");
+    }
+    true
+}
