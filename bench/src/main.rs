@@ -15,7 +15,9 @@
 #![forbid(unsafe_code)]
 
 mod baselines;
+mod density;
 mod egress;
+mod hibernate;
 mod interp;
 mod stats;
 mod tiers;
@@ -62,6 +64,12 @@ enum Cmd {
     /// Tiers (issue 16): create→first result and exec round trip on gvisor against the
     /// jail, interleaved.
     Tiers(tiers::TiersOpts),
+    /// Hibernate (issue 16): hibernate and wake p50 per tier, the memory image's size,
+    /// host RAM of a hibernated sandbox against a paused one.
+    Hibernate(hibernate::HibernateOpts),
+    /// Density (issue 16): memory, swap and disk per sandbox running, paused and
+    /// hibernated, per tier, in one run (makes and removes a swap file for the jail).
+    Density(density::DensityOpts),
 }
 
 /// Which figures a run measures.
@@ -1038,6 +1046,8 @@ async fn main() -> Result<()> {
         Cmd::Egress(o) => egress::run(o).await,
         Cmd::Tracing(o) => tracing::run(o).await,
         Cmd::Tiers(o) => tiers::run(o).await,
+        Cmd::Hibernate(o) => hibernate::run(o).await,
+        Cmd::Density(o) => density::run(o).await,
         Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

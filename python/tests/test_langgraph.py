@@ -153,6 +153,21 @@ def test_release_thread_stop_and_delete(tb: Threadbox, names: Names) -> None:
     assert not release_thread_sandbox(tid, client=tb)
 
 
+def test_release_thread_pause_keeps_processes(tb: Threadbox, names: Names) -> None:
+    toolkit = ThreadboxToolkit(client=tb)
+    graph = build_graph(toolkit, InMemorySaver())
+    tid = names.thread("release-pause")
+    turn(graph, tid, "write the note")
+    sb = tb.get(thread_sandbox_name(tid))
+    proc = sb.processes.start("sleep 300")
+    assert toolkit.release_thread(tid, action="pause")
+    assert tb.get(thread_sandbox_name(tid)).state == "paused"
+    # The next turn resumes it: the files and the process started before are still there.
+    assert turn(graph, tid, "read the note")["tools"][0]["content"] == "remember the milk"
+    assert tb.get(thread_sandbox_name(tid)).state == "running"
+    assert any(q.id == proc.id and q.running for q in sb.processes.list())
+
+
 def test_paused_sandbox_is_resumed(tb: Threadbox, names: Names) -> None:
     graph = build_graph(ThreadboxToolkit(client=tb), InMemorySaver())
     tid = names.thread("paused")

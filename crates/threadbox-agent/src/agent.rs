@@ -113,6 +113,20 @@ pub struct Agent {
     pub contexts: RefCell<crate::interp::Registry>,
     /// Terminal sessions by pid (`pty.rs`).
     pub ptys: RefCell<HashMap<i32, mpsc::Sender<crate::pty::PtyCtl>>>,
+    /// Where the agent bound its listener (`--listen unix:PATH`), so it can bind there
+    /// again after a memory checkpoint; `None` with an inherited listener (the jail).
+    pub listen_path: Option<String>,
+    /// Bumped by `PrepareCheckpoint`: the listener and every connection close (ADR 0130).
+    pub quiesce: tokio::sync::watch::Sender<Quiesce>,
+}
+
+/// What the listener and connections are told to do ([`Agent::quiesce`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Quiesce {
+    /// Bumped by each `PrepareCheckpoint`.
+    pub generation: u64,
+    /// Bind again by itself after this long without the host's `SIGUSR2`.
+    pub rebind_after_ms: u64,
 }
 
 impl Agent {
@@ -128,6 +142,8 @@ impl Agent {
             next_bg: Cell::new(1),
             contexts: RefCell::new(Default::default()),
             ptys: RefCell::new(HashMap::new()),
+            listen_path: None,
+            quiesce: tokio::sync::watch::channel(Quiesce::default()).0,
         }
     }
 

@@ -31,7 +31,8 @@ type Cancels = Rc<RefCell<HashMap<u64, oneshot::Sender<()>>>>;
 pub async fn serve(agent: Rc<Agent>, stream: UnixStream) {
     let (mut rd, wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Frame>(OUTBOX);
-    let writer = tokio::task::spawn_local(write_frames(wr, rx));
+    let mut quiesced = agent.quiesce.subscribe();
+    let writer = tokio::task::spawn_local(write_frames(wr, rx, agent.quiesce.subscribe()));
     let software = format!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
     let _ = tx
         .send(Frame::Hello(Hello::ours(&software, CAPABILITIES)))
@@ -42,7 +43,12 @@ pub async fn serve(agent: Rc<Agent>, stream: UnixStream) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut greeted = false;
     'conn: loop {
-        let n = match rd.read(&mut buf).await {
+        let read = tokio::select! {
+            r = rd.read(&mut buf) => r,
+            // A memory checkpoint is coming: this connection must not exist during it.
+            _ = quiesced.changed() => break,
+        };
+        let n = match read {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) => {
@@ -89,8 +95,32 @@ pub async fn serve(agent: Rc<Agent>, stream: UnixStream) {
     let _ = writer.await;
 }
 
-async fn write_frames(mut wr: tokio::net::unix::OwnedWriteHalf, mut rx: mpsc::Receiver<Frame>) {
-    while let Some(frame) = rx.recv().await {
+async fn write_frames(
+    mut wr: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Frame>,
+    mut quiesced: tokio::sync::watch::Receiver<crate::agent::Quiesce>,
+) {
+    loop {
+        let frame = tokio::select! {
+            biased;
+            f = rx.recv() => match f {
+                Some(f) => f,
+                None => return,
+            },
+            // Quiescing: what is queued (the `Prepared` answer) still goes out, then the
+            // socket closes even though calls in flight hold senders.
+            _ = quiesced.changed() => {
+                while let Ok(frame) = rx.try_recv() {
+                    if let Ok(bytes) = encode_frame(&frame) {
+                        if wr.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                let _ = wr.flush().await;
+                return;
+            }
+        };
         let bytes = match encode_frame(&frame) {
             Ok(b) => b,
             Err(e) => {
@@ -132,10 +162,22 @@ fn dispatch(agent: &Rc<Agent>, tx: &mpsc::Sender<Frame>, cancels: &Cancels, id: 
     let agent = agent.clone();
     let tx = tx.clone();
     let cancels = cancels.clone();
+    let prepare = match req {
+        Request::PrepareCheckpoint { rebind_after_ms } => Some(rebind_after_ms),
+        _ => None,
+    };
     tokio::task::spawn_local(async move {
-        let resp = handle(agent, id, req, tx.clone(), cancel_rx).await;
+        let resp = handle(agent.clone(), id, req, tx.clone(), cancel_rx).await;
         cancels.borrow_mut().remove(&id);
+        let prepared = resp == Response::Prepared;
         let _ = tx.send(Frame::Response { id, resp }).await;
+        if let (Some(rebind_after_ms), true) = (prepare, prepared) {
+            // The answer is queued: now the listener and every connection close.
+            agent.quiesce.send_modify(|q| {
+                q.generation += 1;
+                q.rebind_after_ms = rebind_after_ms;
+            });
+        }
     });
 }
 
@@ -199,6 +241,7 @@ async fn handle(
             from,
         } => interp::attach(agent, id, ctx, execution, from, tx, cancel).await,
         Request::ContextReason { ctx, reason } => interp::set_reason(&agent, &ctx, reason),
+        Request::PrepareCheckpoint { .. } => prepare_checkpoint(&agent),
         Request::PtyStart(spec) => pty::start(agent, id, spec, tx, cancel).await,
         Request::PtyInput { pid, data } => pty::input(&agent, pid, data).await,
         Request::PtyResize { pid, cols, rows } => pty::resize(&agent, pid, rows, cols).await,
@@ -209,4 +252,20 @@ async fn handle(
         )
         .into_response(),
     }
+}
+
+/// `PrepareCheckpoint`: only an agent that bound its own listener can bind it again; what
+/// the sandbox wrote reaches the host's files before the memory is saved.
+fn prepare_checkpoint(agent: &Agent) -> Response {
+    if agent.listen_path.is_none() {
+        return AgentError::invalid(
+            "this agent serves an inherited listener and cannot bind it again after a checkpoint",
+        )
+        .into_response();
+    }
+    threadbox_sys::child::sync_all();
+    // The last line before the checkpoint: nothing may be writing to the host's log file
+    // while it is taken (main.rs).
+    log("closing the listener and connections for a checkpoint");
+    Response::Prepared
 }

@@ -191,9 +191,18 @@ fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("runtime: {e}"))?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let listener =
-            tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
-        let agent = Rc::new(agent::Agent::new(root, cgroup, policy));
+        let mut listener = Some(
+            tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?,
+        );
+        let mut agent = agent::Agent::new(root, cgroup, policy);
+        agent.listen_path = args.listen_path.clone();
+        let agent = Rc::new(agent);
+        // The host's "bind again" after a memory checkpoint's restore (ADR 0130). Installed
+        // before anything can be asked to quiesce; one arriving while we listen is dropped.
+        let mut rebind =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+                .map_err(|e| format!("SIGUSR2 handler: {e}"))?;
+        let mut quiesced = agent.quiesce.subscribe();
         // The SIGCHLD handler must exist before the first child is started.
         let reaper = agent::Reaper::install().map_err(|e| format!("SIGCHLD handler: {e}"))?;
         tokio::task::spawn_local(reaper.run(agent.clone()));
@@ -203,7 +212,34 @@ fn run(args: Args) -> Result<(), String> {
             std::process::id()
         ));
         loop {
-            match listener.accept().await {
+            let Some(l) = listener.as_ref() else {
+                // Quiesced: nothing of ours is bound on the host until the restore (or a
+                // checkpoint that failed) is over.
+                let after = quiesced.borrow_and_update().rebind_after_ms;
+                tokio::select! {
+                    _ = rebind.recv() => {}
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(after)) => {
+                        log("no word from the host after a checkpoint; binding again");
+                    }
+                    // Another prepare meanwhile: wait on with its deadline.
+                    _ = quiesced.changed() => continue,
+                }
+                listener = bind_again(args.listen_path.as_deref()).await;
+                continue;
+            };
+            let accepted = tokio::select! {
+                biased;
+                _ = quiesced.changed() => {
+                    // Nothing is logged here: a write to the host's log file that the
+                    // checkpoint interrupts does not finish after the restore (seen with
+                    // runsc 20240729). `PrepareCheckpoint` logged before answering.
+                    listener = None;
+                    continue;
+                }
+                _ = rebind.recv() => continue,
+                a = l.accept() => a,
+            };
+            match accepted {
                 Ok((stream, _)) => {
                     tokio::task::spawn_local(conn::serve(agent.clone(), stream));
                 }
@@ -215,6 +251,31 @@ fn run(args: Args) -> Result<(), String> {
             }
         }
     })
+}
+
+/// Binds the listener again at `path` after a checkpoint, retrying a failure (logged)
+/// rather than leaving the sandbox unreachable.
+async fn bind_again(path: Option<&str>) -> Option<tokio::net::UnixListener> {
+    let path = path?;
+    let args = Args {
+        listen_path: Some(path.to_string()),
+        ..Args::default()
+    };
+    loop {
+        match listener(&args).and_then(|l| {
+            l.set_nonblocking(true).map_err(|e| e.to_string())?;
+            tokio::net::UnixListener::from_std(l).map_err(|e| e.to_string())
+        }) {
+            Ok(l) => {
+                log("listening again after a checkpoint");
+                return Some(l);
+            }
+            Err(e) => {
+                log(&format!("binding again after a checkpoint: {e}"));
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
 /// One line to the agent's log (its stderr, which the host keeps).

@@ -44,6 +44,10 @@ pub struct SandboxSpec {
     /// A CA (PEM) the sandbox trusts through its image's own bundle: the daemon's egress
     /// CA when the sandbox has secrets (ADR 0075). `None` leaves the image's bundle alone.
     pub trust_ca: Option<String>,
+    /// The sandbox uses the network (a policy, secrets or the OTLP endpoint): a tier
+    /// that boots a netns of ours only on demand (gvisor, ADR 0140) boots it now. The
+    /// jail has one at every boot and ignores this.
+    pub network: bool,
 }
 
 /// What a sandbox uses now. `None`: the driver could not read it (nothing runs, or the
@@ -77,6 +81,17 @@ pub mod capability {
     /// Fork with memory: copies that go on with the parent's memory and running processes
     /// (gvisor, ADR 0136). Without it a fork has the parent's disk only.
     pub const FORK_MEMORY: &str = "fork_memory";
+    /// `hibernate`: a sandbox's memory leaves RAM, its processes continue on wake
+    /// (ADR 0129, 0130). Each tier also names its flavour, below.
+    pub const HIBERNATE: &str = "hibernate";
+    /// Hibernate pushes the frozen cgroup's memory to the host's swap (the jail, ADR
+    /// 0129): needs swap or zram, does not survive a host reboot.
+    pub const HIBERNATE_SWAP: &str = "hibernate_swap";
+    /// Hibernate checkpoints memory and processes into an image on the sandbox's disk
+    /// (gvisor, ADR 0130): nothing of it stays in RAM or runs, it survives a daemon
+    /// restart and a host reboot. The agent is asked to let go of its host socket first
+    /// (`PrepareCheckpoint`) and the wake boots a new agent process tree from the image.
+    pub const HIBERNATE_IMAGE: &str = "hibernate_image";
 }
 
 /// What a tier says of itself for `GET /v1/tiers`.
@@ -175,9 +190,17 @@ pub trait Driver: Send + Sync {
             self.tier()
         )))
     }
-    /// Undoes what [`Driver::hibernate`] changed besides the freeze, before the thaw.
-    async fn wake(&self, _id: &str) -> Result<()> {
-        Ok(())
+    /// Undoes what [`Driver::hibernate`] changed besides the freeze, before the thaw (also
+    /// after a hibernate that failed). `Some(pid)`: the wake booted the sandbox's agent
+    /// anew (a memory image restored), and this is its host pid.
+    async fn wake(&self, _spec: &SandboxSpec) -> Result<Option<i32>> {
+        Ok(None)
+    }
+    /// After a daemon restart: whether the sandbox is hibernated in a complete memory
+    /// image with nothing of it running (a [`capability::HIBERNATE_IMAGE`] tier; what an
+    /// interrupted wake left running is ended, the image being the truth).
+    async fn recover_hibernated(&self, _id: &str) -> bool {
+        false
     }
 
     // ---- checkpoints (issue 14, ADR 0100): clones of the whole disk ----

@@ -31,7 +31,9 @@ pub enum CoreError {
     },
     #[error("{0}")]
     TooLarge(String),
-    #[error("sandbox agent unavailable: {0}")]
+    /// Something needed is not there right now (the agent, a tier, swap, a registry). The
+    /// message names what; no prefix, because most of these are not about the agent.
+    #[error("{0}")]
     Unavailable(String),
     #[error("store error")]
     Store(#[from] sqlx::Error),

@@ -40,7 +40,7 @@ pub const RUNTIME_PIDS: u32 = 256;
 
 /// Longest the probe, a launch or a runsc command may take (the kvm platform hangs on
 /// this host's PVM: a hang must not hold the daemon).
-const RUNSC_DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const RUNSC_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Where the agent's socket directory is bound inside the sandbox.
 const SOCKET_DIR_INSIDE: &str = "/run/threadbox";
@@ -59,9 +59,9 @@ pub struct RunscInfo {
 
 /// The tier of one daemon.
 #[derive(Clone)]
-pub struct GvisorDriver(Arc<Gvisor>);
+pub struct GvisorDriver(pub(crate) Arc<Gvisor>);
 
-struct Gvisor {
+pub(crate) struct Gvisor {
     jail: JailDriver,
     /// `serve --runsc PATH`; `None`: the first `runsc` on `PATH`.
     runsc: Option<PathBuf>,
@@ -88,7 +88,7 @@ impl GvisorDriver {
             .unwrap_or_else(|e| Err(e.to_string()))
     }
 
-    async fn run<T: Send + 'static>(
+    pub(crate) async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Gvisor) -> Result<T> + Send + 'static,
     ) -> Result<T> {
@@ -98,7 +98,7 @@ impl GvisorDriver {
 }
 
 /// Finds `name` on `PATH`.
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .map(|d| d.join(name))
@@ -106,7 +106,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// Runs `cmd` to its end within `deadline` (killed past it); its stdout, or why not.
-fn run_bounded(
+pub(crate) fn run_bounded(
     mut cmd: std::process::Command,
     deadline: Duration,
 ) -> std::result::Result<String, String> {
@@ -141,11 +141,11 @@ fn run_bounded(
 }
 
 impl Gvisor {
-    fn j(&self) -> &Jail {
+    pub(crate) fn j(&self) -> &Jail {
         self.jail.jail()
     }
 
-    fn state_dir(&self) -> PathBuf {
+    pub(crate) fn state_dir(&self) -> PathBuf {
         self.j().config.root.join("gvisor").join("state")
     }
 
@@ -157,7 +157,7 @@ impl Gvisor {
         self.j().paths(id).run.join("gvisor")
     }
 
-    fn socket(&self, id: &str) -> PathBuf {
+    pub(crate) fn socket(&self, id: &str) -> PathBuf {
         self.socket_dir(id).join("agent.sock")
     }
 
@@ -217,21 +217,19 @@ impl Gvisor {
         })
     }
 
-    fn runsc(&self) -> Result<RunscInfo> {
+    pub(crate) fn runsc(&self) -> Result<RunscInfo> {
         self.probe()
             .clone()
             .map_err(|e| CoreError::Unavailable(format!("the gvisor tier is unavailable: {e}")))
     }
 
     /// runsc's global flags for this daemon's sandboxes.
-    fn global_args(&self) -> Vec<String> {
+    pub(crate) fn global_args(&self) -> Vec<String> {
         vec![
             "--root".into(),
             self.state_dir().display().to_string(),
             // ptrace is slower, kvm hangs under this host's nested hypervisor.
             "--platform=systrap".into(),
-            // Loopback only, as the jail's default (egress on this tier is refused).
-            "--network=none".into(),
             // The agent binds its listener on a host directory; nothing inside may
             // connect out to a host socket.
             "--host-uds=create".into(),
@@ -243,7 +241,7 @@ impl Gvisor {
         ]
     }
 
-    fn runsc_cmd(&self, info: &RunscInfo, args: &[&str]) -> std::process::Command {
+    pub(crate) fn runsc_cmd(&self, info: &RunscInfo, args: &[&str]) -> std::process::Command {
         let mut c = std::process::Command::new(&info.path);
         c.args(self.global_args()).args(args);
         c
@@ -264,7 +262,8 @@ impl Gvisor {
     fn config_json(
         &self,
         spec: &SandboxSpec,
-        binds: &[threadbox_sys::jail::Bind],
+        layers: &threadbox_core::images::ImageSpec,
+        egress: bool,
     ) -> serde_json::Value {
         use serde_json::json;
         let p = self.j().paths(&spec.id);
@@ -292,7 +291,13 @@ impl Gvisor {
             json!({"destination": AGENT_INSIDE, "type": "bind",
                    "source": self.j().config.agent_path, "options": ["bind", "ro", "nosuid", "nodev"]}),
         ];
-        for b in binds {
+        let run = self.j().paths(&spec.id).run;
+        mounts.extend(crate::gvisor_net::ca_mount(
+            &layers.lower,
+            spec.trust_ca.as_deref(),
+            &run,
+        ));
+        for b in &layers.binds {
             mounts.push(
                 json!({"destination": b.target, "type": "bind", "source": b.source,
                                "options": ["rbind", "ro", "nosuid", "nodev"]}),
@@ -314,12 +319,19 @@ impl Gvisor {
             "root": {"path": p.rootfs, "readonly": false},
             "hostname": spec.hostname,
             "mounts": mounts,
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"},
-                                      {"type": "uts"}, {"type": "mount"}]}
+            "linux": {"namespaces": crate::gvisor_net::namespaces(egress)}
         })
     }
 
     fn launch(&self, spec: &SandboxSpec) -> Result<i32> {
+        // A fresh boot: whatever a hibernate left is of the processes a stop ended.
+        self.remove_memory_image(&spec.id);
+        self.launch_as(spec, None)
+    }
+
+    /// Boots `spec`'s container on its disk: `runsc run`, or `runsc restore` of the memory
+    /// image `restore` (`gvisor_ckpt.rs`). Returns the sentry's host pid.
+    pub(crate) fn launch_as(&self, spec: &SandboxSpec, restore: Option<&Path>) -> Result<i32> {
         let info = self.runsc()?;
         let j = self.j();
         let p = j.paths(&spec.id);
@@ -348,7 +360,9 @@ impl Gvisor {
         std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700))?;
         let bundle = self.bundle(&spec.id);
         mkdir(&bundle)?;
-        let config = self.config_json(spec, &layers.binds);
+        let egress = crate::gvisor_net::egress_of(spec);
+        j.forget_netns(&spec.id)?;
+        let config = self.config_json(spec, &layers, egress.is_some());
         std::fs::write(
             bundle.join("config.json"),
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
@@ -359,8 +373,18 @@ impl Gvisor {
         let cg = j.cgroup(&spec.id);
         cg.create(&limits, None)?;
         let mut args = self.global_args();
+        // A global flag: before the subcommand (run, or restore of a hibernated image).
+        args.push(crate::gvisor_net::network_flag(egress.is_some()).into());
+        if let Some(image) = restore {
+            args.extend([
+                "restore".into(),
+                "-image-path".into(),
+                image.display().to_string(),
+            ]);
+        } else {
+            args.push("run".into());
+        }
         args.extend([
-            "run".into(),
             "-detach".into(),
             "-bundle".into(),
             bundle.display().to_string(),
@@ -378,9 +402,20 @@ impl Gvisor {
             runsc: info.path.clone(),
             args,
             log: p.run.join("agent.log"),
+            egress,
         };
         let input = serde_json::to_vec(&launch).map_err(|e| CoreError::Internal(e.to_string()))?;
-        let child = std::process::Command::new(&j.config.helper_path)
+        // A restore runs under the image's lock (`gvisor_ckpt.rs`): a daemon restarted
+        // meanwhile waits for it to finish before it judges the image.
+        let mut cmd = match restore {
+            Some(image) => {
+                let mut c = crate::gvisor_ckpt::under_lock(image)?;
+                c.arg(&j.config.helper_path);
+                c
+            }
+            None => std::process::Command::new(&j.config.helper_path),
+        };
+        let child = cmd
             .arg("__gvisor-launch")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -391,7 +426,7 @@ impl Gvisor {
         let out = match crate::run_helper(child, &input, RUNSC_DEADLINE) {
             Ok(out) => out,
             Err(e) => {
-                let _ = self.stop(&spec.id);
+                let _ = self.halt(&spec.id);
                 return Err(e);
             }
         };
@@ -401,7 +436,7 @@ impl Gvisor {
         match report {
             Some(GvisorReport { ok: true, .. }) => {}
             other => {
-                let _ = self.stop(&spec.id);
+                let _ = self.halt(&spec.id);
                 return Err(CoreError::Internal(format!(
                     "gvisor sandbox setup failed: {}",
                     other
@@ -410,10 +445,17 @@ impl Gvisor {
                 )));
             }
         }
-        match self.sentry_pid(&info, &spec.id) {
+        // The sentry lives in the helper's netns: its identity is the sandbox's.
+        let pid = self.sentry_pid(&info, &spec.id).and_then(|pid| {
+            if egress.is_some() {
+                j.record_netns(&spec.id, pid)?;
+            }
+            Ok(pid)
+        });
+        match pid {
             Ok(pid) => Ok(pid),
             Err(e) => {
-                let _ = self.stop(&spec.id);
+                let _ = self.halt(&spec.id);
                 Err(e)
             }
         }
@@ -421,7 +463,7 @@ impl Gvisor {
 
     /// The sentry's host pid (`runsc state`): what the manager records as the agent's
     /// pid, alive exactly while the sandbox is.
-    fn sentry_pid(&self, info: &RunscInfo, id: &str) -> Result<i32> {
+    pub(crate) fn sentry_pid(&self, info: &RunscInfo, id: &str) -> Result<i32> {
         let out = run_bounded(self.runsc_cmd(info, &["state", id]), RUNSC_DEADLINE)
             .map_err(|e| CoreError::Internal(format!("runsc state {id}: {e}")))?;
         let v: serde_json::Value = serde_json::from_str(&out)
@@ -434,7 +476,7 @@ impl Gvisor {
     }
 
     /// `runsc delete --force` (best effort: a container that never existed is fine).
-    fn remove_container(&self, info: &RunscInfo, id: &str) {
+    pub(crate) fn remove_container(&self, info: &RunscInfo, id: &str) {
         if self.state_dir().exists() {
             let _ = run_bounded(
                 self.runsc_cmd(info, &["delete", "-force", id]),
@@ -444,6 +486,14 @@ impl Gvisor {
     }
 
     fn stop(&self, id: &str) -> Result<()> {
+        // The processes end here: a memory image of them would be restored into a disk
+        // that has moved on.
+        self.remove_memory_image(id);
+        self.halt(id)
+    }
+
+    /// Ends every process of the sandbox; a memory image stays.
+    pub(crate) fn halt(&self, id: &str) -> Result<()> {
         if let Ok(info) = self.probe().clone() {
             self.remove_container(&info, id);
         }
@@ -461,11 +511,31 @@ impl Gvisor {
 
 /// Connects to the agent's socket, waiting for an agent that has not bound it yet (runsc
 /// returns once the container's init runs, before the agent listens).
-async fn connect_waiting(path: &Path) -> Result<AgentStream> {
-    let deadline = tokio::time::Instant::now() + RUNSC_DEADLINE;
+///
+/// A socket that exists but refuses for a while is an agent that closed its listener for
+/// a checkpoint (ADR 0130) and was not told to bind again (a daemon that died in between):
+/// `rebind` is called once.
+async fn connect_waiting<F: std::future::Future<Output = Result<()>>>(
+    path: &Path,
+    rebind: impl FnOnce() -> F,
+) -> Result<AgentStream> {
+    let started = tokio::time::Instant::now();
+    let deadline = started + RUNSC_DEADLINE;
+    let mut rebind = Some(rebind);
     loop {
         match tokio::net::UnixStream::connect(path).await {
             Ok(s) => return Ok(Box::new(s)),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && started.elapsed() > Duration::from_millis(200)
+                    && rebind.is_some() =>
+            {
+                if let Some(f) = rebind.take() {
+                    if let Err(e) = f().await {
+                        tracing::debug!("asking the agent to bind again: {e}");
+                    }
+                }
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -497,10 +567,29 @@ impl Driver for GvisorDriver {
     }
 
     fn capabilities(&self) -> Vec<&'static str> {
-        // Not yet: egress (no netns of ours under --network=none), Landlock (none in the sentry),
-        // call cgroups (the agent gets no cgroup inside: a timeout ends the call's
-        // process group, not a `setsid` descendant).
-        vec![threadbox_core::driver::capability::CHECKPOINTS]
+        // Egress: a sandbox created with a policy boots in a netns of ours (ADR 0140).
+        // Not yet: Landlock (none in the sentry), call cgroups (the agent gets no cgroup
+        // inside: a timeout ends the call's process group, not a `setsid` descendant).
+        use threadbox_core::driver::capability::*;
+        vec![CHECKPOINTS, EGRESS, HIBERNATE, HIBERNATE_IMAGE]
+    }
+
+    async fn hibernate(&self, id: &str) -> Result<u64> {
+        let id = id.to_string();
+        // Nothing of it is left in RAM: its cgroup is gone with its processes.
+        self.run(move |g| g.hibernate(&id).map(|_| 0)).await
+    }
+
+    async fn wake(&self, spec: &SandboxSpec) -> Result<Option<i32>> {
+        let spec = spec.clone();
+        self.run(move |g| g.wake(&spec)).await
+    }
+
+    async fn recover_hibernated(&self, id: &str) -> bool {
+        let id = id.to_string();
+        self.run(move |g| Ok(g.recover_hibernated(&id)))
+            .await
+            .unwrap_or(false)
     }
 
     async fn status(&self) -> TierStatus {
@@ -541,7 +630,7 @@ impl Driver for GvisorDriver {
     }
 
     async fn connect(&self, id: &str) -> Result<AgentStream> {
-        connect_waiting(&self.0.socket(id)).await
+        connect_waiting(&self.0.socket(id), || self.rebind(id)).await
     }
 
     async fn freeze(&self, id: &str) -> Result<()> {
@@ -638,5 +727,14 @@ impl Driver for GvisorDriver {
 
     async fn template_disks(&self) -> Vec<String> {
         self.0.jail.template_disks().await
+    }
+
+    async fn egress_netns(
+        &self,
+        id: &str,
+        agent_pid: i32,
+    ) -> Result<Option<threadbox_sys::net::NetNs>> {
+        // The recorded pid is the sentry's, which runs in the sandbox's netns.
+        self.0.jail.egress_netns(id, agent_pid).await
     }
 }

@@ -11,9 +11,13 @@
 mod ca_bundle;
 mod checkpoint;
 pub mod gvisor;
+pub mod gvisor_ckpt;
+mod gvisor_net;
 pub mod store;
 mod templates;
 pub mod uid_range;
+#[cfg(feature = "insecure-test-hooks")]
+mod wake_hooks;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -93,7 +97,7 @@ pub const CGROUP_MAX_DESCENDANTS: u32 = 1024;
 pub const CGROUP_MAX_DEPTH: u32 = 2;
 
 /// Where the identity of a sandbox's netns is recorded at boot (in its `run/`).
-const NETNS_FILE: &str = "netns.json";
+pub(crate) const NETNS_FILE: &str = "netns.json";
 
 /// Most directory entries one disk-usage walk reads (a sandbox without a disk image).
 const MAX_DU_ENTRIES: usize = 2_000_000;
@@ -468,14 +472,7 @@ impl Jail {
         match (report.ok, report.agent_pid) {
             (true, Some(pid)) => {
                 if egress.is_some() {
-                    // Recorded at boot, checked on every later open (a reused pid is refused).
-                    let recorded = threadbox_sys::net::netns_inode(pid)
-                        .map_err(CoreError::from)
-                        .and_then(|ns| {
-                            serde_json::to_vec(&ns).map_err(|e| CoreError::Internal(e.to_string()))
-                        })
-                        .and_then(|b| Ok(std::fs::write(p.run.join(NETNS_FILE), b)?));
-                    if let Err(e) = recorded {
+                    if let Err(e) = self.record_netns(&req.id, pid) {
                         let _ = self.stop(&req.id);
                         return Err(e);
                     }
@@ -543,6 +540,23 @@ impl Jail {
                 "remove {}: {e}",
                 p.dir.display()
             ))),
+        }
+    }
+
+    /// Records the netns identity of `pid` (a process of the sandbox that booted with the
+    /// egress table) at boot; every later open is checked against it (a reused pid is
+    /// refused).
+    pub(crate) fn record_netns(&self, id: &str, pid: i32) -> Result<()> {
+        let ns = threadbox_sys::net::netns_inode(pid)?;
+        let b = serde_json::to_vec(&ns).map_err(|e| CoreError::Internal(e.to_string()))?;
+        Ok(std::fs::write(self.paths(id).run.join(NETNS_FILE), b)?)
+    }
+
+    /// Forgets the recorded netns (a boot without the egress table).
+    pub(crate) fn forget_netns(&self, id: &str) -> Result<()> {
+        match std::fs::remove_file(self.paths(id).run.join(NETNS_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
         }
     }
 
@@ -628,6 +642,8 @@ impl Jail {
         if cg.exists() {
             cg.close_swap()?;
         }
+        #[cfg(feature = "insecure-test-hooks")]
+        wake_hooks::after_wake(&cg)?;
         Ok(())
     }
 
@@ -712,7 +728,15 @@ impl Driver for JailDriver {
 
     fn capabilities(&self) -> Vec<&'static str> {
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, EGRESS, LANDLOCK, CALL_CGROUPS, UID_RANGES]
+        vec![
+            CHECKPOINTS,
+            EGRESS,
+            LANDLOCK,
+            CALL_CGROUPS,
+            UID_RANGES,
+            HIBERNATE,
+            HIBERNATE_SWAP,
+        ]
     }
 
     async fn resolve_image(&self, image: &ImageRow) -> Result<()> {
@@ -834,9 +858,9 @@ impl Driver for JailDriver {
         self.run(move |j| j.hibernate(&id)).await
     }
 
-    async fn wake(&self, id: &str) -> Result<()> {
-        let id = id.to_string();
-        self.run(move |j| j.wake(&id)).await
+    async fn wake(&self, spec: &SandboxSpec) -> Result<Option<i32>> {
+        let id = spec.id.clone();
+        self.run(move |j| j.wake(&id)).await.map(|()| None)
     }
 
     async fn thaw(&self, id: &str) -> Result<()> {

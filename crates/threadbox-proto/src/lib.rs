@@ -247,6 +247,14 @@ pub enum Request {
     },
     /// A process on a new terminal (`pty.rs`); streamed like `Exec`.
     PtyStart(PtySpec),
+    /// Before a memory checkpoint (gvisor hibernate, ADR 0130): the agent syncs the file
+    /// systems, answers `Prepared`, then closes its listener and every connection (runsc
+    /// cannot save a host-bound socket) and binds again when it gets `SIGUSR2` (sent by
+    /// the host after the restore, or after a checkpoint that failed), or by itself after
+    /// `rebind_after_ms`, so a host that died in between still reaches it.
+    PrepareCheckpoint {
+        rebind_after_ms: u64,
+    },
     /// Bytes typed into the terminal of the session `pid`.
     PtyInput {
         pid: i32,
@@ -357,6 +365,8 @@ pub enum ErrorKind {
 #[serde(tag = "r", rename_all = "snake_case")]
 pub enum Response {
     Pong,
+    /// `PrepareCheckpoint`: synced; the listener and connections close next.
+    Prepared,
     /// Streamed: the process started.
     Started {
         pid: i32,

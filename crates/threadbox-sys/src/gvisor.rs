@@ -36,6 +36,12 @@ pub struct GvisorLaunch {
     pub args: Vec<String>,
     /// The agent's log: runsc's and the container's stdout and stderr (appended).
     pub log: PathBuf,
+    /// A network namespace of our own for the sandbox, with the egress table (ADR 0140):
+    /// the helper unshares it, brings `lo` up and installs the table while it is host
+    /// root there, and runsc (`--network=host`) runs in it. `None`: runsc's own netstack
+    /// in a netns of runsc's (`--network=none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::net::EgressConfig>,
 }
 
 /// What the helper prints (one JSON line).
@@ -93,6 +99,18 @@ fn mount(
     .map_err(|e| SysError::os(format!("mount {}", target.display()), e))
 }
 
+/// The sandbox's netns, made by this (host root) helper as the jail's init makes its own
+/// (ADR 0065): it belongs to the host's user namespace, so neither the sentry (which
+/// runsc leaves without `CAP_NET_ADMIN`) nor anything inside can change the table or
+/// the route. runsc and the sentry inherit it.
+fn enter_egress_netns(cfg: &crate::net::EgressConfig) -> Result<()> {
+    cfg.validate()?;
+    raw::process::unshare(libc::CLONE_NEWNET)
+        .map_err(|e| SysError::os("unshare(CLONE_NEWNET)", e))?;
+    crate::jail::loopback_up()?;
+    crate::net::install_egress(cfg)
+}
+
 fn run_helper() -> Result<()> {
     let mut input = String::new();
     std::io::stdin()
@@ -103,6 +121,9 @@ fn run_helper() -> Result<()> {
     for f in &spec.cgroup_procs {
         std::fs::write(f, std::process::id().to_string())
             .map_err(|e| SysError::os(format!("join {}", f.display()), e))?;
+    }
+    if let Some(cfg) = &spec.egress {
+        enter_egress_netns(cfg)?;
     }
     raw::process::unshare(libc::CLONE_NEWNS)
         .map_err(|e| SysError::os("unshare(CLONE_NEWNS)", e))?;

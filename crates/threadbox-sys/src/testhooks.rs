@@ -130,6 +130,10 @@ pub const KNOWN: &[(&str, &str)] = &[
         "egress-no-dns-cap",
         "a sandbox's DNS questions have no rate cap",
     ),
+    (
+        "wake-unmask",
+        "a wake from hibernate unmounts the sandbox's /proc masks (a restore that drops a layer)",
+    ),
 ];
 
 /// A set of weakenings.

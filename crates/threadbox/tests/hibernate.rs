@@ -5,10 +5,18 @@
 //! hibernated across a `kill -9` of the daemon. Without swap, hibernate is refused with
 //! the reason and the sandbox is left running. The swap is a file this test makes and
 //! removes (`swapon`/`swapoff`); every wait polls a condition with a deadline.
+//!
+//! On every tier with the `hibernate` capability (ADR 0123): a counter, a listening server
+//! and an interpreter context's variable all continue after a wake. On gvisor (ADR 0130):
+//! nothing of a hibernated sandbox runs (no cgroup, an image on disk), it stays hibernated
+//! across a daemon restart, and `kill -9` of the daemon at each step of a hibernate or a
+//! wake leaves it running or hibernated with a complete image, never lost.
 
 mod common;
+#[path = "common/tiers.rs"]
+mod tiers;
 
-use common::{require_root, serial, Daemon};
+use common::{require_root, serial, threadbox_bin, Daemon};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -262,4 +270,269 @@ fn an_idle_sandbox_pauses_then_hibernates_and_a_call_wakes_it() {
     let bad = d.cli(&["create", "--idle-hibernate", "0"]);
     assert_ne!(bad.code, 0);
     assert!(bad.stderr.contains("idle_hibernate_secs"), "{}", bad.stderr);
+}
+
+/// Runs `f` once per tier under test that has every capability in `needs`, each on a
+/// daemon of its own; `f` gets the daemon and the tier's `create` arguments.
+fn each_tier(needs: &[&str], mut f: impl FnMut(Daemon, &str)) {
+    for tier in tiers::under_test() {
+        let d = Daemon::start();
+        let json = d.cli(&["tiers", "--json"]).ok().json();
+        if tiers::runs_on(&tier, &json, needs) {
+            f(d, &tier);
+        }
+    }
+}
+
+/// A counter in the background (`/tmp/count`, ten a second) and a server on :8000 serving
+/// `/tmp`; the count so far.
+fn start_workload(d: &Daemon, id: &str) -> u64 {
+    d.cli(&[
+        "spawn",
+        id,
+        "--",
+        "sh",
+        "-c",
+        "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.tmp; mv /tmp/count.tmp /tmp/count; sleep 0.1; done",
+    ])
+    .ok();
+    d.cli(&[
+        "spawn",
+        id,
+        "--",
+        "python3",
+        "-m",
+        "http.server",
+        "8000",
+        "--directory",
+        "/tmp",
+    ])
+    .ok();
+    d.wait_for("the server", Duration::from_secs(60), || {
+        fetch(d, id).is_some()
+    });
+    assert_eq!(run_code(d, id, "x = 41\nx + 1"), "42");
+    count(d, id)
+}
+
+fn count(d: &Daemon, id: &str) -> u64 {
+    d.cli(&["exec", id, "--", "cat", "/tmp/count"])
+        .ok()
+        .stdout_str()
+        .trim()
+        .parse()
+        .expect("a count")
+}
+
+/// `/count` through the sandbox's own server, or `None` when it does not answer.
+fn fetch(d: &Daemon, id: &str) -> Option<u64> {
+    let r = d.cli(&[
+        "exec",
+        id,
+        "--",
+        "python3",
+        "-c",
+        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/count', timeout=5).read().decode().strip())",
+    ]);
+    (r.code == 0)
+        .then(|| r.stdout_str().trim().parse().ok())
+        .flatten()
+}
+
+fn run_code(d: &Daemon, id: &str, code: &str) -> String {
+    d.cli(&["run", id, code])
+        .ok()
+        .stdout_str()
+        .trim()
+        .to_string()
+}
+
+/// After a wake: the counter went on from where it was (not from 0), the server answers
+/// and the context still has its variable.
+fn assert_continued(d: &Daemon, id: &str, before: u64) {
+    let now = count(d, id);
+    assert!(
+        now >= before,
+        "the counter continued: {before} before, {now} after"
+    );
+    d.wait_for("the counter to move on", Duration::from_secs(30), || {
+        count(d, id) > now
+    });
+    assert!(
+        fetch(d, id).is_some_and(|c| c >= before),
+        "the server answers"
+    );
+    assert_eq!(
+        run_code(d, id, "x + 1"),
+        "42",
+        "the context kept its variable"
+    );
+}
+
+fn gvisor_cgroup_gone(id: &str) -> bool {
+    [
+        format!("/sys/fs/cgroup/memory/threadbox/{id}"),
+        format!("/sys/fs/cgroup/threadbox/{id}"),
+        format!("/sys/fs/cgroup/pids/threadbox/{id}"),
+    ]
+    .iter()
+    .all(|p| !std::path::Path::new(p).exists())
+}
+
+#[test]
+fn hibernate_keeps_processes_servers_and_contexts_on_each_tier() {
+    if !require_root("hibernate_keeps_processes_servers_and_contexts_on_each_tier") {
+        return;
+    }
+    let _g = serial();
+    let _swap = Swap::on(512);
+    each_tier(&["hibernate"], |d, tier| {
+        let id = d.create(&["--tier", tier, "--memory", "256M"]);
+        let before = start_workload(&d, &id);
+        let out = d.cli(&["hibernate", "--json", &id]).ok().json();
+        assert_eq!(out["state"], "hibernated", "{out}");
+        if tier == "gvisor" {
+            // Nothing of it runs or is charged: its cgroup is gone, its image on disk.
+            assert!(gvisor_cgroup_gone(&id), "no cgroup left for {id}");
+            let image = d.root.path().join("sandboxes").join(&id).join("hibernate");
+            assert!(image.is_dir(), "{} holds the image", image.display());
+        }
+        assert_continued(&d, &id, before);
+        assert_eq!(state(&d, &id), "running");
+        // Hibernated twice: the second wake is from the second image.
+        let before = count(&d, &id);
+        d.cli(&["hibernate", &id]).ok();
+        assert_eq!(
+            d.cli(&["resume", "--json", &id]).ok().json()["state"],
+            "running"
+        );
+        assert_continued(&d, &id, before);
+        d.cli(&["rm", "--force", &id]).ok();
+    });
+}
+
+#[test]
+fn a_hibernated_gvisor_sandbox_survives_a_daemon_restart() {
+    if !require_root("a_hibernated_gvisor_sandbox_survives_a_daemon_restart") {
+        return;
+    }
+    let _g = serial();
+    let mut d = Daemon::start();
+    if !tiers::runs_on(
+        "gvisor",
+        &d.cli(&["tiers", "--json"]).ok().json(),
+        &["hibernate_image"],
+    ) {
+        return;
+    }
+    let id = d.create(&["--tier", "gvisor"]);
+    let before = start_workload(&d, &id);
+    d.cli(&["hibernate", &id]).ok();
+    let image = d.root.path().join("sandboxes").join(&id).join("hibernate");
+    assert!(image.is_dir());
+    d.kill9();
+    d.restart();
+    assert_eq!(
+        state(&d, &id),
+        "hibernated",
+        "reconcile keeps it hibernated"
+    );
+    assert!(gvisor_cgroup_gone(&id), "and nothing of it runs");
+    assert_continued(&d, &id, before);
+    assert!(!image.exists(), "the image is gone once it runs on");
+    // A stop ends the processes: a start boots afresh, with no image left to restore.
+    d.cli(&["hibernate", &id]).ok();
+    d.cli(&["stop", &id]).ok();
+    assert!(!image.exists(), "a stop removes the image");
+    d.cli(&["start", &id]).ok();
+    assert!(run_code(&d, &id, "'x' in globals()").contains("False"));
+}
+
+/// The daemon is killed at `point` of a hibernate or a wake; after a restart the sandbox
+/// is running or hibernated, and once woken its processes continue.
+fn crash_trial(point: &str) {
+    let mut d = Daemon::start();
+    if !tiers::runs_on(
+        "gvisor",
+        &d.cli(&["tiers", "--json"]).ok().json(),
+        &["hibernate_image"],
+    ) {
+        return;
+    }
+    let id = d.create(&["--tier", "gvisor"]);
+    let before = start_workload(&d, &id);
+    let dir = d.root.path().join("sandboxes").join(&id);
+    let log = dir.join("run").join("agent.log");
+    let waking = point.starts_with("wake");
+    if waking {
+        d.cli(&["hibernate", &id]).ok();
+    }
+    let seen = |what: &str| std::fs::read_to_string(&log).is_ok_and(|l| l.contains(what));
+    let prepares = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .matches("for a checkpoint")
+        .count();
+    let mut call = std::process::Command::new(threadbox_bin());
+    if waking {
+        call.args(["exec", &id, "--", "true"]);
+    } else {
+        call.args(["hibernate", &id]);
+    }
+    let mut child = call
+        .env("THREADBOX_URL", &d.url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the call");
+    d.wait_for(point, Duration::from_secs(60), || match point {
+        // The agent has let go of its socket; the checkpoint has not begun.
+        "hibernate-prepared" => {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("for a checkpoint")
+                .count()
+                > prepares
+        }
+        // runsc is writing the image.
+        "hibernate-checkpointing" => {
+            dir.join(".hibernate.tmp").exists() || dir.join("hibernate").exists()
+        }
+        // The image is complete, the row may not say so yet.
+        "hibernate-imaged" => dir.join("hibernate").exists(),
+        // The restore is under way: the launch helper is in the sandbox's cgroup again,
+        // the image not yet retired.
+        "wake-restoring" => !gvisor_cgroup_gone(&id) && dir.join("hibernate").exists(),
+        // Restored, the agent listening again.
+        "wake-listening" => seen("listening again"),
+        other => panic!("no crash point {other}"),
+    });
+    d.kill9();
+    let _ = child.wait();
+    d.restart();
+    let st = state(&d, &id);
+    assert!(
+        st == "running" || st == "hibernated",
+        "killed at {point}: the sandbox is {st}; daemon log:\n{}",
+        d.log()
+    );
+    eprintln!("killed at {point}: {st}");
+    assert_continued(&d, &id, before);
+    d.cli(&["rm", "--force", &id]).ok();
+}
+
+#[test]
+fn kill_9_during_a_gvisor_hibernate_or_wake_loses_nothing() {
+    if !require_root("kill_9_during_a_gvisor_hibernate_or_wake_loses_nothing") {
+        return;
+    }
+    let _g = serial();
+    for point in [
+        "hibernate-prepared",
+        "hibernate-checkpointing",
+        "hibernate-imaged",
+        "wake-restoring",
+        "wake-listening",
+    ] {
+        crash_trial(point);
+    }
 }

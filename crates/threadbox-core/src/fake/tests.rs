@@ -33,6 +33,7 @@ fn spec(id: &str) -> SandboxSpec {
         limits: limits(),
         disk_bytes: 0,
         trust_ca: None,
+        network: false,
     }
 }
 

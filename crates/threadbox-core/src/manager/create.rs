@@ -13,7 +13,9 @@ impl Manager {
 
     /// What the driver is to run for `row`.
     pub(super) async fn spec_of(&self, row: &SandboxRow) -> Result<SandboxSpec> {
+        let trust_ca = self.secret_ca_of(&row.id).await?;
         Ok(SandboxSpec {
+            network: row.network_policy.is_some() || row.otlp_relay || trust_ca.is_some(),
             id: row.id.clone(),
             hostname: row.name.clone().unwrap_or_else(|| row.id.clone()),
             index: row.slot,
@@ -24,7 +26,7 @@ impl Manager {
                 pids: row.pids,
             },
             disk_bytes: row.disk_bytes,
-            trust_ca: self.secret_ca_of(&row.id).await?,
+            trust_ca,
         })
     }
 

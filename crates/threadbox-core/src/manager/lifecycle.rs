@@ -33,13 +33,27 @@ impl Manager {
                 self.admit(&row.tenant, Admit::Run).await?;
                 self.meter(row, false).await;
                 let driver = self.driver_for(row)?;
+                let mut pid = row.agent_pid;
                 if row.state == State::Hibernated {
-                    driver.wake(&row.id).await?;
+                    let spec = self.spec_of(row).await?;
+                    if let Some(new) = driver.wake(&spec).await? {
+                        // A new agent process (a memory image restored, ADR 0130).
+                        Self::take_conn(live);
+                        pid = Some(new);
+                    }
                 }
                 driver.thaw(&row.id).await?;
                 self.store
-                    .transition(&row.id, from, State::Running, row.agent_pid)
+                    .transition(&row.id, from, State::Running, pid)
                     .await?;
+            }
+            Step::Hibernate
+                if self
+                    .driver_for(row)?
+                    .capabilities()
+                    .contains(&crate::driver::capability::HIBERNATE_IMAGE) =>
+            {
+                self.hibernate_to_image(row, live, from).await?
             }
             Step::Hibernate => self.hibernate_step(row, from).await?,
             Step::Boot => {
@@ -111,7 +125,7 @@ impl Manager {
                 self.forget(&row.id);
                 tracing::info!(sandbox = %row.id, "deleted");
             }
-            Step::Adopt { .. } => {
+            Step::Adopt { .. } | Step::AdoptHibernated => {
                 if let Some(to) = to {
                     self.store
                         .transition(&row.id, from, to, row.agent_pid)
@@ -207,7 +221,9 @@ impl Manager {
             }
             Err(e) => {
                 // Undo what this step changed, so the row still tells the truth.
-                let _ = driver.wake(&row.id).await;
+                if let Ok(spec) = self.spec_of(row).await {
+                    let _ = driver.wake(&spec).await;
+                }
                 if row.state == State::Running {
                     if let Err(t) = driver.thaw(&row.id).await {
                         tracing::error!(sandbox = %row.id, "could not thaw after a failed hibernate: {t}");

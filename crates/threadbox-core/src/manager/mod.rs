@@ -24,6 +24,7 @@ mod exec;
 mod files;
 mod fork_memory;
 mod governance;
+mod hibernate_image;
 mod images;
 mod lifecycle;
 mod net_floor;

@@ -251,6 +251,7 @@ impl Manager {
         let live = self.live(&row.id);
         // Under the lifecycle lock: a concurrent stop/start attaches or detaches after us.
         let _guard = live.lifecycle.lock().await;
+        self.require_booted_netns(&row.id).await?;
         let current = self
             .store
             .get_network(&row.id)
@@ -286,6 +287,35 @@ impl Manager {
             generation,
             policy: Some(op.policy.clone()),
         })
+    }
+}
+
+impl Manager {
+    /// A sandbox that runs without a netns of ours (a gvisor sandbox created without a
+    /// policy, ADR 0140: the sentry's own loopback) cannot take a policy until it boots
+    /// again; refused before anything changes rather than stored and silently inert.
+    async fn require_booted_netns(&self, id: &str) -> Result<()> {
+        let row = self.reload(id).await?;
+        let Some(pid) = row.agent_pid else {
+            return Ok(());
+        };
+        if !matches!(row.state, State::Running | State::Paused) {
+            return Ok(());
+        }
+        if self
+            .driver_for(&row)?
+            .egress_netns(&row.id, pid)
+            .await?
+            .is_none()
+        {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {} was booted on the {} tier without a network namespace (it was \
+                 created without a network policy); stop and start it, or create it with a \
+                 policy (an empty one opens nothing), to set one",
+                row.id, row.tier
+            )));
+        }
+        Ok(())
     }
 }
 

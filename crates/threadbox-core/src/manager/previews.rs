@@ -245,8 +245,9 @@ impl Manager {
             .await?
             .ok_or_else(|| {
                 CoreError::Unavailable(format!(
-                    "sandbox {}'s tier has no network namespace of its own to preview",
-                    row.id
+                    "sandbox {} has no network namespace of ours to preview (on the {} tier, \
+                     only a sandbox created with a network policy has one)",
+                    row.id, row.tier
                 ))
             })?;
         let fd = blocking(move || {

@@ -52,6 +52,9 @@ impl Manager {
             State::Creating if !driver.has_disk(&id).await => Found::NoDisk,
             State::Creating | State::Deleting | State::Stopped => Found::Unprobed,
             State::Running | State::Paused | State::Hibernated => {
+                if driver.recover_hibernated(&id).await {
+                    return Ok(Found::Image);
+                }
                 if driver.is_frozen(&id).await.unwrap_or(false) {
                     return Ok(Found::Frozen);
                 }

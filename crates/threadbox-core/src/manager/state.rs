@@ -72,6 +72,9 @@ pub enum Found {
     Silent,
     /// Its agent is gone.
     Gone,
+    /// Nothing of it runs and its processes are in a complete memory image (an image
+    /// tier's hibernate, ADR 0130).
+    Image,
 }
 
 /// What the manager does to carry an operation out.
@@ -97,6 +100,9 @@ pub enum Step {
     /// `Hibernated → Paused` when frozen, else `Running` (a frozen hibernated one keeps
     /// its state: `Keep`).
     Adopt { paused: bool },
+    /// A hibernate whose memory image was complete when the daemon died, before it was
+    /// recorded: `Running | Paused → Hibernated` (ADR 0130).
+    AdoptHibernated,
 }
 
 impl Step {
@@ -129,6 +135,7 @@ impl Step {
                 ],
                 Some(State::Deleting),
             ),
+            Step::AdoptHibernated => (&[State::Running, State::Paused], Some(State::Hibernated)),
             Step::Adopt { paused } => (
                 &[State::Running, State::Paused, State::Hibernated],
                 Some(if paused {
@@ -205,7 +212,8 @@ pub fn plan(id: &str, state: State, op: Op) -> Result<Step, CoreError> {
         (Recover(_), Deleting) => Step::Destroy,
         (Recover(Found::NoDisk), Creating) => Step::Destroy,
         (Recover(_), Creating) => Step::Halt,
-        (Recover(Found::Frozen), Hibernated) => Step::Keep,
+        (Recover(Found::Frozen | Found::Image), Hibernated) => Step::Keep,
+        (Recover(Found::Image), Running | Paused) => Step::AdoptHibernated,
         (Recover(Found::Frozen), Running | Paused) => Step::Adopt { paused: true },
         (Recover(Found::Answers | Found::Silent), Running | Paused | Hibernated) => {
             Step::Adopt { paused: false }
@@ -229,7 +237,7 @@ mod tests {
         State::Stopped,
         State::Deleting,
     ];
-    const OPS: [Op; 21] = [
+    const OPS: [Op; 22] = [
         Op::Pause,
         Op::Hibernate,
         Op::IdleHibernate { inflight: 0 },
@@ -251,6 +259,7 @@ mod tests {
         Op::Recover(Found::Answers),
         Op::Recover(Found::Silent),
         Op::Recover(Found::Gone),
+        Op::Recover(Found::Image),
     ];
 
     #[test]
@@ -392,6 +401,27 @@ mod tests {
         assert_eq!(
             p(State::Hibernated, Op::Recover(Found::Gone)).unwrap(),
             Step::Halt
+        );
+    }
+
+    #[test]
+    fn a_complete_memory_image_is_hibernated_after_a_restart() {
+        let p = |s, op| plan("sb-x", s, op);
+        // Recorded or not yet (a crash between the image's rename and the row), a
+        // complete image is a hibernated sandbox, never one to stop (ADR 0130).
+        assert_eq!(
+            p(State::Hibernated, Op::Recover(Found::Image)).unwrap(),
+            Step::Keep
+        );
+        for s in [State::Running, State::Paused] {
+            assert_eq!(
+                p(s, Op::Recover(Found::Image)).unwrap(),
+                Step::AdoptHibernated
+            );
+        }
+        assert_eq!(
+            Step::AdoptHibernated.transition().1,
+            Some(State::Hibernated)
         );
     }
 }

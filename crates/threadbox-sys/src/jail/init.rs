@@ -241,7 +241,7 @@ fn set_hostname(name: &str) -> Result<()> {
 }
 
 /// Brings `lo` up in the new network namespace: the only interface a sandbox has.
-fn loopback_up() -> Result<()> {
+pub(crate) fn loopback_up() -> Result<()> {
     let sock = raw::net::inet_dgram_socket().map_err(|e| SysError::os("socket for ioctl", e))?;
     let flags = raw::net::if_flags(&sock, b"lo").map_err(|e| SysError::os("get lo flags", e))?;
     let up = flags | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;

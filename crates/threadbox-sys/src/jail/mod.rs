@@ -20,6 +20,7 @@
 
 pub(crate) mod disk;
 mod init;
+pub(crate) use init::loopback_up;
 pub mod rootfs;
 mod store;
 

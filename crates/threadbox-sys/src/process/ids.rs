@@ -22,6 +22,12 @@ pub fn set_umask(mask: u32) {
     raw::process::umask(mask)
 }
 
+/// Writes back every file system's dirty data (`sync(2)`): before a memory checkpoint,
+/// what the sandbox wrote reaches the host's files (ADR 0130).
+pub fn sync_all() {
+    raw::process::sync()
+}
+
 /// Empties the supplementary group list of the calling process, so file operations done
 /// under a temporary fsuid/fsgid get no group rights of ours.
 pub fn clear_supplementary_groups() -> io::Result<()> {

@@ -11,7 +11,7 @@ pub mod spawn;
 
 pub use ids::{
     assume_fs_identity, clear_supplementary_groups, set_child_subreaper, set_dumpable, set_umask,
-    FsIdentity,
+    sync_all, FsIdentity,
 };
 pub use policy::{ChildPolicy, Weaken};
 pub use probe::{probe_fsopen, probe_mount_tmpfs, probe_unshare};

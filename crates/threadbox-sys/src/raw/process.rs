@@ -277,6 +277,12 @@ pub(crate) fn umask(mask: u32) {
     unsafe { libc::umask(mask as libc::mode_t) };
 }
 
+/// `sync()`: every file system's dirty data on its way to storage.
+pub(crate) fn sync() {
+    // SAFETY: sync takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::sync() };
+}
+
 /// `fchdir(fd)`.
 pub(crate) fn fchdir(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: a valid descriptor.

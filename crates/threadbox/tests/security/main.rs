@@ -5,6 +5,7 @@
 //!
 //! Needs root and `cargo build --workspace --bins` first.
 
+mod after_wake;
 mod cases;
 mod egress;
 mod egress_dns;
@@ -13,6 +14,10 @@ mod harness;
 mod host_handles;
 mod posture;
 mod robustness;
+#[path = "../common/swap.rs"]
+mod swap;
+#[path = "../common/tiers.rs"]
+mod tiers;
 #[path = "../common/tls.rs"]
 mod tls;
 
@@ -912,4 +917,20 @@ fn egress_dns_flood_is_capped() {
 fn egress_dns_flood_control_detects() {
     require_root!();
     egress_dns::control_detects();
+}
+
+/// Class W: Landlock, seccomp and the masks of a process started before hibernation,
+/// after the wake (a daemon restart between) and in each fork with memory (ADR 0150).
+#[test]
+fn layers_hold_across_hibernate_and_wake() {
+    require_root!();
+    after_wake::held_on_each_tier();
+}
+
+/// Class W's positive controls: a wake that drops the masks is caught; each probe sees
+/// its layer missing in a build without it.
+#[test]
+fn after_wake_controls_detect_a_dropped_layer() {
+    require_root!();
+    after_wake::controls_detect();
 }

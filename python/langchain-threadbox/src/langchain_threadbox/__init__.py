@@ -8,7 +8,7 @@
   ``deepagents`` extra).
 - :class:`PythonREPLTool`: a sandboxed, stateful drop-in for LangChain's tool of the
   same name (``Python_REPL``, argument ``query``).
-- :func:`release_thread_sandbox`: stop or delete a finished thread's sandbox.
+- :func:`release_thread_sandbox`: delete, stop, pause or hibernate a thread's sandbox.
 - :data:`THREADBOX_SYSTEM_PROMPT`: tells the model where it may write.
 - :class:`TimeTravelSaver`: a checkpointer wrapper that rewinds or forks the thread's
   sandbox when the graph goes back in time (``langchain_threadbox.timetravel``)::
@@ -29,6 +29,7 @@ from .approval import Decision, parse_decision, require_approval, with_approval
 from .binding import (
     ClientFactory,
     FixedSandbox,
+    ReleaseAction,
     SandboxBinding,
     ThreadIdMissing,
     ThreadSandboxes,
@@ -60,6 +61,7 @@ __all__ = [
     "ThreadboxSandbox",
     "ThreadboxToolkit",
     "TimeTravelSaver",
+    "ReleaseAction",
     "arelease_thread_sandbox",
     "cut_middle",
     "format_exec",

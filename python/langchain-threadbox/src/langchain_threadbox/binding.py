@@ -285,33 +285,44 @@ class ThreadSandboxes(SandboxBinding):
         except ThreadIdMissing:
             return "the thread's sandbox"
 
-    def release(self, thread_id: str, *, action: Literal["delete", "stop"] = "delete") -> bool:
+    def release(self, thread_id: str, *, action: ReleaseAction = "delete") -> bool:
         """Stops or deletes a thread's sandbox; returns False if it did not exist."""
         return release_thread_sandbox(thread_id, action=action, client=self.factory.sync, prefix=self.prefix)
 
-    async def arelease(self, thread_id: str, *, action: Literal["delete", "stop"] = "delete") -> bool:
+    async def arelease(self, thread_id: str, *, action: ReleaseAction = "delete") -> bool:
         return await arelease_thread_sandbox(thread_id, action=action, client=self.factory.async_, prefix=self.prefix)
+
+
+#: What :func:`release_thread_sandbox` does with a finished (or waiting) thread's sandbox.
+ReleaseAction = Literal["delete", "stop", "pause", "hibernate"]
 
 
 def release_thread_sandbox(
     thread_id: str,
     *,
-    action: Literal["delete", "stop"] = "delete",
+    action: ReleaseAction = "delete",
     client: Threadbox | None = None,
     prefix: str = DEFAULT_THREAD_PREFIX,
 ) -> bool:
-    """Stops or deletes the sandbox of a finished conversation.
+    """Puts away the sandbox of a finished (or waiting) conversation.
 
-    ``stop`` keeps the files (the next turn starts it again); ``delete`` frees the
-    disk. Returns False when the thread has no sandbox.
+    ``delete`` frees the disk; ``stop`` keeps the files (the next turn starts it again,
+    its processes gone); ``pause`` freezes it in RAM (no CPU; the next call resumes it);
+    ``hibernate`` freezes it and moves its memory out of RAM (swap on the jail tier, a
+    checkpoint on disk on gvisor), processes and interpreter contexts continuing on the next
+    call. Returns False when the thread has no sandbox.
     """
     tb = client or Threadbox()
     name = thread_sandbox_name(thread_id, prefix)
     try:
         if action == "delete":
             tb.delete(name, force=True)
-        else:
+        elif action == "stop":
             tb.get(name).stop()
+        elif action == "pause":
+            tb.get(name).pause()
+        else:
+            tb.get(name).hibernate()
     except ThreadboxError as e:
         if e.code == "not_found":
             return False
@@ -322,7 +333,7 @@ def release_thread_sandbox(
 async def arelease_thread_sandbox(
     thread_id: str,
     *,
-    action: Literal["delete", "stop"] = "delete",
+    action: ReleaseAction = "delete",
     client: AsyncThreadbox | None = None,
     prefix: str = DEFAULT_THREAD_PREFIX,
 ) -> bool:
@@ -332,8 +343,12 @@ async def arelease_thread_sandbox(
     try:
         if action == "delete":
             await tb.delete(name, force=True)
-        else:
+        elif action == "stop":
             await (await tb.get(name)).stop()
+        elif action == "pause":
+            await (await tb.get(name)).pause()
+        else:
+            await (await tb.get(name)).hibernate()
     except ThreadboxError as e:
         if e.code == "not_found":
             return False

@@ -36,6 +36,7 @@ from .binding import (
     DEFAULT_THREAD_PREFIX,
     ClientFactory,
     FixedSandbox,
+    ReleaseAction,
     SandboxBinding,
     ThreadIdMissing,
     ThreadSandboxes,
@@ -464,13 +465,13 @@ class ThreadboxToolkit(BaseToolkit):
             raise _infra(e, what) from e
         return sb
 
-    def release_thread(self, thread_id: str, *, action: Literal["delete", "stop"] = "delete") -> bool:
-        """Stops or deletes a finished thread's sandbox (per-thread binding only)."""
+    def release_thread(self, thread_id: str, *, action: ReleaseAction = "delete") -> bool:
+        """Deletes, stops, pauses or hibernates a thread's sandbox (per-thread binding only)."""
         if not isinstance(self.binding, ThreadSandboxes):
             raise TypeError("release_thread needs the per-thread binding")
         return self.binding.release(thread_id, action=action)
 
-    async def arelease_thread(self, thread_id: str, *, action: Literal["delete", "stop"] = "delete") -> bool:
+    async def arelease_thread(self, thread_id: str, *, action: ReleaseAction = "delete") -> bool:
         """Async twin of :meth:`release_thread`."""
         if not isinstance(self.binding, ThreadSandboxes):
             raise TypeError("release_thread needs the per-thread binding")

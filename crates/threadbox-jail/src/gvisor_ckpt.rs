@@ -1,0 +1,284 @@
+//! Memory checkpoints of the gvisor tier (issue 16 scope 3, ADR 0130): `runsc checkpoint`
+//! of a sandbox's container — its processes and memory, the sentry's whole state — into a
+//! directory, and `runsc restore` of such a directory into a container on a disk.
+//!
+//! The primitive, for hibernate and for fork with memory:
+//! - [`GvisorDriver::checkpoint_memory`]: container `id` into `dir`. The image is written
+//!   into a temporary directory beside `dir`, fsynced, and renamed: `dir` either does not
+//!   exist or holds a complete image. The container exits (runsc's checkpoint without
+//!   `-leave-running`); its cgroup and mounts are left to the caller ([`Gvisor::halt`]).
+//! - [`GvisorDriver::restore_memory`]: image `dir` into the container of `spec` (its id,
+//!   disk, overlay, cgroup and bundle, made as a boot makes them, through the launch
+//!   helper's mount namespace), then the agent is told to bind its socket again.
+//!
+//! Before a checkpoint the agent must have been sent `PrepareCheckpoint` (it closes its
+//! host-bound listener and connections, which runsc 20240729 cannot save); the daemon
+//! holds the connection, so that is the manager's part. [`GvisorDriver::rebind`] undoes it
+//! when the checkpoint is not taken after all.
+
+use crate::gvisor::{run_bounded, Gvisor, GvisorDriver, RUNSC_DEADLINE};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use threadbox_core::driver::SandboxSpec;
+use threadbox_core::error::{CoreError, Result};
+
+/// Where a hibernated sandbox's memory image lives: `sandboxes/<id>/hibernate/`.
+pub const HIBERNATE_DIR: &str = "hibernate";
+
+/// A memory image, as written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryImage {
+    /// Bytes of its files (runsc compresses the memory).
+    pub bytes: u64,
+    /// How long `runsc checkpoint` took.
+    pub ms: u64,
+}
+
+/// The lock a checkpoint into `dir` or a restore from it holds while it runs: `.<dir>.lock`.
+fn lock_of(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".{name}.lock"))
+}
+
+/// A command that runs what follows its arguments holding `dir`'s lock (`flock(1)`).
+/// The lock, not the daemon, spans the whole checkpoint or restore: a daemon killed
+/// during one leaves it running to its end (the sentry saves on its own anyway), and the
+/// next daemon waits for the lock before it looks at the image (ADR 0130).
+pub(crate) fn under_lock(dir: &Path) -> Result<std::process::Command> {
+    let flock = crate::gvisor::on_path("flock").ok_or_else(|| {
+        CoreError::Unavailable("hibernate on gvisor needs flock(1) (util-linux) on PATH".into())
+    })?;
+    let mut c = std::process::Command::new(flock);
+    c.arg(lock_of(dir));
+    Ok(c)
+}
+
+/// Waits (bounded) until no checkpoint or restore of `dir` holds its lock.
+fn wait_unlocked(dir: &Path) {
+    let Ok(mut c) = under_lock(dir) else { return };
+    c.args(["-w", "120", "true"]);
+    if let Err(e) = run_bounded(c, std::time::Duration::from_secs(130)) {
+        tracing::warn!("waiting for {}: {e}", lock_of(dir).display());
+    }
+}
+
+/// The temporary name a checkpoint into `dir` writes first.
+fn tmp_of(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".{name}.tmp"))
+}
+
+/// Sum of the sizes of the files of `dir` (not recursive: runsc writes flat files).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `sh -ec CHECKPOINT_SH sh TMP DIR RUNSC ARGS…`: runs the checkpoint into TMP, fsyncs
+/// its files and itself, renames it to DIR and fsyncs DIR's parent.
+const CHECKPOINT_SH: &str = r#"tmp=$1; dir=$2; shift 2
+"$@"
+sync "$tmp" "$tmp"/*
+mv -T "$tmp" "$dir"
+sync "${dir%/*}""#;
+
+fn remove_dir(dir: &Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("remove {}: {e}", dir.display()),
+    }
+}
+
+impl Gvisor {
+    /// `sandboxes/<id>/hibernate/`.
+    pub(crate) fn memory_image_dir(&self, id: &str) -> PathBuf {
+        self.j().paths(id).dir.join(HIBERNATE_DIR)
+    }
+
+    /// Whether `dir` holds a complete image (only a renamed one ever does).
+    pub(crate) fn is_memory_image(dir: &Path) -> bool {
+        dir.is_dir()
+    }
+
+    /// Removes sandbox `id`'s hibernate image and any half-written one.
+    pub(crate) fn remove_memory_image(&self, id: &str) {
+        let dir = self.memory_image_dir(id);
+        remove_dir(&tmp_of(&dir));
+        remove_dir(&dir);
+        let _ = std::fs::remove_file(lock_of(&dir));
+    }
+
+    pub(crate) fn checkpoint_memory(&self, id: &str, dir: &Path) -> Result<MemoryImage> {
+        let info = self.runsc()?;
+        if dir.exists() {
+            return Err(CoreError::Conflict(format!(
+                "a memory image already exists at {}",
+                dir.display()
+            )));
+        }
+        let tmp = tmp_of(dir);
+        remove_dir(&tmp);
+        crate::mkdir(&tmp)?;
+        let started = Instant::now();
+        // checkpoint, fsync, rename, as one process tree under the lock: it finishes even
+        // if the daemon dies, so a complete image is always renamed, a partial never.
+        let mut c = under_lock(dir)?;
+        c.args(["sh", "-ec", CHECKPOINT_SH, "sh"])
+            .arg(&tmp)
+            .arg(dir)
+            .arg(&info.path)
+            .args(self.global_args())
+            .args(["checkpoint", "-image-path"])
+            .arg(&tmp)
+            .arg(id);
+        let r = run_bounded(c, RUNSC_DEADLINE);
+        let ms = started.elapsed().as_millis() as u64;
+        if let Err(e) = r {
+            remove_dir(&tmp);
+            return Err(CoreError::Internal(format!("runsc checkpoint {id}: {e}")));
+        }
+        if !Self::is_memory_image(dir) {
+            return Err(CoreError::Internal(format!(
+                "runsc checkpoint {id}: no image at {}",
+                dir.display()
+            )));
+        }
+        Ok(MemoryImage {
+            bytes: dir_bytes(dir),
+            ms,
+        })
+    }
+
+    pub(crate) fn restore_memory(&self, spec: &SandboxSpec, dir: &Path) -> Result<i32> {
+        if !Self::is_memory_image(dir) {
+            return Err(CoreError::NotFound(format!(
+                "no memory image at {}",
+                dir.display()
+            )));
+        }
+        let pid = self.launch_as(spec, Some(dir))?;
+        Ok(pid)
+    }
+
+    /// Tells the agent of container `id` to bind its socket again (`SIGUSR2`; an agent
+    /// that is listening ignores it).
+    pub(crate) fn rebind(&self, id: &str) -> Result<()> {
+        let info = self.runsc()?;
+        run_bounded(self.runsc_cmd(&info, &["kill", id, "USR2"]), RUNSC_DEADLINE)
+            .map(drop)
+            .map_err(|e| CoreError::Internal(format!("runsc kill {id} USR2: {e}")))
+    }
+
+    /// Hibernate: the (prepared) sandbox's memory into its image, then nothing of it runs.
+    pub(crate) fn hibernate(&self, id: &str) -> Result<MemoryImage> {
+        // runsc cannot save its host network (a sandbox with egress runs on one, ADR 0140),
+        // and a checkpoint that fails ends the sandbox: refused before it is tried.
+        if self.j().paths(id).run.join(crate::NETNS_FILE).exists() {
+            return Err(CoreError::Unavailable(
+                "hibernate is not supported yet for a gvisor sandbox that uses the network \
+                 (runsc cannot checkpoint its host network); pause it instead"
+                    .into(),
+            ));
+        }
+        let dir = self.memory_image_dir(id);
+        // A complete image left by an interrupted wake is older than what runs now.
+        remove_dir(&dir);
+        let image = self.checkpoint_memory(id, &dir)?;
+        if let Err(e) = self.halt(id) {
+            tracing::warn!(sandbox = %id, "after its checkpoint: {e}");
+        }
+        tracing::info!(sandbox = %id, bytes = image.bytes, ms = image.ms, "memory image written");
+        Ok(image)
+    }
+
+    /// Wake: the image restored (its agent told to bind again) and removed, or, with no
+    /// image (a hibernate whose checkpoint failed), the running agent told to bind again.
+    /// The new sentry's pid when a restore ran.
+    pub(crate) fn wake(&self, spec: &SandboxSpec) -> Result<Option<i32>> {
+        let dir = self.memory_image_dir(&spec.id);
+        if !Self::is_memory_image(&dir) {
+            if self.j().cgroup(&spec.id).exists() {
+                self.rebind(&spec.id)?;
+            }
+            return Ok(None);
+        }
+        let pid = self.restore_memory(spec, &dir)?;
+        self.rebind(&spec.id)?;
+        // The sentry may still be reading the image after `restore -detach` returned
+        // (one removed at once killed it): it goes once the agent answers. A daemon
+        // killed before that finds the image and the restored processes are ended
+        // (ADR 0130).
+        let sock = self.socket(&spec.id);
+        let deadline = Instant::now() + RUNSC_DEADLINE;
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+            if Instant::now() > deadline {
+                return Err(CoreError::Unavailable(format!(
+                    "the restored agent of {} did not listen within {}s",
+                    spec.id,
+                    RUNSC_DEADLINE.as_secs()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        remove_dir(&dir);
+        Ok(Some(pid))
+    }
+
+    /// After a daemon restart: whether sandbox `id` is hibernated in a complete image.
+    /// What a wake that did not finish left running is ended: the image is the truth.
+    pub(crate) fn recover_hibernated(&self, id: &str) -> bool {
+        let dir = self.memory_image_dir(id);
+        // A checkpoint or restore a killed daemon started runs to its end first.
+        if lock_of(&dir).exists() {
+            wait_unlocked(&dir);
+        }
+        remove_dir(&tmp_of(&dir));
+        if !Self::is_memory_image(&dir) {
+            return false;
+        }
+        if let Err(e) = self.halt(id) {
+            tracing::warn!(sandbox = %id, "clearing an interrupted wake: {e}");
+        }
+        true
+    }
+}
+
+impl GvisorDriver {
+    /// Checkpoints container `id` (its agent prepared) into `dir`, whole or not at all.
+    pub async fn checkpoint_memory(&self, id: &str, dir: &Path) -> Result<MemoryImage> {
+        let (id, dir) = (id.to_string(), dir.to_path_buf());
+        self.run(move |g| g.checkpoint_memory(&id, &dir)).await
+    }
+
+    /// Restores image `dir` into `spec`'s container, on `spec`'s disk; the sentry's pid.
+    /// The agent is not told to bind yet: [`GvisorDriver::rebind`].
+    pub async fn restore_memory(&self, spec: &SandboxSpec, dir: &Path) -> Result<i32> {
+        let (spec, dir) = (spec.clone(), dir.to_path_buf());
+        self.run(move |g| g.restore_memory(&spec, &dir)).await
+    }
+
+    /// Tells container `id`'s agent to bind its socket again.
+    pub async fn rebind(&self, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.run(move |g| g.rebind(&id)).await
+    }
+
+    /// `sandboxes/<id>/hibernate/`.
+    pub fn memory_image_dir(&self, id: &str) -> PathBuf {
+        self.0.memory_image_dir(id)
+    }
+}
