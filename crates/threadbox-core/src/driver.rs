@@ -250,6 +250,11 @@ pub trait Driver: Send + Sync {
     /// cloned into checkpoint `ckpt` at the same instant, then lets it run on. The manager
     /// has told its agent to let go of host sockets (`PrepareCheckpoint`). The sandbox's
     /// agent pid afterwards (a tier may restore it as a new process).
+    /// Why sandbox `id` cannot be forked with memory now (`None`: it can), e.g. a gvisor
+    /// sandbox on a host network runsc cannot save.
+    async fn fork_memory_refusal(&self, _id: &str) -> Option<String> {
+        Some(format!("the {} tier forks disks only", self.tier()))
+    }
     async fn fork_checkpoint(&self, _spec: &SandboxSpec, _ckpt: &str) -> Result<i32> {
         Err(no_fork_memory(self.tier()))
     }

@@ -13,8 +13,7 @@
 //! wake leaves it running or hibernated with a complete image, never lost.
 
 mod common;
-#[path = "common/tiers.rs"]
-mod tiers;
+use common::tiers;
 
 use common::{require_root, serial, threadbox_bin, Daemon};
 use std::path::PathBuf;

@@ -327,7 +327,12 @@ impl Manager {
                 let ckpt = format!("fk-{}", uuid::Uuid::new_v4().simple());
                 let _g = live.lifecycle.lock().await;
                 let parent = self.reload(&parent.id).await?;
-                let memory = super::fork_memory::with_memory(&op.request, &parent, tier_can)?;
+                let refusal = self
+                    .driver_for(&parent)?
+                    .fork_memory_refusal(&parent.id)
+                    .await;
+                let memory =
+                    super::fork_memory::with_memory(&op.request, &parent, tier_can, refusal)?;
                 if memory {
                     self.fork_checkpoint_parent(&parent, &live, &ckpt).await?;
                 } else {

@@ -28,15 +28,25 @@ pub(super) fn check_request(req: &ForkRequest, tier: &str, tier_can: bool) -> Re
     Ok(())
 }
 
-/// Whether this fork takes memory, given the parent as it is under its lifecycle lock:
-/// unset means "where the tier can and the parent runs".
-pub(super) fn with_memory(req: &ForkRequest, parent: &SandboxRow, tier_can: bool) -> Result<bool> {
+/// Whether this fork takes memory, given the parent as it is under its lifecycle lock and
+/// why its driver cannot fork it with memory (`refusal`): unset means "where the tier can,
+/// the parent runs and nothing refuses".
+pub(super) fn with_memory(
+    req: &ForkRequest,
+    parent: &SandboxRow,
+    tier_can: bool,
+    refusal: Option<String>,
+) -> Result<bool> {
     let running = parent.state == State::Running;
-    match req.with_memory {
-        Some(false) => Ok(false),
-        None => Ok(tier_can && req.checkpoint.is_none() && running),
-        Some(true) if running => Ok(true),
-        Some(true) => Err(CoreError::Conflict(format!(
+    match (req.with_memory, refusal) {
+        (Some(false), _) => Ok(false),
+        (None, refusal) => Ok(tier_can && req.checkpoint.is_none() && running && refusal.is_none()),
+        (Some(true), Some(why)) => Err(CoreError::InvalidArgument(format!(
+            "sandbox {} cannot be forked with memory: {why}; pass with_memory=false",
+            parent.id
+        ))),
+        (Some(true), None) if running => Ok(true),
+        (Some(true), None) => Err(CoreError::Conflict(format!(
             "sandbox {} is {}: a fork with memory needs it running (resume or start it, or \
              pass with_memory=false)",
             parent.id,
@@ -58,15 +68,50 @@ impl Manager {
     ) -> Result<()> {
         let driver = self.driver_for(parent)?;
         let spec = self.spec_of(parent).await?;
-        let pid = driver.fork_checkpoint(&spec, ckpt).await?;
-        if Some(pid) != parent.agent_pid {
-            // Its agent restored as a new process: the old connection is gone with it.
-            Self::take_conn(live);
-            self.store
-                .transition(&parent.id, &[State::Running], State::Running, Some(pid))
-                .await?;
+        if let Err(e) = self.prepare_for_checkpoint(parent, live).await {
+            // No image was made: the agent is told to bind again.
+            if let Err(t) = driver.wake(&spec).await {
+                tracing::error!(sandbox = %parent.id, "could not undo a fork's prepare: {t}");
+            }
+            return Err(e);
         }
-        Ok(())
+        let started = std::time::Instant::now();
+        match driver.fork_checkpoint(&spec, ckpt).await {
+            Ok(pid) => {
+                // Its agent restored as a new process: the old connection went with it.
+                Self::take_conn(live);
+                self.store
+                    .transition(&parent.id, &[State::Running], State::Running, Some(pid))
+                    .await?;
+                tracing::info!(sandbox = %parent.id, ms = started.elapsed().as_millis() as u64, "memory and disk saved for a fork; the parent runs on");
+                Ok(())
+            }
+            Err(e) => {
+                let alive = match parent.agent_pid {
+                    Some(pid) => driver.agent_alive(&parent.id, pid).await,
+                    None => false,
+                };
+                if alive {
+                    // The checkpoint was refused before it stopped anything.
+                    let _ = driver.wake(&spec).await;
+                    return Err(e);
+                }
+                // A checkpoint or restore that failed ended the parent's processes: the
+                // row says so (its disk is kept), as a failed hibernate does.
+                tracing::error!(sandbox = %parent.id, "fork with memory failed and ended the sandbox: {e}");
+                let _ = driver.stop(&parent.id).await;
+                self.store
+                    .transition(&parent.id, &[State::Running], State::Stopped, None)
+                    .await?;
+                if let Err(t) = self.store.mark_contexts_lost(&parent.id, "stopped").await {
+                    tracing::warn!(sandbox = %parent.id, "marking its contexts lost: {t}");
+                }
+                Err(CoreError::Internal(format!(
+                    "fork with memory failed and the sandbox's processes ended (it is stopped, \
+                     its disk kept): {e}"
+                )))
+            }
+        }
     }
 }
 
