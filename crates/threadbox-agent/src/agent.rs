@@ -4,6 +4,7 @@
 use crate::background::Background;
 use crate::error::{AgentError, Result};
 use crate::log;
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -34,29 +35,71 @@ pub fn user_path(who: &Identity) -> String {
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
 /// Who a process or file operation runs as.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Identity {
     pub uid: u32,
     pub gid: u32,
-    pub name: &'static str,
-    pub home: &'static str,
+    pub name: Cow<'static, str>,
+    pub home: Cow<'static, str>,
 }
+
+/// The largest id of the sandbox's user namespace (its map is `0 <base> 65536`).
+const MAX_NS_ID: u32 = 65_535;
 
 pub fn identity(user: RunAs) -> Identity {
     match user {
         RunAs::User => Identity {
             uid: 1000,
             gid: 1000,
-            name: "user",
-            home: "/home/user",
+            name: Cow::Borrowed("user"),
+            home: Cow::Borrowed("/home/user"),
         },
         RunAs::Root => Identity {
             uid: 0,
             gid: 0,
-            name: "root",
-            home: "/root",
+            name: Cow::Borrowed("root"),
+            home: Cow::Borrowed("/root"),
         },
+        RunAs::Id { uid, gid } => {
+            // Name and home as the sandbox's own /etc/passwd says (the agent's root is the
+            // sandbox's); an id it does not list is named by its number, at home in /.
+            let (name, home) = passwd_entry(uid).unwrap_or_else(|| (uid.to_string(), "/".into()));
+            Identity {
+                uid,
+                gid,
+                name: Cow::Owned(name),
+                home: Cow::Owned(home),
+            }
+        }
     }
+}
+
+/// Refuses ids outside the sandbox's user namespace (the daemon never sends them; a
+/// spawn as one would fail with EINVAL, this says why).
+pub fn check_identity(user: RunAs) -> Result<()> {
+    match user {
+        RunAs::Id { uid, gid } if uid > MAX_NS_ID || gid > MAX_NS_ID => Err(AgentError::invalid(
+            format!("uid {uid}/gid {gid} is outside the sandbox's ids (0-{MAX_NS_ID})"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `(name, home)` of `uid` in `/etc/passwd` (read at most 1 MiB; a home that is not
+/// absolute is `/`).
+fn passwd_entry(uid: u32) -> Option<(String, String)> {
+    use std::io::Read;
+    let f = std::fs::File::open("/etc/passwd").ok()?;
+    let mut text = String::new();
+    f.take(1 << 20).read_to_string(&mut text).ok()?;
+    text.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        if f.len() < 6 || f[2].parse::<u32>().ok()? != uid || f[0].is_empty() {
+            return None;
+        }
+        let home = if f[5].starts_with('/') { f[5] } else { "/" };
+        Some((f[0].to_string(), home.to_string()))
+    })
 }
 
 /// Built once at start: the seccomp program and the Landlock ruleset shared by all children.
@@ -344,6 +387,7 @@ pub fn prepare(
     cwd: Option<&str>,
     user: RunAs,
 ) -> Result<Prepared> {
+    check_identity(user)?;
     let who = identity(user);
     let (program, args): (&str, Vec<&str>) = match command {
         ProtoCommand::Argv(v) => match v.split_first() {
@@ -369,12 +413,12 @@ pub fn prepare(
 
     let cwd = match cwd {
         Some(c) => {
-            let p = crate::files::normalize(c, who.home)?;
+            let p = crate::files::normalize(c, &who.home)?;
             open_cwd(root, &p, &who, c)?
         }
         None => {
             // The user's home; "/" when the image has none (the host test mode).
-            match open_cwd(root, Path::new(who.home), &who, who.home) {
+            match open_cwd(root, Path::new(&*who.home), &who, &who.home) {
                 Ok(fd) => fd,
                 Err(_) => open_cwd(root, Path::new("/"), &who, "/")?,
             }
@@ -385,12 +429,12 @@ pub fn prepare(
     cmd.args(&args)
         .env_clear()
         .env("PATH", user_path(&who))
-        .env("HOME", who.home)
+        .env("HOME", &*who.home)
         // `npm install -g` next to pip's user installs, on the sandbox's disk: the
         // image's /usr is read-only (ADR 0067).
         .env("NPM_CONFIG_PREFIX", format!("{}/.local", who.home))
-        .env("USER", who.name)
-        .env("LOGNAME", who.name)
+        .env("USER", &*who.name)
+        .env("LOGNAME", &*who.name)
         .env("LANG", "C.UTF-8")
         .envs(env);
     Ok(Prepared {

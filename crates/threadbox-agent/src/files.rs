@@ -113,8 +113,9 @@ pub async fn read(
     offset: u64,
     limit: Option<u64>,
 ) -> Result<Response> {
+    crate::agent::check_identity(user)?;
     let who = identity(user);
-    let p = checked_path(path, who.home)?;
+    let p = checked_path(path, &who.home)?;
     let (file, size) = as_user(&who, || {
         let fd =
             open(&agent.root, &p, libc::O_RDONLY, 0).map_err(|e| AgentError::io(&e, &shown(&p)))?;
@@ -159,8 +160,9 @@ pub async fn write(
     mode: Option<u32>,
     make_parents: bool,
 ) -> Result<Response> {
+    crate::agent::check_identity(user)?;
     let who = identity(user);
-    let p = checked_path(path, who.home)?;
+    let p = checked_path(path, &who.home)?;
     if p == Path::new("/") {
         return Err(AgentError::new(
             ErrorKind::IsADirectory,
@@ -267,8 +269,9 @@ fn entry_info(
 /// Reads the names as the user, then stats them in steps (the identity taken for each
 /// step, a yield between them: up to [`MAX_LIST`] entries, ADR 0043).
 pub async fn list(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
+    crate::agent::check_identity(user)?;
     let who = identity(user);
-    let p = checked_path(path, who.home)?;
+    let p = checked_path(path, &who.home)?;
     let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
     let (dir, names) = as_user(&who, || {
         let dir = agent
@@ -328,8 +331,9 @@ fn entry(root: &Root, p: &Path) -> Result<resolve::Entry> {
 }
 
 pub fn stat(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
+    crate::agent::check_identity(user)?;
     let who = identity(user);
-    let p = checked_path(path, who.home)?;
+    let p = checked_path(path, &who.home)?;
     as_user(&who, || {
         let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
         if p == Path::new("/") {
@@ -344,8 +348,9 @@ pub fn stat(agent: &Agent, path: &[u8], user: RunAs) -> Result<Response> {
 }
 
 pub fn mkdir(agent: &Agent, path: &[u8], user: RunAs, parents: bool) -> Result<Response> {
+    crate::agent::check_identity(user)?;
     let who = identity(user);
-    let p = checked_path(path, who.home)?;
+    let p = checked_path(path, &who.home)?;
     as_user(&who, || {
         let err = |e: std::io::Error| AgentError::io(&e, &shown(&p));
         if parents {
@@ -372,8 +377,9 @@ pub fn mkdir(agent: &Agent, path: &[u8], user: RunAs, parents: bool) -> Result<R
 /// in the sandbox, exec timeouts and output pumping included. The filesystem identity is
 /// taken for each step and given back before the yield, so other calls never run with it.
 pub async fn remove(agent: &Agent, path: &[u8], user: RunAs, recursive: bool) -> Result<Response> {
+    crate::agent::check_identity(user)?;
     let who = identity(user);
-    let p = checked_path(path, who.home)?;
+    let p = checked_path(path, &who.home)?;
     if p == Path::new("/") {
         return Err(AgentError::invalid("refusing to remove /"));
     }
@@ -410,9 +416,10 @@ pub async fn remove(agent: &Agent, path: &[u8], user: RunAs, recursive: bool) ->
 
 /// Renames within the sandbox (atomic on one file system; replaces an existing file).
 pub fn rename(agent: &Agent, from: &[u8], to: &[u8], user: RunAs) -> Result<Response> {
+    crate::agent::check_identity(user)?;
     let who = identity(user);
-    let src = checked_path(from, who.home)?;
-    let dst = checked_path(to, who.home)?;
+    let src = checked_path(from, &who.home)?;
+    let dst = checked_path(to, &who.home)?;
     if src == Path::new("/") || dst == Path::new("/") {
         return Err(AgentError::invalid("cannot rename /"));
     }

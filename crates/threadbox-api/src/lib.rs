@@ -275,8 +275,11 @@ pub struct SandboxList {
 )]
 #[serde(rename_all = "snake_case")]
 pub enum User {
-    /// uid 1000, home /home/user.
+    /// The sandbox's default (what an absent `user` means): the image config's `User`
+    /// when the sandbox's image has one (ADR 0160), otherwise `user`.
     #[default]
+    Default,
+    /// uid 1000, home /home/user.
     User,
     /// uid 0 inside the sandbox's user namespace, without capabilities.
     Root,
@@ -285,9 +288,18 @@ pub enum User {
 impl User {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
+            "default" => Some(User::Default),
             "user" | "1000" => Some(User::User),
             "root" | "0" => Some(User::Root),
             _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            User::Default => "default",
+            User::User => "user",
+            User::Root => "root",
         }
     }
 }

@@ -56,13 +56,6 @@ pub trait Operation: Send + 'static {
     }
 }
 
-fn user_query(user: User) -> &'static str {
-    match user {
-        User::User => "user",
-        User::Root => "root",
-    }
-}
-
 fn to_json<T: Serialize>(v: &T) -> Option<serde_json::Value> {
     // These types serialize infallibly (plain structs of strings, numbers and maps).
     serde_json::to_value(v).ok()
@@ -296,7 +289,12 @@ impl FileTarget {
             Ok(p) => ("path", p.to_string()),
             Err(_) => ("path_b64", encode_bytes(&self.path).0),
         };
-        vec![path, ("user", user_query(self.user).to_string())]
+        let mut q = vec![path];
+        // Absent means the sandbox's default user (ADR 0160).
+        if self.user != User::Default {
+            q.push(("user", self.user.as_str().to_string()));
+        }
+        q
     }
 }
 

@@ -55,17 +55,12 @@ fn target(sandbox: &str, path: &str, user: User) -> FileTarget {
     }
 }
 
-fn user_str(user: User) -> &'static str {
-    match user {
-        User::User => "user",
-        User::Root => "root",
-    }
-}
-
 fn file_query(path: &str, user: User, extra: &[(&str, &str)]) -> String {
     let mut q = form_urlencoded::Serializer::new(String::new());
     q.append_pair("path", path);
-    q.append_pair("user", user_str(user));
+    if user != User::Default {
+        q.append_pair("user", user.as_str());
+    }
     for (k, v) in extra {
         q.append_pair(k, v);
     }

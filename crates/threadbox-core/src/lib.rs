@@ -16,6 +16,7 @@ pub mod layers;
 pub mod manager;
 pub mod metrics;
 pub mod oci;
+pub mod oci_user;
 pub mod ops;
 pub mod range;
 pub mod relay;

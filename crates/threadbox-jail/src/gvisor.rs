@@ -362,9 +362,9 @@ impl Gvisor {
         std::fs::set_permissions(&sock_dir, std::fs::Permissions::from_mode(0o700))?;
         let bundle = self.bundle(&spec.id);
         mkdir(&bundle)?;
-        let egress = crate::gvisor_net::egress_of(spec);
+        let (egress, host_net) = crate::gvisor_net::boot_network(spec)?;
         j.forget_netns(&spec.id)?;
-        let config = self.config_json(spec, &layers, egress.is_some());
+        let config = self.config_json(spec, &layers, host_net);
         std::fs::write(
             bundle.join("config.json"),
             serde_json::to_vec_pretty(&config).map_err(|e| CoreError::Internal(e.to_string()))?,
@@ -376,7 +376,7 @@ impl Gvisor {
         cg.create(&limits, None)?;
         let mut args = self.global_args();
         // A global flag: before the subcommand (run, or restore of a hibernated image).
-        args.push(crate::gvisor_net::network_flag(egress.is_some()).into());
+        args.push(crate::gvisor_net::network_flag(host_net).into());
         if let Some(image) = restore {
             args.extend([
                 "restore".into(),

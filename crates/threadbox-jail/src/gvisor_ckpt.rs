@@ -121,6 +121,7 @@ impl Gvisor {
 
     pub(crate) fn checkpoint_memory(&self, id: &str, dir: &Path) -> Result<MemoryImage> {
         let info = self.runsc()?;
+        crate::gvisor_net::refuse_memory_image(self.j(), id)?;
         if dir.exists() {
             return Err(CoreError::Conflict(format!(
                 "a memory image already exists at {}",

@@ -55,6 +55,40 @@ pub(crate) fn ca_mount(lower: &[PathBuf], trust_ca: Option<&str>, run: &Path) ->
     )
 }
 
+/// What a boot runs with: the table the helper installs in a netns of its own, and
+/// whether runsc uses the host network (of that netns, or under `shared-netns` of the
+/// daemon's). `shared-netns` (a test weakening, ADR 0009) is the positive control of the
+/// egress cases on this tier: the sentry on the daemon's own network, no table.
+pub(crate) fn boot_network(
+    spec: &SandboxSpec,
+) -> threadbox_core::error::Result<(Option<EgressConfig>, bool)> {
+    let egress = egress_of(spec);
+    #[cfg(feature = "insecure-test-hooks")]
+    {
+        let weaken = threadbox_sys::testhooks::Weaken::from_env()
+            .map_err(threadbox_core::error::CoreError::Internal)?;
+        if egress.is_some() && weaken.has("shared-netns") {
+            return Ok((None, true));
+        }
+    }
+    let host = egress.is_some();
+    Ok((egress, host))
+}
+
+/// runsc 20240729 cannot checkpoint a sandbox on the host network ("checkpoint not
+/// supported when using hostinet"): a sandbox booted with our netns is refused a memory
+/// image (hibernate, fork with memory) with that reason, before runsc is asked.
+pub(crate) fn refuse_memory_image(j: &crate::Jail, id: &str) -> threadbox_core::error::Result<()> {
+    if j.paths(id).run.join(crate::NETNS_FILE).exists() {
+        return Err(threadbox_core::error::CoreError::Conflict(format!(
+            "sandbox {id} uses the network (a policy, secrets or the OTLP endpoint), so on the \
+             gvisor tier it runs on the host network of a netns of ours, which runsc cannot \
+             checkpoint: no hibernate or memory image for it (ADR 0140)"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

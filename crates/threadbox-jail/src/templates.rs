@@ -1,6 +1,9 @@
-//! Template disks of the jail (issue 14 scope 5, ADR 0110): `<root>/templates/<tpl>.img`,
-//! a clone of a sandbox's checkpoint image that records the host uid base of its owners,
-//! so a sandbox made from it later (in any slot, after any restart) is shifted like a fork.
+//! Template disks of the jail (issue 14 scope 5, ADR 0110): `<root>/sandboxes/.templates/
+//! <tpl>.img`, a clone of a sandbox's checkpoint image that records the host uid base of its
+//! owners, so a sandbox made from it later (in any slot, after any restart) is shifted like
+//! a fork. They live in the reflink store (ADR 0101, mounted on `sandboxes/`), so both the
+//! template's clone and every sandbox's clone of it are reflinks there (ADR 0162); disks
+//! of roots from before stay readable in `<root>/templates/`.
 
 use crate::checkpoint::{check_ckpt, sync_dir, sys, UID_BASE_FILE};
 use crate::{mkdir, Jail};
@@ -10,13 +13,31 @@ use threadbox_core::error::{CoreError, Result};
 use threadbox_sys::clonefile::{clone_file, syncfs};
 
 impl Jail {
+    /// Where template disks are made: inside the sandboxes' store, a name no sandbox id
+    /// can have.
     fn templates_dir(&self) -> PathBuf {
+        self.config.root.join("sandboxes").join(".templates")
+    }
+
+    /// Where roots from before ADR 0162 kept them (outside the store): read and removed
+    /// there, never made there.
+    fn legacy_templates_dir(&self) -> PathBuf {
         self.config.root.join("templates")
     }
 
     fn template_image(&self, tpl: &str) -> Result<PathBuf> {
         check_ckpt(tpl)?;
         Ok(self.templates_dir().join(format!("{tpl}.img")))
+    }
+
+    /// The disk of `tpl` where it is: the store's, else the legacy directory's.
+    fn existing_template_image(&self, tpl: &str) -> Result<PathBuf> {
+        let p = self.template_image(tpl)?;
+        if p.is_file() {
+            return Ok(p);
+        }
+        let old = self.legacy_templates_dir().join(format!("{tpl}.img"));
+        Ok(if old.is_file() { old } else { p })
     }
 
     pub fn save_template_disk(
@@ -96,7 +117,7 @@ impl Jail {
     /// A sandbox's disk from template `tpl`, its owners moved to host uid base `own` (the
     /// slot's on the jail, 0 on the gvisor tier).
     pub(crate) fn template_disk_to(&self, id: &str, own: u32, tpl: &str) -> Result<()> {
-        let src = self.template_image(tpl)?;
+        let src = self.existing_template_image(tpl)?;
         if !src.is_file() {
             return Err(CoreError::NotFound(format!("the disk of template {tpl}")));
         }
@@ -106,19 +127,32 @@ impl Jail {
     }
 
     pub fn remove_template_disk(&self, tpl: &str) -> Result<()> {
-        match std::fs::remove_file(self.template_image(tpl)?) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
+        let old = self.legacy_templates_dir().join(format!("{tpl}.img"));
+        for p in [self.template_image(tpl)?, old] {
+            match std::fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(())
     }
 
     /// Templates whose images exist; half-made ones (`.tmp`, a mount point) are removed.
     pub fn template_disks(&self) -> Vec<String> {
-        let Ok(rd) = std::fs::read_dir(self.templates_dir()) else {
-            return Vec::new();
-        };
         let mut out = Vec::new();
+        for dir in [self.templates_dir(), self.legacy_templates_dir()] {
+            let Ok(rd) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            Self::template_entries(rd, &mut out);
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn template_entries(rd: std::fs::ReadDir, out: &mut Vec<String>) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.ends_with(".tmp") {
@@ -130,6 +164,5 @@ impl Jail {
                 out.push(t.to_string());
             }
         }
-        out
     }
 }

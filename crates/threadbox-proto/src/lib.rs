@@ -105,6 +105,10 @@ pub enum RunAs {
     User,
     /// uid 0 inside the user namespace, with no capabilities.
     Root,
+    /// Any uid/gid of the sandbox's user namespace (an image config's `User`, ADR 0160):
+    /// both below 65 536, so they map into the sandbox's own range. Name and home come
+    /// from the sandbox's `/etc/passwd`.
+    Id { uid: u32, gid: u32 },
 }
 
 /// What to run.

@@ -412,9 +412,11 @@ pub struct RawBytes(#[allow(dead_code)] Vec<u8>);
 
 fn parse_user(user: Option<&str>) -> Result<User, ApiError> {
     match user {
-        None => Ok(User::User),
+        None => Ok(User::Default),
         Some(s) => User::parse(s).ok_or_else(|| {
-            ApiError::invalid(format!("invalid user {s:?}: expected `user` or `root`"))
+            ApiError::invalid(format!(
+                "invalid user {s:?}: expected `user`, `root` or `default`"
+            ))
         }),
     }
 }

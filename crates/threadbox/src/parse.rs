@@ -68,10 +68,9 @@ pub fn parse_pairs(flag: &str, pairs: &[String]) -> anyhow::Result<BTreeMap<Stri
 
 pub fn parse_user(user: Option<&str>) -> anyhow::Result<User> {
     match user {
-        None => Ok(User::User),
-        Some(u) => {
-            User::parse(u).with_context(|| format!("invalid user {u:?}: expected `user` or `root`"))
-        }
+        None => Ok(User::Default),
+        Some(u) => User::parse(u)
+            .with_context(|| format!("invalid user {u:?}: expected `user`, `root` or `default`")),
     }
 }
 

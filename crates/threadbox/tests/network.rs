@@ -9,7 +9,7 @@
 mod common;
 
 use common::upstream::{daemon, Upstream, DEADLINE};
-use common::{require_root, serial, wait_for, Daemon};
+use common::{require_root, serial, tiers, wait_for, Daemon};
 
 /// Runs `script` with bash in sandbox `sb`; its exit code and stdout.
 fn sh(d: &Daemon, sb: &str, script: &str) -> (i32, String) {
@@ -42,9 +42,25 @@ fn egress_by_policy_end_to_end() {
     }
     let _s = serial();
     let up = Upstream::start();
-    let d = daemon(&up, true);
+    // On every tier under test with egress (ADR 0123, ADR 0140 for gvisor).
+    for tier in tiers::under_test() {
+        let d = daemon(&up, true);
+        if tiers::runs_on(&tier, &d.cli(&["tiers", "--json"]).ok().json(), &["egress"]) {
+            egress_by_policy_on(&up, d, &tier);
+        }
+    }
+}
+
+fn egress_by_policy_on(up: &Upstream, d: Daemon, tier: &str) {
+    let t = ["--tier", tier];
+    let with_tier =
+        |args: &[&str]| -> Vec<String> { t.iter().chain(args).map(|a| a.to_string()).collect() };
+    let create = |d: &Daemon, args: &[&str]| {
+        let a = with_tier(args);
+        d.create(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
     let port_rule = "api.test:8080,9000";
-    let sb = d.create(&["--allow", port_rule, "--allow", "up.test:8080"]);
+    let sb = create(&d, &["--allow", port_rule, "--allow", "up.test:8080"]);
     let info = d.cli(&["info", "--json", &sb]).ok().json();
     assert_eq!(info["network_generation"], 1, "{info}");
     assert_eq!(info["network"]["rules"][0]["host"], "api.test", "{info}");
@@ -139,7 +155,7 @@ fn egress_by_policy_end_to_end() {
     assert!(!up.log("http.log").contains("/after-revoke"));
 
     // A sandbox without a policy reaches nothing, by name or by address.
-    let closed = d.create(&[]);
+    let closed = create(&d, &[]);
     let (code, _) = sh(
         &d,
         &closed,
@@ -159,11 +175,11 @@ fn egress_by_policy_end_to_end() {
     drop(d);
 
     // Without --egress-allow-private the floor holds even for a policy naming the address.
-    let d2 = daemon(&up, false);
-    let floored = d2.create(&["--allow", &format!("{}:9000", up.addr())]);
+    let d2 = daemon(up, false);
+    let floored = create(&d2, &["--allow", &format!("{}:9000", up.addr())]);
     send(&d2, &floored, &up.addr(), 9000, "FLOORED");
     // By name too: the name resolves to an address on the floor, which is never dialled.
-    let sb1 = d2.create(&["--allow", "api.test:8080"]);
+    let sb1 = create(&d2, &["--allow", "api.test:8080"]);
     let (code, out) = sh(
         &d2,
         &sb1,
@@ -173,8 +189,8 @@ fn egress_by_policy_end_to_end() {
     drop(d2);
     // Positive control on the same upstream, after the floored attempt closed: these bytes
     // arrive, the floored ones never did.
-    let d3 = daemon(&up, true);
-    let ctl = d3.create(&["--allow", &format!("{}:9000", up.addr())]);
+    let d3 = daemon(up, true);
+    let ctl = create(&d3, &["--allow", &format!("{}:9000", up.addr())]);
     assert_eq!(send(&d3, &ctl, &up.addr(), 9000, "AFTER"), 0);
     wait_for("the last control bytes", DEADLINE, || {
         up.log("sink.log").contains("AFTER")

@@ -28,9 +28,10 @@ fn names(d: &Daemon) -> Vec<String> {
         .collect()
 }
 
-/// Everything under the daemon's `templates/` directory (disks and leftovers).
+/// Everything under the daemon's template directory (disks and leftovers), in the
+/// sandboxes' store (ADR 0162).
 fn template_files(d: &Daemon) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(d.root_path().join("templates"))
+    let mut v: Vec<String> = std::fs::read_dir(d.root_path().join("sandboxes/.templates"))
         .map(|rd| {
             rd.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())

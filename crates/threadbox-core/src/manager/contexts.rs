@@ -22,6 +22,8 @@ fn context_of(i: proto::ContextInfo) -> Context {
         user: match i.user {
             proto::RunAs::User => User::User,
             proto::RunAs::Root => User::Root,
+            // An image's own user (ADR 0160): the context's creator left `user` out.
+            proto::RunAs::Id { .. } => User::Default,
         },
         state: match i.state {
             proto::interp::ContextState::Idle => ContextState::Idle,
@@ -328,7 +330,12 @@ impl Manager {
             caller.require(CreateContext::SCOPE)?;
             validate_create(&req)?;
             let mut env = req.env;
+            let mut cwd = req.cwd;
+            let mut user = run_as(req.user);
             let row = self.resolve(caller, sandbox).await?;
+            self.image_run(&row.image)
+                .await?
+                .apply(&mut env, &mut cwd, req.user, &mut user);
             self.secret_env(&row.id, &mut env).await?;
             let spec = proto::ContextSpec {
                 name: req.name,
@@ -336,9 +343,9 @@ impl Manager {
                 language: canonical_language(&req.language)
                     .unwrap_or("python")
                     .to_string(),
-                cwd: req.cwd,
+                cwd,
                 env,
-                user: run_as(req.user),
+                user,
             };
             let name = spec.name.clone();
             let mut c = match self

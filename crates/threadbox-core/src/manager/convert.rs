@@ -66,9 +66,11 @@ pub(super) fn to_api_full(drivers: &Drivers, row: &SandboxRow) -> Sandbox {
     }
 }
 
+/// The agent's user for `u` in a sandbox whose image names no user (the manager puts
+/// the image's in for `Default`: [`Manager::image_run`]).
 pub(super) fn run_as(u: User) -> proto::RunAs {
     match u {
-        User::User => proto::RunAs::User,
+        User::Default | User::User => proto::RunAs::User,
         User::Root => proto::RunAs::Root,
     }
 }

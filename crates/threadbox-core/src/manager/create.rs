@@ -229,6 +229,8 @@ impl Manager {
         let image = req.image.clone().unwrap_or_else(|| HOST_IMAGE.to_string());
         // Refused before anything exists: an image this tier cannot boot.
         driver.resolve_image(&self.image_row(&image).await?).await?;
+        // And one whose config names a user it does not have (ADR 0160).
+        self.image_run(&image).await?;
 
         let created = now_ms();
         let id = format!("sb-{}", uuid::Uuid::new_v4().simple());

@@ -40,8 +40,10 @@ impl Manager {
             // Checked before the sandbox is touched; built again with the image's defaults.
             exec_spec(req.clone(), false)?;
             let (conn, _inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
-            let req = self.with_image_defaults(&row.image, req).await;
+            let asked = req.user;
             let mut spec = exec_spec(req, false)?;
+            let image = self.image_run(&row.image).await?;
+            image.apply(&mut spec.env, &mut spec.cwd, asked, &mut spec.user);
             crate::telemetry::inject_env(&mut spec.env);
             self.secret_env(&row.id, &mut spec.env).await?;
             self.relay_env(&row, &mut spec.env);
@@ -101,8 +103,10 @@ impl Manager {
 
             exec_spec(req.clone(), true)?;
             let (conn, inflight, row) = self.running_conn_row(caller, id_or_name, true).await?;
-            let req = self.with_image_defaults(&row.image, req).await;
+            let asked = req.user;
             let mut spec = exec_spec(req, true)?;
+            let image = self.image_run(&row.image).await?;
+            image.apply(&mut spec.env, &mut spec.cwd, asked, &mut spec.user);
             crate::telemetry::inject_env(&mut spec.env);
             self.secret_env(&row.id, &mut spec.env).await?;
             self.relay_env(&row, &mut spec.env);

@@ -20,7 +20,7 @@ impl Manager {
         validate_path(path)?;
         let (conn, inflight) = self.running_conn(caller, id_or_name, false).await?;
         let path = proto::PathBytes::from(path);
-        let user = run_as(user);
+        let user = self.run_as_in(caller, id_or_name, user).await?;
         // The first chunk is read before answering, so a missing file is an error
         // response rather than a cut stream. An empty range still opens the file.
         let first_limit = range.next_chunk(0, FILE_CHUNK).unwrap_or(0);
@@ -101,7 +101,7 @@ impl Manager {
                 return Err(CoreError::InvalidArgument("path names a directory".into()));
             }
             let (conn, _inflight) = self.running_conn(caller, id_or_name, true).await?;
-            let user = run_as(user);
+            let user = self.run_as_in(caller, id_or_name, user).await?;
             let (dir, name) = match path.iter().rposition(|b| *b == b'/') {
                 Some(i) => (&path[..=i], &path[i + 1..]),
                 None => (&b""[..], path),
@@ -198,7 +198,7 @@ impl Manager {
                 false,
                 proto::Request::FileList {
                     path: path.into(),
-                    user: run_as(user),
+                    user: self.run_as_in(caller, id_or_name, user).await?,
                 },
             )
             .await?
@@ -227,7 +227,7 @@ impl Manager {
                 false,
                 proto::Request::FileStat {
                     path: path.into(),
-                    user: run_as(user),
+                    user: self.run_as_in(caller, id_or_name, user).await?,
                 },
             )
             .await?
@@ -255,7 +255,7 @@ impl Manager {
                 true,
                 proto::Request::Mkdir {
                     path: path.into(),
-                    user: run_as(user),
+                    user: self.run_as_in(caller, id_or_name, user).await?,
                     parents,
                 },
             )
@@ -284,7 +284,7 @@ impl Manager {
                 false,
                 proto::Request::Remove {
                     path: path.into(),
-                    user: run_as(user),
+                    user: self.run_as_in(caller, id_or_name, user).await?,
                     recursive,
                 },
             )

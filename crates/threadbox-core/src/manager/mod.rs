@@ -25,6 +25,7 @@ mod files;
 mod fork_memory;
 mod governance;
 mod hibernate_image;
+mod image_run;
 mod images;
 mod lifecycle;
 mod net_floor;

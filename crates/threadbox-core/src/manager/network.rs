@@ -251,7 +251,7 @@ impl Manager {
         let live = self.live(&row.id);
         // Under the lifecycle lock: a concurrent stop/start attaches or detaches after us.
         let _guard = live.lifecycle.lock().await;
-        self.require_booted_netns(&row.id).await?;
+        self.require_booted_netns(&row.id, "set one").await?;
         let current = self
             .store
             .get_network(&row.id)
@@ -292,9 +292,10 @@ impl Manager {
 
 impl Manager {
     /// A sandbox that runs without a netns of ours (a gvisor sandbox created without a
-    /// policy, ADR 0140: the sentry's own loopback) cannot take a policy until it boots
-    /// again; refused before anything changes rather than stored and silently inert.
-    async fn require_booted_netns(&self, id: &str) -> Result<()> {
+    /// policy, ADR 0140: the sentry's own loopback) cannot take a policy or a preview
+    /// until it boots again; refused before anything changes rather than stored and
+    /// silently inert.
+    pub(super) async fn require_booted_netns(&self, id: &str, what: &str) -> Result<()> {
         let row = self.reload(id).await?;
         let Some(pid) = row.agent_pid else {
             return Ok(());
@@ -310,8 +311,8 @@ impl Manager {
         {
             return Err(CoreError::Conflict(format!(
                 "sandbox {} was booted on the {} tier without a network namespace (it was \
-                 created without a network policy); stop and start it, or create it with a \
-                 policy (an empty one opens nothing), to set one",
+                 created without a network policy); to {what}, set a policy while it is \
+                 stopped and start it, or create it with one (an empty one opens nothing)",
                 row.id, row.tier
             )));
         }

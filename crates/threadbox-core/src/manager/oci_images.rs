@@ -35,24 +35,6 @@ impl Manager {
         })
     }
 
-    /// `req` with the defaults of an OCI image's config (`Env`, `WorkingDir`); other
-    /// images have none. A record that cannot be read adds nothing (the boot would have
-    /// failed on it already).
-    pub(super) async fn with_image_defaults(
-        &self,
-        image: &str,
-        mut req: ExecRequest,
-    ) -> ExecRequest {
-        if let Ok(Some(row)) = self.store.get_image(image).await {
-            if row.kind == OCI_KIND {
-                if let Ok(rec) = oci::record(&row) {
-                    oci::apply_defaults(&rec, &mut req.env, &mut req.cwd);
-                }
-            }
-        }
-        req
-    }
-
     /// Pulls an image into the catalog; `events` (when given) hears its progress.
     pub async fn pull_image(
         &self,

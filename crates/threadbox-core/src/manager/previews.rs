@@ -128,6 +128,8 @@ impl Manager {
         }
         let row = self.resolve(caller, &op.sandbox).await?;
         self.require_row_capability(&row, crate::driver::capability::EGRESS, "a preview")?;
+        self.require_booted_netns(&row.id, "publish a preview")
+            .await?;
         let token = if public {
             None
         } else {

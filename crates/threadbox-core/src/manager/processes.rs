@@ -19,15 +19,20 @@ impl Manager {
             }
             let cmd_vec = command_vec(&command);
             let mut env = req.env;
-            crate::telemetry::inject_env(&mut env);
+            let mut cwd = req.cwd;
+            let mut user = run_as(req.user);
             let row = self.resolve(caller, id_or_name).await?;
+            self.image_run(&row.image)
+                .await?
+                .apply(&mut env, &mut cwd, req.user, &mut user);
+            crate::telemetry::inject_env(&mut env);
             self.secret_env(&row.id, &mut env).await?;
             self.relay_env(&row, &mut env);
             let spec = proto::BackgroundSpec {
                 command,
                 env,
-                cwd: req.cwd,
-                user: run_as(req.user),
+                cwd,
+                user,
                 max_log: proto::DEFAULT_MAX_OUTPUT,
             };
             match self

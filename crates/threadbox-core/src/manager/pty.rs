@@ -211,6 +211,12 @@ impl Manager {
             )));
         }
         let mut spec = pty_spec(&op.request)?;
+        self.image_run(&row.image).await?.apply(
+            &mut spec.env,
+            &mut spec.cwd,
+            op.request.user,
+            &mut spec.user,
+        );
         crate::telemetry::inject_env(&mut spec.env);
         self.secret_env(&row.id, &mut spec.env).await?;
         self.relay_env(&row, &mut spec.env);

@@ -59,6 +59,15 @@ pub fn assume_fs_identity(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<FsId
         Err(e) if raw::process::effective_ids() != (uid, gid) => {
             assume_effective_ids(uid, gid).map_err(|_| e)
         }
+        // Where `setfsuid` changes nothing (gVisor) the effective ids are the file system
+        // ids: already being the asked ones is the switch (root's calls as root), and
+        // there is nothing to restore.
+        Err(_) => Ok(FsIdentity {
+            prev_uid: uid,
+            prev_gid: gid,
+            effective: true,
+            _thread: PhantomData,
+        }),
         r => r,
     }
 }

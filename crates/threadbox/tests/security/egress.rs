@@ -418,10 +418,11 @@ fn policy(up: &Up) -> threadbox_api::network::NetworkPolicySpec {
     .expect("policy")
 }
 
-fn create(d: &Daemon, up: &Up) -> String {
+fn create(d: &Daemon, up: &Up, tier: &str) -> String {
     let req = CreateSandboxRequest {
         limits: LimitsRequest::default(),
         network: Some(policy(up)),
+        tier: Some(tier.to_string()),
         ..Default::default()
     };
     block(d.client.create(&req))
@@ -452,8 +453,8 @@ fn fence(d: &Daemon, id: &str, up: &Up) {
 }
 
 /// Runs one case; the list of what escaped (empty: held) and the case's output.
-pub fn run(d: &Daemon, up: &Up, case: &NetCase) -> (Vec<String>, String) {
-    let id = create(d, up);
+pub fn run(d: &Daemon, up: &Up, case: &NetCase, tier: &str) -> (Vec<String>, String) {
+    let id = create(d, up, tier);
     let mark = format!("{}M{}", case.id, &random_hex()[..12]);
     let mut env = BTreeMap::new();
     env.insert("MARK".to_string(), mark.clone());
@@ -492,9 +493,9 @@ pub fn run(d: &Daemon, up: &Up, case: &NetCase) -> (Vec<String>, String) {
 /// Connection exhaustion: a sandbox holding far more connections than its cap gets no
 /// more than the cap through, and a neighbour's request still arrives. Returns how many of
 /// the hog's connections reached the sink.
-pub fn exhaustion(d: &Daemon, up: &Up) -> usize {
-    let hog = create(d, up);
-    let neighbour = create(d, up);
+pub fn exhaustion(d: &Daemon, up: &Up, tier: &str) -> usize {
+    let hog = create(d, up, tier);
+    let neighbour = create(d, up, tier);
     let tag = format!("H{}", &random_hex()[..8]);
     // The hog counts the connections the daemon did not drop at once (over the cap it
     // accepts and resets), so the host knows how many byte streams to wait for.
@@ -575,10 +576,27 @@ pub fn held_everywhere() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = Daemon::start_with(&normal_bins(), None, &args);
     let mut failed = Vec::new();
+    // On every tier under test with egress (ADR 0123; gvisor: ADR 0140).
+    for tier in super::tiers::under_test() {
+        if super::tiers::runs_on(&tier, &tiers_json(&d), &["egress"]) {
+            held_on(&d, &up, &tier, &mut failed);
+        }
+    }
+    assert!(failed.is_empty(), "egress bypasses:\n{}", failed.join("\n"));
+}
+
+/// `GET /v1/tiers` as `threadbox tiers --json` prints it.
+pub fn tiers_json(d: &Daemon) -> serde_json::Value {
+    let list = block(d.client.call(&threadbox_api::tiers::ListTiers))
+        .unwrap_or_else(|e| panic!("tiers: {e}"));
+    serde_json::to_value(list).expect("tiers as JSON")
+}
+
+fn held_on(d: &Daemon, up: &Up, tier: &str, failed: &mut Vec<String>) {
     for case in cases() {
-        let (escaped, out) = run(&d, &up, &case);
+        let (escaped, out) = run(d, up, &case, tier);
         eprintln!(
-            "{} {}: {}",
+            "[{tier}] {} {}: {}",
             case.id,
             case.what,
             if escaped.is_empty() {
@@ -588,15 +606,19 @@ pub fn held_everywhere() {
             }
         );
         if !escaped.is_empty() {
-            failed.push(format!("{} ({}): {escaped:?}\n{out}", case.id, case.what));
+            failed.push(format!(
+                "[{tier}] {} ({}): {escaped:?}\n{out}",
+                case.id, case.what
+            ));
         }
     }
-    let n = exhaustion(&d, &up);
-    eprintln!("N10: {n} of the hog's 300 connections reached the sink (cap 256)");
+    let n = exhaustion(d, up, tier);
+    eprintln!("[{tier}] N10: {n} of the hog's 300 connections reached the sink (cap 256)");
     if n > 256 {
-        failed.push(format!("N10: {n} connections got through a cap of 256"));
+        failed.push(format!(
+            "[{tier}] N10: {n} connections got through a cap of 256"
+        ));
     }
-    assert!(failed.is_empty(), "egress bypasses:\n{}", failed.join("\n"));
 }
 
 pub fn controls_detect() {
@@ -606,7 +628,24 @@ pub fn controls_detect() {
     let args = up.serve_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut missed = Vec::new();
+    for tier in super::tiers::under_test() {
+        controls_on(&weak, &up, &args, &tier, &mut missed);
+    }
+    assert!(
+        missed.is_empty(),
+        "controls that missed:\n{}",
+        missed.join("\n")
+    );
+}
+
+fn controls_on(weak: &Bins, up: &Up, args: &[&str], tier: &str, missed: &mut Vec<String>) {
     let only = std::env::var("THREADBOX_SECURITY_CASES").ok();
+    {
+        let d = Daemon::start_with(weak, None, args);
+        if !super::tiers::runs_on(tier, &tiers_json(&d), &["egress"]) {
+            return;
+        }
+    }
     for case in cases() {
         let Some(control) = case.control else {
             continue;
@@ -617,10 +656,10 @@ pub fn controls_detect() {
         {
             continue;
         }
-        let d = Daemon::start_with(&weak, Some(control), &args);
-        let (escaped, out) = run(&d, &up, &case);
+        let d = Daemon::start_with(weak, Some(control), args);
+        let (escaped, out) = run(&d, up, &case, tier);
         eprintln!(
-            "{} control ({control}): {}",
+            "[{tier}] {} control ({control}): {}",
             case.id,
             if escaped.is_empty() {
                 "MISSED"
@@ -630,7 +669,7 @@ pub fn controls_detect() {
         );
         if escaped.is_empty() {
             missed.push(format!(
-                "{} under {control} showed no escape:\n{out}",
+                "[{tier}] {} under {control} showed no escape:\n{out}",
                 case.id
             ));
         }
@@ -639,18 +678,13 @@ pub fn controls_detect() {
         .as_deref()
         .is_none_or(|o| o.split(',').any(|c| c == "N10"))
     {
-        let d = Daemon::start_with(&weak, Some("egress-no-conn-cap"), &args);
-        let n = exhaustion(&d, &up);
-        eprintln!("N10 control (egress-no-conn-cap): {n} connections reached the sink");
+        let d = Daemon::start_with(weak, Some("egress-no-conn-cap"), args);
+        let n = exhaustion(&d, up, tier);
+        eprintln!("[{tier}] N10 control (egress-no-conn-cap): {n} connections reached the sink");
         if n <= 256 {
             missed.push(format!(
-                "N10 under egress-no-conn-cap: only {n} got through"
+                "[{tier}] N10 under egress-no-conn-cap: only {n} got through"
             ));
         }
     }
-    assert!(
-        missed.is_empty(),
-        "controls that missed:\n{}",
-        missed.join("\n")
-    );
 }

@@ -99,7 +99,7 @@ fn cell(
 pub fn exec(d: &Daemon, id: &str, req: &ExecRequest) -> Result<ExecResponse, String> {
     let name = match req.user {
         User::Root => "case-root",
-        User::User => "case",
+        User::User | User::Default => "case",
     };
     context(d, id, name, req.user)?;
     let argv = serde_json::to_string(&req.command.clone().unwrap_or_default())

@@ -29,7 +29,7 @@ __all__ = [
 
 SandboxState = Literal["creating", "running", "paused", "hibernated", "stopped"]
 TtlAction = Literal["stop", "delete"]
-UserName = Literal["user", "root"]
+UserName = Literal["default", "user", "root"]
 FileKind = Literal["file", "dir", "symlink", "other"]
 Encoding = Literal["utf8", "base64"]
 
