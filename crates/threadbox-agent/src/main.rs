@@ -38,6 +38,7 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
   --tier NAME       the isolation tier the agent runs on (jail, the default, or gvisor):
                     which posture checks the selftest makes
   --sync            sync the file system of / and exit (the gvisor tier's checkpoints)
+  --hostname NAME   set the hostname and exit (a gvisor fork restored from memory)
   --version         print the version";
 
 #[derive(Debug, Default)]
@@ -81,6 +82,17 @@ fn parse_args() -> Result<Args, String> {
                     }
                 };
                 std::process::exit(code);
+            }
+            // A fork restored from its parent's memory image has the parent's hostname:
+            // the gvisor tier sets the fork's own with this (`runsc exec -cap
+            // CAP_SYS_ADMIN`) before the agent binds again (ADR 0136).
+            "--hostname" => {
+                let name = it.next().ok_or("--hostname needs a value")?;
+                if let Err(e) = threadbox_sys::jail::set_hostname(&name) {
+                    eprintln!("threadbox-agent: hostname: {e}");
+                    std::process::exit(1);
+                }
+                std::process::exit(0);
             }
             "--version" => {
                 println!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));

@@ -80,12 +80,22 @@ pub struct ForkRequest {
     /// value): a LangGraph thread's fork names its own thread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub labels: Option<std::collections::BTreeMap<String, String>>,
+    /// Fork memory and running processes too, not only the disk (issue 16 scope 4, ADR
+    /// 0136): a tier with the `fork_memory` capability (gvisor) and a running sandbox.
+    /// Unset: with memory where the tier can and the sandbox runs, else the disk only.
+    /// `true` where the tier cannot (the jail forks disks only) is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub with_memory: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
 pub struct ForkResponse {
     /// The new sandboxes, running.
     pub sandboxes: Vec<Sandbox>,
+    /// Whether the forks got the parent's memory and processes (else its disk only, and
+    /// their processes started afresh).
+    #[serde(default)]
+    pub with_memory: bool,
 }
 
 fn to_json<T: Serialize>(v: &T) -> Option<serde_json::Value> {

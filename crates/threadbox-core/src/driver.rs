@@ -78,6 +78,9 @@ pub mod capability {
     pub const CALL_CGROUPS: &str = "call_cgroups";
     /// The sandbox's ids map to a host uid range of its own (ADR 0016).
     pub const UID_RANGES: &str = "uid_ranges";
+    /// Fork with memory: copies that go on with the parent's memory and running processes
+    /// (gvisor, ADR 0136). Without it a fork has the parent's disk only.
+    pub const FORK_MEMORY: &str = "fork_memory";
     /// `hibernate`: a sandbox's memory leaves RAM, its processes continue on wake
     /// (ADR 0129, 0130). Each tier also names its flavour, below.
     pub const HIBERNATE: &str = "hibernate";
@@ -254,6 +257,31 @@ pub trait Driver: Send + Sync {
         Vec::new()
     }
 
+    // ---- fork with memory (issue 16 scope 4, ADR 0136; `capability::FORK_MEMORY`) ----
+
+    /// Saves the running sandbox's memory and processes as fork image `ckpt`, with its disk
+    /// cloned into checkpoint `ckpt` at the same instant, then lets it run on. The manager
+    /// has told its agent to let go of host sockets (`PrepareCheckpoint`). The sandbox's
+    /// agent pid afterwards (a tier may restore it as a new process).
+    /// Why sandbox `id` cannot be forked with memory now (`None`: it can), e.g. a gvisor
+    /// sandbox on a host network runsc cannot save.
+    async fn fork_memory_refusal(&self, _id: &str) -> Option<String> {
+        Some(format!("the {} tier forks disks only", self.tier()))
+    }
+    async fn fork_checkpoint(&self, _spec: &SandboxSpec, _ckpt: &str) -> Result<i32> {
+        Err(no_fork_memory(self.tier()))
+    }
+    /// Boots `spec` (its disk made by [`Driver::fork_disk`] from the same `ckpt`) from fork
+    /// image `ckpt` of sandbox `from`: the parent's processes go on in it, under `spec`'s
+    /// hostname. Instead of [`Driver::launch`]; returns the agent's host pid.
+    async fn launch_fork(&self, _spec: &SandboxSpec, _from: &str, _ckpt: &str) -> Result<i32> {
+        Err(no_fork_memory(self.tier()))
+    }
+    /// Removes fork image `ckpt` of sandbox `id` (absent: Ok).
+    async fn remove_fork_image(&self, _id: &str, _ckpt: &str) -> Result<()> {
+        Ok(())
+    }
+
     // ---- templates (issue 14 scope 5, ADR 0110): named clones new sandboxes start from ----
 
     /// Clones checkpoint `ckpt` of sandbox `from` (index `from_index`) into template `tpl`'s
@@ -288,6 +316,13 @@ pub struct DiskClone {
     pub bytes: u64,
     /// `reflink` (nothing copied) or `copy`.
     pub method: &'static str,
+}
+
+fn no_fork_memory(tier: &str) -> CoreError {
+    CoreError::InvalidArgument(format!(
+        "the {tier} tier forks disks only (no \"fork_memory\" capability; see GET /v1/tiers): \
+         pass with_memory=false"
+    ))
 }
 
 fn no_checkpoints(tier: &str) -> CoreError {

@@ -16,6 +16,8 @@
 
 #[path = "gvisor_disk.rs"]
 mod disk;
+#[path = "gvisor_fork.rs"]
+mod fork;
 
 use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
 use std::path::{Path, PathBuf};
@@ -591,7 +593,7 @@ impl Driver for GvisorDriver {
         // Not yet: Landlock (none in the sentry), call cgroups (the agent gets no cgroup
         // inside: a timeout ends the call's process group, not a `setsid` descendant).
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, EGRESS, HIBERNATE, HIBERNATE_IMAGE]
+        vec![CHECKPOINTS, EGRESS, HIBERNATE, HIBERNATE_IMAGE, FORK_MEMORY]
     }
 
     async fn hibernate(&self, id: &str) -> Result<u64> {
@@ -721,7 +723,36 @@ impl Driver for GvisorDriver {
     }
 
     async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
+        // Called at a start only (reconciliation): no fork is being made.
+        let g = self.0.clone();
+        let id2 = id.to_string();
+        let _ = blocking(move || {
+            g.remove_fork_leftovers(&id2);
+            Ok(())
+        })
+        .await;
         self.0.jail.checkpoint_disks(id).await
+    }
+
+    // Fork with memory (ADR 0136): `fork.rs`.
+
+    async fn fork_memory_refusal(&self, id: &str) -> Option<String> {
+        self.0.fork_memory_refusal(id)
+    }
+
+    async fn fork_checkpoint(&self, spec: &SandboxSpec, ckpt: &str) -> Result<i32> {
+        let (spec, ckpt) = (spec.clone(), ckpt.to_string());
+        self.run(move |g| g.fork_checkpoint(&spec, &ckpt)).await
+    }
+
+    async fn launch_fork(&self, spec: &SandboxSpec, from: &str, ckpt: &str) -> Result<i32> {
+        let (spec, from, ckpt) = (spec.clone(), from.to_string(), ckpt.to_string());
+        self.run(move |g| g.launch_fork(&spec, &from, &ckpt)).await
+    }
+
+    async fn remove_fork_image(&self, id: &str, ckpt: &str) -> Result<()> {
+        let (id, ckpt) = (id.to_string(), ckpt.to_string());
+        self.run(move |g| g.remove_fork_image(&id, &ckpt)).await
     }
 
     async fn save_template_disk(

@@ -116,10 +116,7 @@ impl Gvisor {
 
     /// Removes sandbox `id`'s hibernate image and any half-written one.
     pub(crate) fn remove_memory_image(&self, id: &str) {
-        let dir = self.memory_image_dir(id);
-        remove_dir(&tmp_of(&dir));
-        remove_dir(&dir);
-        let _ = std::fs::remove_file(lock_of(&dir));
+        Self::remove_image_at(&self.memory_image_dir(id));
     }
 
     pub(crate) fn checkpoint_memory(&self, id: &str, dir: &Path) -> Result<MemoryImage> {
@@ -179,9 +176,22 @@ impl Gvisor {
     /// that is listening ignores it).
     pub(crate) fn rebind(&self, id: &str) -> Result<()> {
         let info = self.runsc()?;
-        run_bounded(self.runsc_cmd(&info, &["kill", id, "USR2"]), RUNSC_DEADLINE)
-            .map(drop)
-            .map_err(|e| CoreError::Internal(format!("runsc kill {id} USR2: {e}")))
+        // Right after `restore -detach` returns, the sandbox's control server may not
+        // accept yet ("connecting to control server: connection refused"): retried until
+        // the deadline, as a signal sent then is simply not delivered.
+        let deadline = Instant::now() + RUNSC_DEADLINE;
+        loop {
+            match run_bounded(self.runsc_cmd(&info, &["kill", id, "USR2"]), RUNSC_DEADLINE) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(CoreError::Internal(format!("runsc kill {id} USR2: {e}")))
+                }
+                Err(e) => {
+                    tracing::debug!(sandbox = %id, "rebind not delivered yet: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        }
     }
 
     /// Hibernate: the (prepared) sandbox's memory into its image, then nothing of it runs.
@@ -228,22 +238,34 @@ impl Gvisor {
         // (one removed at once killed it): it goes once the agent answers. A daemon
         // killed before that finds the image and the restored processes are ended
         // (ADR 0130).
-        let sock = self.socket(&spec.id);
+        self.wait_listening(&spec.id)?;
+        remove_dir(&dir);
+        tracing::info!(sandbox = %spec.id, restore_ms, rebind_ms,
+            total_ms = t.elapsed().as_millis() as u64, "memory image restored");
+        Ok(Some(pid))
+    }
+
+    /// Waits (bounded) until the restored agent of `id` listens again.
+    pub(crate) fn wait_listening(&self, id: &str) -> Result<()> {
+        let sock = self.socket(id);
         let deadline = Instant::now() + RUNSC_DEADLINE;
         while std::os::unix::net::UnixStream::connect(&sock).is_err() {
             if Instant::now() > deadline {
                 return Err(CoreError::Unavailable(format!(
-                    "the restored agent of {} did not listen within {}s",
-                    spec.id,
+                    "the restored agent of {id} did not listen within {}s",
                     RUNSC_DEADLINE.as_secs()
                 )));
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
-        remove_dir(&dir);
-        tracing::info!(sandbox = %spec.id, restore_ms, rebind_ms,
-            total_ms = t.elapsed().as_millis() as u64, "memory image restored");
-        Ok(Some(pid))
+        Ok(())
+    }
+
+    /// Removes the image at `dir` with what a checkpoint into it leaves beside it.
+    pub(crate) fn remove_image_at(dir: &Path) {
+        remove_dir(&tmp_of(dir));
+        remove_dir(dir);
+        let _ = std::fs::remove_file(lock_of(dir));
     }
 
     /// After a daemon restart: whether sandbox `id` is hibernated in a complete image.

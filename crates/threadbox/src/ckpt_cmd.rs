@@ -64,6 +64,13 @@ pub struct ForkArgs {
     /// Name the forks PREFIX-1 … PREFIX-N.
     #[arg(long)]
     pub name_prefix: Option<String>,
+    /// Fork memory and running processes too (a tier with `fork_memory`: gvisor; the
+    /// default there when the sandbox runs). Refused on the jail, which forks disks only.
+    #[arg(long, conflicts_with = "disk_only")]
+    pub with_memory: bool,
+    /// Fork the disk only: the forks' processes start afresh.
+    #[arg(long)]
+    pub disk_only: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -160,6 +167,11 @@ pub async fn fork(client: &Client, a: ForkArgs) -> Result<u8> {
             request: ForkRequest {
                 count: Some(a.count),
                 name_prefix: a.name_prefix,
+                with_memory: match (a.with_memory, a.disk_only) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
                 ..Default::default()
             },
         })
@@ -171,6 +183,7 @@ pub async fn fork(client: &Client, a: ForkArgs) -> Result<u8> {
         for sb in &out.sandboxes {
             s.push_str(&format!("{}\n", sb.id));
         }
+
         write_stdout(s.as_bytes())?;
     }
     Ok(0)

@@ -88,18 +88,34 @@ fn checkpoint_rewind_and_fork_on(d: Daemon, tier: &str) {
 
     // Fork: running sandboxes with the files, owned by their own sandbox user, labels kept.
     sh(&d, "work", "echo parent > ~/f");
-    let out = d
-        .cli(&[
-            "fork",
-            "work",
-            "--count",
-            "2",
-            "--name-prefix",
-            "kid",
-            "--json",
-        ])
-        .ok()
-        .json();
+    let mut fork = vec![
+        "fork",
+        "work",
+        "--count",
+        "2",
+        "--name-prefix",
+        "kid",
+        "--json",
+    ];
+    if tier == "jail" {
+        // The jail forks disks only, and says so; memory asked of it changes nothing.
+        let refused = d.cli(&["fork", "work", "--with-memory", "--name-prefix", "no"]);
+        assert_ne!(refused.code, 0);
+        assert!(
+            refused.stderr.contains("forks disks only"),
+            "{}",
+            refused.stderr
+        );
+        assert!(
+            d.cli(&["info", "no-1"]).code != 0,
+            "a refused fork made a sandbox"
+        );
+    } else {
+        // This test is of disk forks; memory forks are tests/fork_memory.rs.
+        fork.push("--disk-only");
+    }
+    let out = d.cli(&fork).ok().json();
+    assert_eq!(out["with_memory"], false, "{out}");
     let kids = out["sandboxes"].as_array().cloned().unwrap_or_default();
     assert_eq!(kids.len(), 2, "{out}");
     for (i, k) in kids.iter().enumerate() {

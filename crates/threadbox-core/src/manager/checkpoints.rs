@@ -15,6 +15,9 @@ pub(super) struct ForkSource {
     pub from: String,
     pub from_index: u32,
     pub ckpt: String,
+    /// Boot each fork from the parent's fork image `ckpt` (memory and processes, ADR
+    /// 0136) rather than afresh on the cloned disk.
+    pub memory: bool,
 }
 
 fn validate_label(label: &str) -> Result<()> {
@@ -302,25 +305,41 @@ impl Manager {
         let names = fork_names(&op.request)?;
         let t0 = std::time::Instant::now();
         let parent = self.resolve(caller, &op.sandbox).await?;
+        // Refused before anything changes: memory asked of a tier or source without it.
+        let tier_can = self
+            .driver_for(&parent)?
+            .capabilities()
+            .contains(&crate::driver::capability::FORK_MEMORY);
+        super::fork_memory::check_request(&op.request, &parent.tier, tier_can)?;
         let live = self.live(&parent.id);
         // Forking from a checkpoint: its clone is the source, kept, and the parent's
         // lifecycle lock is held until the forks are made so it cannot be deleted under
         // them. Else one internal clone of the parent (no row: a crash leaves a file the
         // next start removes); each fork's disk is a clone of it.
-        let (parent, ckpt, _kept) = match &op.request.checkpoint {
+        let (parent, ckpt, _kept, memory) = match &op.request.checkpoint {
             Some(name) => {
                 let g = live.lifecycle.clone().lock_owned().await;
                 let parent = self.reload(&parent.id).await?;
                 let rows = self.store.checkpoints_of(&parent.id).await?;
                 let ckpt = find(&rows, &parent.id, name)?.id.clone();
-                (parent, ckpt, Some(g))
+                (parent, ckpt, Some(g), false)
             }
             None => {
                 let ckpt = format!("fk-{}", uuid::Uuid::new_v4().simple());
                 let _g = live.lifecycle.lock().await;
                 let parent = self.reload(&parent.id).await?;
-                self.clone_disk_frozen(&parent, &ckpt).await?;
-                (parent, ckpt, None)
+                let refusal = self
+                    .driver_for(&parent)?
+                    .fork_memory_refusal(&parent.id)
+                    .await;
+                let memory =
+                    super::fork_memory::with_memory(&op.request, &parent, tier_can, refusal)?;
+                if memory {
+                    self.fork_checkpoint_parent(&parent, &live, &ckpt).await?;
+                } else {
+                    self.clone_disk_frozen(&parent, &ckpt).await?;
+                }
+                (self.reload(&parent.id).await?, ckpt, None, memory)
             }
         };
         let network = match &parent.network_policy {
@@ -342,6 +361,7 @@ impl Manager {
             from: parent.id.clone(),
             from_index: parent.slot,
             ckpt: ckpt.clone(),
+            memory,
         };
         let t1 = std::time::Instant::now();
         // Booted side by side: each create takes the create lock only for its insert.
@@ -396,10 +416,11 @@ impl Manager {
             }
         }
         if _kept.is_none() {
-            let _ = self
-                .driver_for(&parent)?
-                .remove_checkpoint_disk(&parent.id, &ckpt)
-                .await;
+            let driver = self.driver_for(&parent)?;
+            let _ = driver.remove_checkpoint_disk(&parent.id, &ckpt).await;
+            if memory {
+                let _ = driver.remove_fork_image(&parent.id, &ckpt).await;
+            }
         }
         if let Some(e) = failed {
             // All or nothing: the forks made so far go.
@@ -411,12 +432,16 @@ impl Manager {
         tracing::info!(
             sandbox = %parent.id,
             forks = made.len(),
+            with_memory = memory,
             source_us = (t1 - t0).as_micros() as u64,
             creates_us = (t2 - t1).as_micros() as u64,
             cleanup_us = t2.elapsed().as_micros() as u64,
             "forked"
         );
-        Ok(ForkResponse { sandboxes: made })
+        Ok(ForkResponse {
+            sandboxes: made,
+            with_memory: memory,
+        })
     }
 
     /// After a crash: checkpoint rows without a clone (or without their sandbox) go, and
@@ -490,6 +515,7 @@ mod tests {
             names: names.map(|n| n.iter().map(|s| s.to_string()).collect()),
             checkpoint: None,
             labels: None,
+            with_memory: None,
         }
     }
 

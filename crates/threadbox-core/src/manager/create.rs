@@ -32,11 +32,25 @@ impl Manager {
 
     /// Starts the agent of `row` and connects to it. Caller holds the lifecycle lock.
     pub(super) async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
+        self.boot_from(row, live, None).await
+    }
+
+    /// [`Manager::boot`], or with `fork`, from that parent's fork image (ADR 0136).
+    pub(super) async fn boot_from(
+        &self,
+        row: &SandboxRow,
+        live: &Live,
+        fork: Option<&super::checkpoints::ForkSource>,
+    ) -> Result<i32> {
         let start = std::time::Instant::now();
         let spec = self.spec_of(row).await?;
         let driver = self.driver_for(row)?;
         let t0 = std::time::Instant::now();
-        let pid = driver.launch(&spec).await.inspect_err(|_| {
+        let launched = match fork {
+            Some(f) if f.memory => driver.launch_fork(&spec, &f.from, &f.ckpt).await,
+            _ => driver.launch(&spec).await,
+        };
+        let pid = launched.inspect_err(|_| {
             self.metrics().boot_failures.inc(["launch"]);
         })?;
         let t1 = std::time::Instant::now();
@@ -393,7 +407,11 @@ impl Manager {
                 None => self.driver_for(&row)?.prepare(&spec).await?,
             }
             let t1 = std::time::Instant::now();
-            let pid = self.boot(&row, &live).await;
+            let fork = match from {
+                Some(super::templates::DiskFrom::Fork(f)) => Some(*f),
+                _ => None,
+            };
+            let pid = self.boot_from(&row, &live, fork).await;
             // Where a create's time goes (issue 14's fork target): its disk, then the boot.
             tracing::debug!(
                 sandbox = %id,

@@ -12,6 +12,48 @@ const PREPARE_TIMEOUT: Duration = Duration::from_secs(30);
 const REBIND_AFTER_MS: u64 = 30_000;
 
 impl Manager {
+    /// Asks `row`'s agent to sync and let go of its host socket and connections before a
+    /// memory checkpoint (hibernate, fork with memory); ours is dropped too, so the next
+    /// call connects anew. On an error the caller undoes it (the agent binds again).
+    pub(super) async fn prepare_for_checkpoint(&self, row: &SandboxRow, live: &Live) -> Result<()> {
+        let driver = self.driver_for(row)?;
+        let current = live.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let conn = match current {
+            Some(c) if !c.is_closed() => c,
+            _ => AgentConn::connect(driver.as_ref(), &row.id, Duration::from_secs(3)).await?,
+        };
+        let prepared = tokio::time::timeout(
+            PREPARE_TIMEOUT,
+            conn.call(Request::PrepareCheckpoint {
+                rebind_after_ms: REBIND_AFTER_MS,
+            }),
+        )
+        .await;
+        match prepared {
+            Ok(Ok(Response::Prepared)) => {}
+            Ok(Ok(Response::Error { message, .. })) => {
+                return Err(CoreError::Unavailable(format!(
+                    "the sandbox's agent cannot prepare for a checkpoint: {message}"
+                )))
+            }
+            Ok(Ok(other)) => {
+                return Err(CoreError::Internal(format!(
+                    "unexpected answer to PrepareCheckpoint: {other:?}"
+                )))
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(CoreError::Unavailable(
+                    "the sandbox's agent did not prepare for a checkpoint in time".into(),
+                ))
+            }
+        }
+        // The agent closes its end; ours goes too, and the next call connects anew.
+        Self::take_conn(live);
+        drop(conn);
+        Ok(())
+    }
+
     /// `Step::Hibernate` on an image tier. The sandbox may be running or paused (frozen:
     /// thawed first, since the checkpoint needs the agent and the sentry awake). On any
     /// failure the sandbox is left as it was: running, or paused again.
@@ -53,46 +95,9 @@ impl Manager {
             }
             e
         };
-        let current = live.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let conn = match current {
-            Some(c) if !c.is_closed() => c,
-            _ => match AgentConn::connect(driver.as_ref(), &row.id, Duration::from_secs(3)).await {
-                Ok(c) => c,
-                Err(e) => return Err(undo(e).await),
-            },
-        };
-        let prepared = tokio::time::timeout(
-            PREPARE_TIMEOUT,
-            conn.call(Request::PrepareCheckpoint {
-                rebind_after_ms: REBIND_AFTER_MS,
-            }),
-        )
-        .await;
-        match prepared {
-            Ok(Ok(Response::Prepared)) => {}
-            Ok(Ok(Response::Error { message, .. })) => {
-                return Err(undo(CoreError::Unavailable(format!(
-                    "the sandbox's agent cannot prepare for a checkpoint: {message}"
-                )))
-                .await)
-            }
-            Ok(Ok(other)) => {
-                return Err(undo(CoreError::Internal(format!(
-                    "unexpected answer to PrepareCheckpoint: {other:?}"
-                )))
-                .await)
-            }
-            Ok(Err(e)) => return Err(undo(e).await),
-            Err(_) => {
-                return Err(undo(CoreError::Unavailable(
-                    "the sandbox's agent did not prepare for a checkpoint in time".into(),
-                ))
-                .await)
-            }
+        if let Err(e) = self.prepare_for_checkpoint(row, live).await {
+            return Err(undo(e).await);
         }
-        // The agent closes its end; ours goes too, and the next call connects anew.
-        Self::take_conn(live);
-        drop(conn);
         let started = std::time::Instant::now();
         if let Err(e) = driver.hibernate(&row.id).await {
             let alive = match row.agent_pid {

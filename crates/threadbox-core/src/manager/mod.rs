@@ -22,6 +22,7 @@ mod convert;
 mod create;
 mod exec;
 mod files;
+mod fork_memory;
 mod governance;
 mod hibernate_image;
 mod image_run;

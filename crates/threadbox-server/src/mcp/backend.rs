@@ -87,7 +87,12 @@ pub trait Backend: Send + Sync + 'static {
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList>;
     async fn checkpoint(&self, sandbox: &str, label: Option<String>) -> BackendResult<Checkpoint>;
     async fn rewind(&self, sandbox: &str, to: &str) -> BackendResult<Sandbox>;
-    async fn fork(&self, sandbox: &str, count: Option<u32>) -> BackendResult<ForkResponse>;
+    async fn fork(
+        &self,
+        sandbox: &str,
+        count: Option<u32>,
+        with_memory: Option<bool>,
+    ) -> BackendResult<ForkResponse>;
     /// Runs a cell in a context (`run_code`). `create` is the get-or-create of a context
     /// other than `python` (which an execute makes on first use).
     async fn run_code(
@@ -266,12 +271,18 @@ impl<R: RunOps> Backend for R {
         self.call(op).await
     }
 
-    async fn fork(&self, sandbox: &str, count: Option<u32>) -> BackendResult<ForkResponse> {
+    async fn fork(
+        &self,
+        sandbox: &str,
+        count: Option<u32>,
+        with_memory: Option<bool>,
+    ) -> BackendResult<ForkResponse> {
         let op = Fork {
             sandbox: sandbox.into(),
             request: ForkRequest {
                 count,
                 name_prefix: None,
+                with_memory,
                 ..Default::default()
             },
         };

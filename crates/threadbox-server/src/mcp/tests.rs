@@ -293,6 +293,7 @@ impl Backend for Fake {
         &self,
         s: &str,
         count: Option<u32>,
+        _with_memory: Option<bool>,
     ) -> BackendResult<threadbox_api::checkpoints::ForkResponse> {
         let parent = self.find(s)?;
         let mut out = Vec::new();
@@ -311,7 +312,10 @@ impl Backend for Fake {
             self.sandboxes.lock().unwrap().insert(name, sb.clone());
             out.push(sb);
         }
-        Ok(threadbox_api::checkpoints::ForkResponse { sandboxes: out })
+        Ok(threadbox_api::checkpoints::ForkResponse {
+            sandboxes: out,
+            with_memory: false,
+        })
     }
 
     /// A cell whose code says what it makes: `raise` an exception, `plot N` N figures

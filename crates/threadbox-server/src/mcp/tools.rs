@@ -162,6 +162,9 @@ pub struct ForkArgs {
     pub sandbox: String,
     /// How many forks (1–16, default 1).
     pub count: Option<u32>,
+    /// Copy memory and running processes too (gvisor sandboxes; the default there). The
+    /// jail tier forks files only and refuses `true`.
+    pub with_memory: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -440,8 +443,9 @@ pub fn tools() -> Vec<Tool> {
         tool::<ForkArgs, threadbox_api::checkpoints::ForkResponse>(
             "fork",
             "Make `count` new running sandboxes with a copy of this sandbox's files, limits, \
-             network policy and labels, e.g. to try several fixes in parallel. Each has its \
-             own id; the original keeps running.",
+             network policy and labels, e.g. to try several fixes in parallel (on gvisor also \
+             its memory and running processes). Each has its own id; the original keeps \
+             running.",
             annotations(false, false, false),
         ),
         tool::<NetworkLogArgs, threadbox_api::net_log::NetLogPage>(
@@ -587,12 +591,20 @@ impl Calls {
             }
             "fork" => {
                 let a: ForkArgs = parse(name, args)?;
-                let out = self.backend.fork(&a.sandbox, a.count).await?;
+                let out = self
+                    .backend
+                    .fork(&a.sandbox, a.count, a.with_memory)
+                    .await?;
                 let ids: Vec<&str> = out.sandboxes.iter().map(|s| s.id.as_str()).collect();
                 let text = format!(
-                    "Forked {} into {} new running sandboxes: {}",
+                    "Forked {} into {} new running sandboxes ({}): {}",
                     a.sandbox,
                     ids.len(),
+                    if out.with_memory {
+                        "with its memory and running processes"
+                    } else {
+                        "files only; their processes started afresh"
+                    },
                     ids.join(", ")
                 );
                 Ok(structured(text, &out))

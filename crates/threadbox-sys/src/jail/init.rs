@@ -236,7 +236,9 @@ fn set_rlimits(nofile: u64) -> Result<()> {
         .map_err(|e| SysError::os("setrlimit NOFILE", e))
 }
 
-fn set_hostname(name: &str) -> Result<()> {
+/// `sethostname` in the caller's UTS namespace (the jail's init; the gvisor tier's agent
+/// for a fork restored with its parent's, ADR 0136).
+pub fn set_hostname(name: &str) -> Result<()> {
     raw::process::sethostname(name).map_err(|e| SysError::os("sethostname", e))
 }
 

@@ -25,6 +25,7 @@ pub mod rootfs;
 mod store;
 
 pub use disk::{shift_owners, unmount_leftover, with_image_mounted};
+pub use init::set_hostname;
 pub use rootfs::DEVICES;
 pub use store::{mount_store, unmount_store};
 

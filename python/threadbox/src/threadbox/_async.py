@@ -328,14 +328,19 @@ class AsyncSandbox(SandboxView):
         names: builtins.list[str] | None = None,
         checkpoint: str | None = None,
         labels: Mapping[str, str] | None = None,
+        with_memory: bool | None = None,
     ) -> builtins.list[AsyncSandbox]:
         """``count`` new running sandboxes with this one's files, limits, image, network
         policy and labels; this one keeps running.
 
         ``names`` gives each fork its exact name (one fork per name); ``checkpoint`` (a
         label or id) forks the disk as it was then instead of as it is now; ``labels`` are
-        set on the forks over this one's."""
-        infos = await self.client._call(_checkpoints.fork(self.id, count, name_prefix, names, checkpoint, labels))
+        set on the forks over this one's. ``with_memory`` copies memory and running
+        processes too (gvisor sandboxes; the default there while running); the jail forks
+        files only and refuses ``True``."""
+        infos = await self.client._call(
+            _checkpoints.fork(self.id, count, name_prefix, names, checkpoint, labels, with_memory)
+        )
         return [AsyncSandbox(self.client, i, created=True) for i in infos]
 
     async def delete(self, *, force: bool = True, missing_ok: bool = False) -> None:

@@ -77,6 +77,7 @@ def fork(
     names: Sequence[str] | None = None,
     checkpoint: str | None = None,
     labels: Mapping[str, str] | None = None,
+    with_memory: bool | None = None,
 ) -> Op[list[SandboxInfo]]:
     body: dict[str, Any] = {"count": count if names is None else len(names)}
     if name_prefix is not None:
@@ -87,4 +88,6 @@ def fork(
         body["checkpoint"] = checkpoint
     if labels is not None:
         body["labels"] = dict(labels)
+    if with_memory is not None:
+        body["with_memory"] = with_memory
     return json_op("POST", c.sandbox_path(sandbox, "fork"), _forks, json_body=body)
