@@ -13,49 +13,12 @@
 //! wake leaves it running or hibernated with a complete image, never lost.
 
 mod common;
+#[path = "common/swap.rs"]
+mod swap;
 
 use common::{each_tier, require_root, serial, threadbox_bin, tiers, Daemon};
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
-
-/// A swap file, on for the guard's life.
-struct Swap {
-    file: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Swap {
-    fn on(mib: u64) -> Swap {
-        let dir = tempfile::Builder::new()
-            .prefix("tb-swap-")
-            .tempdir()
-            .expect("tempdir");
-        let file = dir.path().join("swap");
-        let run = |cmd: &mut Command| {
-            let out = cmd.output().expect("run");
-            assert!(
-                out.status.success(),
-                "{cmd:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        run(Command::new("fallocate")
-            .args(["-l", &format!("{mib}M")])
-            .arg(&file));
-        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .expect("chmod swap");
-        run(Command::new("mkswap").arg("-q").arg(&file));
-        run(Command::new("swapon").arg(&file));
-        Swap { file, _dir: dir }
-    }
-}
-
-impl Drop for Swap {
-    fn drop(&mut self) {
-        let _ = Command::new("swapoff").arg(&self.file).status();
-    }
-}
+use swap::Swap;
 
 fn host_has_swap() -> bool {
     std::fs::read_to_string("/proc/swaps")
