@@ -19,6 +19,10 @@ const HOST_IMAGE_VERSION: &str = "5";
 pub struct ImageSpec {
     pub lower: Vec<PathBuf>,
     pub binds: Vec<Bind>,
+    /// The lowers hold the image's own uids and gids (an OCI image's layers, ADR 0175),
+    /// to be shown inside through an idmap onto the sandbox's range; `false`: they are
+    /// host root's (the host image, rootfs directories) and stay so.
+    pub image_owners: bool,
 }
 
 /// Top-level host directories a merged-/usr system has as symlinks into /usr.
@@ -232,6 +236,7 @@ pub fn host_image_spec(root: &Path) -> ImageSpec {
     }
     ImageSpec {
         lower: vec![host_image_dir(root)],
+        image_owners: false,
         binds,
     }
 }

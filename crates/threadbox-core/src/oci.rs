@@ -70,6 +70,7 @@ pub fn image_spec(root: &Path, row: &ImageRow) -> Result<ImageSpec> {
     Ok(ImageSpec {
         lower,
         binds: vec![],
+        image_owners: true,
     })
 }
 

@@ -394,6 +394,9 @@ impl Jail {
             hostname: req.hostname.to_string(),
             id_base: base,
             lower: layers.lower.clone(),
+            // An OCI image's layers keep the image's ids on disk (ADR 0175).
+            lower_idmap: layers.image_owners,
+            lower_userns_fd: None,
             upper,
             work,
             disk_image: image.then(|| p.disk_image.clone()),
@@ -610,6 +613,7 @@ impl Jail {
             _ => ImageSpec {
                 lower: vec![img.path.clone().unwrap_or_default().into()],
                 binds: vec![],
+                image_owners: false,
             },
         })
     }

@@ -123,7 +123,7 @@ fn finish(
             continue;
         }
         total += store_file(store, file, blob)?;
-        let r = store.unpack_layer(blob, diff, Ownership::Root);
+        let r = store.unpack_layer(blob, diff, Ownership::Image);
         let _ = fs::remove_file(store.blob_path(blob));
         r?;
     }

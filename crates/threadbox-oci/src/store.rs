@@ -55,6 +55,11 @@ impl Store {
             fs::create_dir_all(root.join(d))
                 .map_err(io(format!("create {}", root.join(d).display())))?;
         }
+        // Layers keep the image's uids (ADR 0175), which are also host users' uids: no one
+        // but root may reach them, or host uid 1000 could edit every sandbox's lower
+        // `/home/app`. Sandboxes never walk this path (their mounts are made by root).
+        fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(io(format!("chmod {}", root.display())))?;
         let s = Store {
             root: root.to_path_buf(),
             seq: AtomicU64::new(0),

@@ -10,9 +10,11 @@
 //!   refused and the whole layer with it.
 //! - No device nodes (skipped and counted); setuid, setgid and sticky bits are cleared on
 //!   files (a directory keeps its sticky bit: `/tmp`); the overlay is `nosuid` as well.
-//! - Ownership: by default every entry belongs to host root, as the files of a rootfs
-//!   image do (the sandbox sees them as its overflow id); [`Ownership::Shift`] maps the
-//!   image's ids onto a host range instead, for idmapped lowers.
+//! - Ownership: by default every entry keeps the image's own uid and gid (0–65535; a
+//!   larger id becomes 65534, the overflow id), as Docker stores them: the jail mounts each
+//!   layer idmapped onto the sandbox's range, so they show inside as in the image (ADR
+//!   0175). [`Ownership::Root`] flattens everything to host root (how layers were stored
+//!   before); [`Ownership::Shift`] maps the image's ids onto one host range.
 //! - The uncompressed stream is hashed on the way: the caller compares it with the
 //!   config's `diff_id`.
 
@@ -31,8 +33,12 @@ use threadbox_sys::fs::tree::{self, Tree};
 /// Whose files the unpacked entries are on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Ownership {
-    /// All host root (uid and gid 0).
+    /// The image's own ids: `n` below 65536 stays `n`; larger ids become 65534 (the
+    /// overflow id). What the layer store keeps (ADR 0175): the ids are never a host
+    /// user's inside a sandbox, since every lower is mounted idmapped onto its range.
     #[default]
+    Image,
+    /// All host root (uid and gid 0).
     Root,
     /// Image id `n` below 65536 becomes host id `base + n`; larger ids become `base +
     /// 65534` (the overflow id).
@@ -42,6 +48,7 @@ pub enum Ownership {
 impl Ownership {
     fn map(self, id: u64) -> u32 {
         match self {
+            Ownership::Image => Ownership::Shift(0).map(id),
             Ownership::Root => 0,
             Ownership::Shift(base) => {
                 base.saturating_add(if id < 65536 { id as u32 } else { 65534 })

@@ -133,6 +133,48 @@ fn ownership_can_be_shifted_into_a_range() {
 }
 
 #[test]
+fn the_image_ids_are_kept_and_setuid_still_cleared() {
+    // What the store keeps (ADR 0175): the tar's own ids, 0-65535, so that an idmapped
+    // lower shows `/home/app` as its user's inside; a setuid-root file stays cleared.
+    let d = dirs();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, kind: tar::EntryType, mode: u32, uid: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(uid);
+        h.set_gid(uid);
+        h.set_size(0);
+        h.set_cksum();
+        b.append_data(&mut h, name, &b""[..]).unwrap();
+    };
+    add("home/app", T::Directory, 0o700, 1000);
+    add("home/app/.profile", T::Regular, 0o644, 1000);
+    add("opt/wide", T::Regular, 0o644, 70_000);
+    add("opt/edge", T::Regular, 0o644, 65_535);
+    add("usr/bin/su", T::Regular, 0o4755, 0);
+    let tar = b.into_inner().unwrap();
+    assert_eq!(Ownership::default(), Ownership::Image);
+    let rep = unpack("test", &tar[..], &d.layer, Ownership::Image).unwrap();
+    let ids = |p: &str| {
+        let m = std::fs::symlink_metadata(d.layer.join(p)).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o7777)
+    };
+    assert_eq!(ids("home/app"), (1000, 1000, 0o700));
+    assert_eq!(ids("home/app/.profile"), (1000, 1000, 0o644));
+    assert_eq!(
+        ids("opt/wide"),
+        (65534, 65534, 0o644),
+        "past the range: overflow"
+    );
+    assert_eq!(ids("opt/edge"), (65535, 65535, 0o644));
+    assert_eq!(ids("usr/bin/su"), (0, 0, 0o755), "setuid cleared");
+    assert_eq!(rep.suid_cleared, 1);
+    // The directories the tar did not list are host root's (the image's root, inside).
+    assert_eq!(ids("home").0, 0);
+}
+
+#[test]
 fn whiteouts_and_opaque_dirs_become_overlay_markers() {
     let d = dirs();
     let mut t = Vec::new();

@@ -135,6 +135,19 @@ pub fn shift_owners(root: &Path, from: u32, to: u32, span: u32) -> Result<u64> {
 /// The caller is single-threaded and in the host's PID namespace (the launch helper,
 /// before it enters the sandbox's).
 pub(super) fn idmap_userns(from: u32, to: u32, span: u32) -> Result<OwnedFd> {
+    userns_with_map(&format!("0 0 1\n{from} {to} {span}\n"))
+}
+
+/// A user namespace whose id maps are `0 base span` only: the owner mapping of an OCI
+/// image's layers, which hold the image's own ids (ADR 0175). Host root is *not* kept:
+/// a layer's root-owned file is the sandbox's root's, never the host's. Same caller
+/// contract as [`idmap_userns`].
+pub(super) fn range_userns(base: u32, span: u32) -> Result<OwnedFd> {
+    userns_with_map(&format!("0 {base} {span}\n"))
+}
+
+/// A user namespace with `map` as both its uid and gid map, held by an fd.
+fn userns_with_map(map: &str) -> Result<OwnedFd> {
     use raw::process::{CloneArgs, Forked};
     let (go_r, go_w) = raw::fd::pipe_cloexec().map_err(|e| SysError::os("pipe2", e))?;
     let mut args = CloneArgs {
@@ -156,9 +169,8 @@ pub(super) fn idmap_userns(from: u32, to: u32, span: u32) -> Result<OwnedFd> {
     };
     drop(go_r);
     let made = (|| {
-        let map = format!("0 0 1\n{from} {to} {span}\n");
         for f in ["uid_map", "gid_map"] {
-            fs::write(format!("/proc/{pid}/{f}"), &map)
+            fs::write(format!("/proc/{pid}/{f}"), map)
                 .map_err(|e| SysError::os(format!("write {f} of the idmap namespace"), e))?;
         }
         fs::File::open(format!("/proc/{pid}/ns/user"))
@@ -179,7 +191,29 @@ pub(super) fn idmap_mount(target: &Path, userns: std::os::fd::BorrowedFd<'_>) ->
         .map_err(|_| SysError::Other(format!("NUL in path {}", target.display())))?;
     let what = |op: &str| format!("{op} {} (idmapped disk)", target.display());
     let tree = raw::mount::open_tree_clone(&c).map_err(|e| SysError::os(what("open_tree"), e))?;
-    raw::mount::mount_setattr_idmap(tree.as_fd(), userns)
+    raw::mount::mount_setattr_idmap(tree.as_fd(), userns, 0)
         .map_err(|e| SysError::os(what("mount_setattr"), e))?;
+    raw::mount::move_mount_to(tree.as_fd(), &c).map_err(|e| SysError::os(what("move_mount"), e))
+}
+
+/// Stacks a read-only, nosuid, nodev idmapped copy of the layer directory `target` on
+/// itself (a bind of just that directory), for overlayfs to take as a lower (ADR 0175).
+/// Only in the sandbox's own mount namespace: the host's view of the layer is unchanged.
+pub(super) fn idmap_lower(target: &Path, userns: std::os::fd::BorrowedFd<'_>) -> Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| SysError::Other(format!("NUL in path {}", target.display())))?;
+    let what = |op: &str| format!("{op} {} (idmapped layer)", target.display());
+    let tree = raw::mount::open_tree_clone(&c).map_err(|e| SysError::os(what("open_tree"), e))?;
+    raw::mount::mount_setattr_idmap(tree.as_fd(), userns, raw::mount::MOUNT_ATTR_RO_NOSUID_NODEV)
+        .map_err(|e| match e.raw_os_error() {
+        // The layer store's filesystem cannot idmap (ext4, xfs, btrfs and tmpfs can).
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => SysError::Refused(format!(
+            "{}: {e} (the layer store's filesystem must support idmapped mounts)",
+            what("mount_setattr")
+        )),
+        _ => SysError::os(what("mount_setattr"), e),
+    })?;
     raw::mount::move_mount_to(tree.as_fd(), &c).map_err(|e| SysError::os(what("move_mount"), e))
 }

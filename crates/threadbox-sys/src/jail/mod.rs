@@ -64,6 +64,15 @@ pub struct JailSpec {
     pub id_base: u32,
     /// Overlay lower layers, topmost first (read-only).
     pub lower: Vec<PathBuf>,
+    /// The lowers hold an image's own ids (0–65535: an OCI image's layers, ADR 0175):
+    /// each is mounted idmapped, `[0, ID_RANGE)` on disk seen as `[id_base, id_base +
+    /// ID_RANGE)`. Off for host-root-owned lowers (the host image, rootfs directories),
+    /// which stay the overflow id inside. Left out of the JSON when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lower_idmap: bool,
+    /// Set by the helper: the fd of the user namespace holding the lowers' idmap.
+    #[serde(skip)]
+    pub lower_userns_fd: Option<i32>,
     pub upper: PathBuf,
     pub work: PathBuf,
     /// The sandbox's disk image (ext4): mounted by the helper, in the sandbox's mount
@@ -319,18 +328,24 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
         }
         _ => None,
     };
+    // The layers' idmap (ADR 0175): `0 id_base ID_RANGE`, made here for the same reason.
+    let lower_ns = if spec.lower_idmap {
+        Some(disk::range_userns(spec.id_base, ID_RANGE)?)
+    } else {
+        None
+    };
     phase("idmap");
     let with_ns;
-    let spec = match &idmap_ns {
-        Some(ns) => {
-            use std::os::fd::AsRawFd;
-            with_ns = JailSpec {
-                disk_userns_fd: Some(ns.as_raw_fd()),
-                ..spec.clone()
-            };
-            &with_ns
-        }
-        None => spec,
+    let spec = if idmap_ns.is_some() || lower_ns.is_some() {
+        use std::os::fd::AsRawFd;
+        with_ns = JailSpec {
+            disk_userns_fd: idmap_ns.as_ref().map(|ns| ns.as_raw_fd()),
+            lower_userns_fd: lower_ns.as_ref().map(|ns| ns.as_raw_fd()),
+            ..spec.clone()
+        };
+        &with_ns
+    } else {
+        spec
     };
 
     // Only the PID namespace is entered here (it applies to the next child); the child

@@ -50,6 +50,8 @@ pub trait Syscall {
     fn fill_inode_reserve(&self, reserve: &Path, count: usize);
     /// Stacks an idmapped copy of the mount at `target` on it (the user namespace fd).
     fn idmap_mount(&self, target: &Path, userns_fd: i32) -> Result<()>;
+    /// Stacks a read-only idmapped copy of the layer directory `target` on it.
+    fn idmap_lower(&self, target: &Path, userns_fd: i32) -> Result<()>;
 }
 
 /// The real calls.
@@ -135,6 +137,11 @@ impl Syscall for Host {
         // The launch helper's handle on the idmap's user namespace, inherited over the
         // fork and open until the agent's exec closes it (O_CLOEXEC).
         raw::fd::with_borrowed(userns_fd, |ns| disk::idmap_mount(target, ns))
+    }
+
+    fn idmap_lower(&self, target: &Path, userns_fd: i32) -> Result<()> {
+        // The same handle's lifetime as `idmap_mount`'s (the helper's, until the exec).
+        raw::fd::with_borrowed(userns_fd, |ns| disk::idmap_lower(target, ns))
     }
 
     fn fill_inode_reserve(&self, reserve: &Path, count: usize) {
@@ -315,6 +322,23 @@ pub(crate) fn build_root(sys: &impl Syscall, spec: &JailSpec) -> Result<()> {
 
     if let Some(image) = &spec.disk_image {
         mount_disk(sys, image, spec)?;
+    }
+
+    // An OCI image's layers hold the image's own ids (ADR 0175): each is seen through an
+    // idmap onto this sandbox's range, read-only, in this mount namespace only. Once per
+    // directory: an image may list one layer twice (two empty layers share a diff_id),
+    // and an idmapped mount cannot be idmapped again.
+    if spec.lower_idmap {
+        let fd = spec.lower_userns_fd.ok_or_else(|| {
+            SysError::Other("the idmap of the image's layers was not made".into())
+        })?;
+        let mut done: Vec<&Path> = Vec::with_capacity(spec.lower.len());
+        for l in &spec.lower {
+            if !done.contains(&l.as_path()) {
+                sys.idmap_lower(l, fd)?;
+                done.push(l);
+            }
+        }
     }
 
     // The options are mounted relative to the sandbox's directory: overlayfs shows them

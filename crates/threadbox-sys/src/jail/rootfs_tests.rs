@@ -24,6 +24,7 @@ enum Call {
     Chmod(PathBuf, u32),
     FillInodes(PathBuf, usize),
     IdmapMount(PathBuf, i32),
+    IdmapLower(PathBuf, i32),
 }
 
 /// Records every call and answers `kind` from a small in-memory tree.
@@ -125,6 +126,10 @@ impl Syscall for Recorder {
         self.push(Call::IdmapMount(target.to_path_buf(), userns_fd));
         Ok(())
     }
+    fn idmap_lower(&self, target: &Path, userns_fd: i32) -> Result<()> {
+        self.push(Call::IdmapLower(target.to_path_buf(), userns_fd));
+        Ok(())
+    }
     fn attach_loop(&self, image: &Path) -> Result<(Option<std::os::fd::OwnedFd>, PathBuf)> {
         self.push(Call::AttachLoop(image.to_path_buf()));
         Ok((None, PathBuf::from("/dev/loop7")))
@@ -161,6 +166,8 @@ pub(crate) fn spec(disk: bool) -> JailSpec {
         hostname: "x".into(),
         id_base: 1_000_000,
         lower: vec!["/var/lib/tb/images/host".into(), "/usr".into()],
+        lower_idmap: false,
+        lower_userns_fd: None,
         upper: format!("{dir}/upper").into(),
         work: format!("{dir}/work").into(),
         disk_image: disk.then(|| "/var/lib/tb/sandboxes/x/disk.img".into()),
@@ -571,4 +578,70 @@ fn a_disk_of_another_range_is_idmapped_after_its_upper_and_before_the_overlay() 
         .calls()
         .iter()
         .any(|c| matches!(c, Call::IdmapMount(..))));
+}
+
+#[test]
+fn an_oci_images_layers_are_idmapped_once_each_before_the_overlay_and_others_never() {
+    let sys = host();
+    let mut s = spec(true);
+    let (top, base) = ("/var/lib/tb/oci/layers/bb", "/var/lib/tb/oci/layers/aa");
+    // Two empty layers share a diff_id: the same directory twice in the stack.
+    s.lower = vec![top.into(), base.into(), top.into()];
+    s.lower_idmap = true;
+    s.lower_userns_fd = Some(11);
+    s.disk_owner_base = Some(3_000_000);
+    s.disk_userns_fd = Some(9);
+    build_root(&sys, &s).unwrap();
+    let calls = sys.calls();
+    let lowers: Vec<_> = calls
+        .iter()
+        .filter(|c| matches!(c, Call::IdmapLower(..)))
+        .cloned()
+        .collect();
+    assert_eq!(
+        lowers,
+        vec![
+            Call::IdmapLower(top.into(), 11),
+            Call::IdmapLower(base.into(), 11)
+        ]
+    );
+    let overlay = calls
+        .iter()
+        .position(|c| matches!(c, Call::Mount { fstype: Some(f), .. } if f == "overlay"))
+        .expect("an overlay");
+    let last = calls
+        .iter()
+        .rposition(|c| matches!(c, Call::IdmapLower(..)))
+        .unwrap();
+    assert!(last < overlay, "{calls:?}");
+    // The disk keeps its own idmap (another namespace).
+    assert!(calls.contains(&Call::IdmapMount("/var/lib/tb/sandboxes/x/disk".into(), 9)));
+    // The overlay still names every lower, duplicates included, relative to the sandbox.
+    let (_, _, data) = &sys.mounts_on(ROOT)[0];
+    assert!(
+        data.as_deref().unwrap().starts_with(
+            "lowerdir=../../../oci/layers/bb:../../../oci/layers/aa:../../../oci/layers/bb,"
+        ),
+        "{data:?}"
+    );
+
+    // Host-root-owned lowers (the host image, `/usr`): never idmapped, fd or not.
+    let sys = host();
+    let mut s = spec(true);
+    s.lower_userns_fd = Some(11);
+    build_root(&sys, &s).unwrap();
+    assert!(!sys
+        .calls()
+        .iter()
+        .any(|c| matches!(c, Call::IdmapLower(..))));
+    // Asked for but without the helper's namespace: refused before the overlay, rather
+    // than a root whose layers show the host's ids.
+    let sys = host();
+    let mut s = spec(true);
+    s.lower_idmap = true;
+    assert!(build_root(&sys, &s).is_err());
+    assert!(!sys
+        .calls()
+        .iter()
+        .any(|c| matches!(c, Call::Mount { fstype: Some(f), .. } if f == "overlay")));
 }

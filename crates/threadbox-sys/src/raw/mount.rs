@@ -101,12 +101,21 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// `mount_setattr(tree, "", AT_EMPTY_PATH, {MOUNT_ATTR_IDMAP, userns})`: the detached
-/// mount `tree` shows owners through `userns`'s id maps.
-pub(crate) fn mount_setattr_idmap(tree: BorrowedFd<'_>, userns: BorrowedFd<'_>) -> io::Result<()> {
+/// `MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV` (for
+/// [`mount_setattr_idmap`]'s `extra`).
+pub(crate) const MOUNT_ATTR_RO_NOSUID_NODEV: u64 = 0x1 | 0x2 | 0x4;
+
+/// `mount_setattr(tree, "", AT_EMPTY_PATH, {MOUNT_ATTR_IDMAP | extra, userns})`: the
+/// detached mount `tree` shows owners through `userns`'s id maps (and gets the `extra`
+/// `MOUNT_ATTR_*` flags in the same call).
+pub(crate) fn mount_setattr_idmap(
+    tree: BorrowedFd<'_>,
+    userns: BorrowedFd<'_>,
+    extra: u64,
+) -> io::Result<()> {
     const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP,
+        attr_set: MOUNT_ATTR_IDMAP | extra,
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
