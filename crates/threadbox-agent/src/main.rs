@@ -150,6 +150,16 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    if args.tier == selftest::Tier::Gvisor {
+        // The sentry's /proc/sys and sysrq-trigger read-only, as the jail's are (ADR 0191),
+        // before anything of the sandbox runs; then CAP_SYS_ADMIN, given for this, goes.
+        let done = threadbox_sys::gvisor::harden_proc_inside(
+            !testhooks::has("no-proc-mask"),
+            testhooks::has("keep-caps"),
+        )
+        .map_err(|e| format!("the gvisor tier's /proc masks: {e}"))?;
+        log(&format!("read-only inside the sentry: {}", done.join(", ")));
+    }
     // Nobody may ptrace us or read our memory through /proc.
     syschild::set_dumpable(false).map_err(|e| format!("PR_SET_DUMPABLE: {e}"))?;
     // Outside a pid namespace (host test mode) orphans still come to us to be reaped.

@@ -282,9 +282,17 @@ impl Gvisor {
             "CAP_NET_BIND_SERVICE",
             "CAP_SYS_CHROOT",
             "CAP_AUDIT_WRITE",
+            // For the agent alone, which makes the sentry's /proc/sys read-only with it
+            // and then drops it (`threadbox_sys::gvisor::harden_proc_inside`, ADR 0191);
+            // its children never had it (their policy drops every capability).
+            "CAP_SYS_ADMIN",
         ];
         let mut mounts = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            // runsc's default /sys is the sentry's sysfs, read-write; the jail's sandboxes
+            // have an empty /sys: so do these, read-only (ADR 0191).
+            json!({"destination": "/sys", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["ro", "nosuid", "nodev", "noexec", "size=0", "mode=555"]}),
             json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                    "options": ["nosuid", "nodev", "mode=1777",
                                format!("size={}", spec.limits.memory_bytes)]}),
@@ -305,6 +313,7 @@ impl Gvisor {
                                "options": ["rbind", "ro", "nosuid", "nodev"]}),
             );
         }
+        mounts.extend(crate::gvisor_weaken::mounts());
         let mut agent_args: Vec<String> = vec![
             AGENT_INSIDE.into(),
             "--listen".into(),
@@ -315,6 +324,11 @@ impl Gvisor {
             "gvisor".into(),
         ];
         agent_args.extend(crate::gvisor_weaken::agent_args());
+        let rlimits = if crate::gvisor_weaken::nofile_limit() {
+            json!([{"type": "RLIMIT_NOFILE", "hard": SANDBOX_NOFILE, "soft": SANDBOX_NOFILE}])
+        } else {
+            json!([])
+        };
         json!({
             "ociVersion": "1.0.2",
             "process": {
@@ -323,7 +337,7 @@ impl Gvisor {
                 "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "cwd": "/",
                 "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": SANDBOX_NOFILE, "soft": SANDBOX_NOFILE}],
+                "rlimits": rlimits,
                 "noNewPrivileges": false
             },
             "root": {"path": p.rootfs, "readonly": false},
@@ -389,7 +403,10 @@ impl Gvisor {
         }
         let mut args = self.global_args();
         // A global flag: before the subcommand (run, or restore of a hibernated image).
-        args.push(crate::gvisor_net::network_flag(host_net).into());
+        // `host-userns` (a test weakening): runsc keeps the sentry in the host's user
+        // namespace on its host network, here a fresh netns of its own (the spec's).
+        let runsc_host_net = host_net || crate::gvisor_weaken::sentry_in_host_userns();
+        args.push(crate::gvisor_net::network_flag(runsc_host_net).into());
         if let Some(image) = restore {
             args.extend([
                 "restore".into(),

@@ -43,3 +43,46 @@ pub fn tree_limit() -> bool {
     }
     true
 }
+
+/// Mounts of the container the weakenings in force add (ADR 0192): `bind-host-tmp` binds
+/// the host's `/tmp` read-write at `/host-tmp`, `host-dev` the host's `/dev` over the
+/// sentry's (read-only: the probes list it, nothing needs to write a host device), both
+/// through the gofer as the jail binds them.
+pub fn mounts() -> Vec<serde_json::Value> {
+    #[allow(unused_mut)]
+    let mut out = Vec::new();
+    #[cfg(feature = "insecure-test-hooks")]
+    if let Ok(w) = threadbox_sys::testhooks::Weaken::from_env() {
+        if w.has("bind-host-tmp") {
+            out.push(
+                serde_json::json!({"destination": "/host-tmp", "type": "bind",
+                "source": "/tmp", "options": ["rbind", "rw"]}),
+            );
+        }
+        if w.has("host-dev") {
+            out.push(serde_json::json!({"destination": "/dev", "type": "bind",
+                "source": "/dev", "options": ["rbind", "ro", "nosuid", "noexec"]}));
+        }
+    }
+    out
+}
+
+/// Whether the sentry runs in the host's user namespace (`host-userns`): runsc does so on
+/// `--network=host`, which is what the weakened launch passes (in a fresh, empty netns of
+/// runsc's: the sandbox's network stays closed, only its user namespace is the host's).
+pub fn sentry_in_host_userns() -> bool {
+    #[cfg(feature = "insecure-test-hooks")]
+    if let Ok(w) = threadbox_sys::testhooks::Weaken::from_env() {
+        return w.has("host-userns");
+    }
+    false
+}
+
+/// Whether the container gets our RLIMIT_NOFILE (`no-nofile-limit` leaves runsc's own).
+pub fn nofile_limit() -> bool {
+    #[cfg(feature = "insecure-test-hooks")]
+    if let Ok(w) = threadbox_sys::testhooks::Weaken::from_env() {
+        return !w.has("no-nofile-limit");
+    }
+    true
+}

@@ -201,3 +201,60 @@ fn run_helper() -> Result<()> {
     }
     Ok(())
 }
+
+/// Paths under the sentry's `/proc` the agent makes read-only inside a gvisor sandbox, as
+/// the jail does under its own (`jail/rootfs.rs`, `READONLY_PROC`), and `sysrq-trigger`,
+/// which the jail masks: the sentry's is a no-op, but root inside could open it for
+/// writing, and a program must see the same refusal on both tiers (ADR 0191). runsc
+/// 20240729 ignores the OCI `readonlyPaths`/`maskedPaths`, so it is done from inside.
+pub const READONLY_PROC_INSIDE: &[&str] = &[
+    "sys",
+    "sysrq-trigger",
+    "irq",
+    "bus",
+    "fs",
+    "sysvipc",
+    "driver",
+    "tty",
+    "pressure",
+];
+
+/// Run by the agent as the init of a gvisor container, before it serves anything: binds
+/// each existing path of [`READONLY_PROC_INSIDE`] onto itself read-only (the sentry's own
+/// mount table: nothing on the host changes), unless `mask` is false (the security suite's
+/// `no-proc-mask`), then gives up `CAP_SYS_ADMIN`, which the container was given for this
+/// alone, unless `keep_sys_admin` (its `keep-caps`). Returns the paths made read-only.
+pub fn harden_proc_inside(mask: bool, keep_sys_admin: bool) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    for name in READONLY_PROC_INSIDE.iter().filter(|_| mask) {
+        let path = format!("/proc/{name}");
+        if std::fs::symlink_metadata(&path).is_err() {
+            continue;
+        }
+        let c = CString::new(path.clone()).map_err(|e| SysError::Other(e.to_string()))?;
+        raw::mount::mount(Some(&c), &c, None, libc::MS_BIND | libc::MS_REC, None)
+            .map_err(|e| SysError::os(format!("bind {path}"), e))?;
+        raw::mount::mount(
+            None,
+            &c,
+            None,
+            libc::MS_BIND
+                | libc::MS_REMOUNT
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | libc::MS_NOEXEC,
+            None,
+        )
+        .map_err(|e| SysError::os(format!("make {path} read-only"), e))?;
+        done.push(path);
+    }
+    if !keep_sys_admin {
+        // CAP_SYS_ADMIN (linux/capability.h; the libc crate does not name it).
+        let cap: u32 = 21;
+        raw::process::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong)
+            .map_err(|e| SysError::os("drop CAP_SYS_ADMIN from the bounding set", e))?;
+        raw::process::capset_without(cap).map_err(|e| SysError::os("drop CAP_SYS_ADMIN", e))?;
+    }
+    Ok(done)
+}

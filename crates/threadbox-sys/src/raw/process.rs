@@ -410,3 +410,36 @@ pub(crate) fn unblock_all_signals() {
 pub(crate) fn cstring(b: &[u8]) -> io::Result<CString> {
     CString::new(b).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
 }
+
+/// `capget` then `capset`: `cap` leaves the effective, permitted and inheritable sets of
+/// this thread (the others stay).
+pub(crate) fn capset_without(cap: u32) -> io::Result<()> {
+    if cap >= 64 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: a header and a two-element data array as capget(2) requires for version 3,
+    // both alive for the call; the kernel writes only into `data`.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &header as *const CapHeader,
+            data.as_mut_ptr(),
+        )
+    })?;
+    let (word, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
+    data[word].effective &= !bit;
+    data[word].permitted &= !bit;
+    data[word].inheritable &= !bit;
+    // SAFETY: as above; capset(2) only reads both.
+    cvt(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })
+        .map(drop)
+}

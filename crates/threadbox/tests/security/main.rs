@@ -100,6 +100,9 @@ impl Sinks {
 
 /// Class C's victim: a sandbox with a marker process, an abstract socket, SysV IPC, a file.
 struct Victim {
+    /// The victim's sandbox and its marker process (the agent's background process id).
+    sandbox: String,
+    process: u64,
     marker: String,
     abstract_name: String,
     shm_key: u32,
@@ -154,10 +157,76 @@ fn start_victim(d: &Daemon) -> Victim {
         std::thread::sleep(Duration::from_millis(50));
     }
     Victim {
+        sandbox: id,
+        process: p.id,
         abstract_name: format!("tb-victim-{marker}"),
         marker,
         shm_key,
     }
+}
+
+/// Whether the victim's marker process still runs. On the jail, judged by host pids (its
+/// python runs on the host kernel); on gvisor the host sees only the victim's sentry, so
+/// by what the victim's own agent sees in its sentry: the marker process still running.
+fn victim_alive(d: &Daemon, v: &Victim) -> bool {
+    if d.tier == "jail" {
+        return !host_pids_with(&v.marker).is_empty();
+    }
+    block(d.client.list_processes(&v.sandbox))
+        .map(|l| l.processes.iter().any(|p| p.id == v.process && p.running))
+        .unwrap_or(false)
+}
+
+/// A3 on gvisor: every host process of the sandbox (its cgroup: the sentry, its stubs, the
+/// gofer) runs in a user namespace that is not the host's, so none holds a capability of
+/// the host's; sandbox root is the sentry's uid 0, which maps to no host identity by
+/// itself. Networked gvisor sandboxes do not have this (runsc keeps the sentry in the
+/// host's user namespace on `--network=host`: docs/tiers.md); this case's has none.
+fn host_userns(id: &str, escaped: &mut Vec<String>, log: &mut String) -> Result<(), String> {
+    let host = std::fs::read_link("/proc/self/ns/user").map_err(|e| format!("own userns: {e}"))?;
+    let mut pids = Vec::new();
+    for dir in [
+        format!("/sys/fs/cgroup/threadbox/{id}"),
+        format!("/sys/fs/cgroup/unified/threadbox/{id}"),
+        format!("/sys/fs/cgroup/pids/threadbox/{id}"),
+    ] {
+        let mut stack = vec![std::path::PathBuf::from(dir)];
+        while let Some(d) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+            let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            pids.extend(procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    if pids.is_empty() {
+        return Err(format!("no host process found in the cgroup of {id}"));
+    }
+    for pid in pids {
+        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/user")) else {
+            continue; // exited meanwhile
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd: String = String::from_utf8_lossy(&cmd)
+            .replace('\0', " ")
+            .chars()
+            .take(40)
+            .collect();
+        log.push_str(&format!("host pid {pid} ({cmd}): {}\n", ns.display()));
+        if ns == host {
+            escaped.push(format!(
+                "host pid {pid} ({cmd}) of the sandbox runs in the host's user namespace"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Everything a run of cases shares.
@@ -228,6 +297,9 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
         .unwrap_or_default();
     env.insert("FLAG_DIR".to_string(), flag_dir);
     env.insert("DAEMON_PORT".into(), d.port.to_string());
+    // The tier the case runs on, for a probe whose inside view differs by tier (the
+    // sentry's /proc is not the host kernel's); the host-side judgement is the same.
+    env.insert("TB_TIER".into(), d.tier.clone());
     env.insert(
         "DAEMON_SOCK".into(),
         d.root_path().join("threadbox.sock").display().to_string(),
@@ -509,6 +581,13 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
         Extra::HostHandleCwd => host_handles::cwd(d, &id, &mut escaped, &mut log),
         Extra::HostHandleFiles => host_handles::files(d, &id, &mut escaped, &mut log),
         Extra::CgroupTree => host_handles::cgroup_tree(&id, &mut escaped, &mut log),
+        // The jail's ids are judged inside (its uid_map is the host's mapping); the
+        // sentry's map is its own, so on gvisor the host processes are judged.
+        Extra::HostIds if d.tier != "jail" => {
+            if let Err(e) = host_userns(&id, &mut escaped, &mut log) {
+                broken = Some(e);
+            }
+        }
         _ => {}
     }
     if case.extra == Extra::Reboot {
@@ -547,7 +626,7 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
         if text.contains(&format!("VICTIMSECRET{}", v.marker)) {
             escaped.push("read the victim's data".into());
         }
-        if case.extra == Extra::Victim && host_pids_with(&v.marker).is_empty() {
+        if case.extra == Extra::Victim && !victim_alive(d, v) {
             escaped.push("the victim's process was killed".into());
             ctx.victim = None;
         }
@@ -767,26 +846,14 @@ fn every_case_holds_on_gvisor() {
 
 /// Cases that do not hold on gvisor yet, each with why (docs/tiers.md, "Not yet"): a
 /// ratchet, not a skip. Each still runs and prints its verdict; one that holds fails the
-/// test until it is taken off this list, and any case not on it must hold. Some are
-/// probes or host-side judgements written for the jail (the sentry's /proc, pids the host
-/// cannot see); others are open gaps of the tier.
+/// test until it is taken off this list, and any case not on it must hold. The probes
+/// written for the jail judge per tier now (ADR 0190); what is left are open gaps of the
+/// tier.
 const GVISOR_OPEN: &[(&str, &str)] = &[
-    ("A1", "the probe reads NoNewPrivs from /proc/self/status, which the sentry does not show (selftest asks prctl: 1)"),
-    ("A3", "the probe reads uid_map: the sentry's own user namespace is an identity map, not a host mapping"),
-    ("A8", "the probe's personality(0xffffffff) query is refused by the sentry"),
-    ("B1", "root inside opens the sentry's synthetic /proc/sysrq-trigger for writing (no host effect; judged as an escape)"),
-    ("B3", "/dev/fuse and /dev/net are the sentry's own devices"),
     ("B4", "open gap: the sandbox user reads the agent's /proc/1/environ and fds (the sentry does not honour the agent's PR_SET_DUMPABLE 0); /proc/self/exe writable without Landlock"),
-    ("B7", "the sentry's synthetic /sys is populated"),
-    ("C1", "the probe expects the jail's pid 1 command line; the victim is judged by host pids, which the sentry hides"),
-    ("C2", "the victim is judged by host pids, which the sentry hides"),
-    ("C3", "the victim is judged by host pids, which the sentry hides"),
-    ("C4", "the victim is judged by host pids, which the sentry hides"),
-    ("C5", "the victim is judged by host pids, which the sentry hides"),
     ("E1", "open gap: a fork bomb under the pids limit takes the sentry (and the agent) down with it"),
     ("E2", "open gap: memory pressure at the limit takes the sentry (and the agent) down with it"),
     ("E3", "open gap: memory pressure at the limit takes the sentry (and the agent) down with it"),
-    ("E6", "the probe measures cores with the sentry's own clocks, not the host cgroup's (whose cpu.max is right)"),
     ("E7", "open gap: the case's load takes the sentry (and the agent) down with it"),
     ("E9", "open gap: a sandbox whose disk was filled does not boot again on gvisor"),
 ];
@@ -907,6 +974,106 @@ fn positive_controls_detect_every_escape() {
             if !matches!(v, Verdict::Escaped(_)) {
                 failures.push(format!(
                     "{} did not detect the escape under {weaken}: {:?}\n{}",
+                    case.id, v, log
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Weakenings the gvisor launch does not honour, each with why (ADR 0192, docs/tiers.md):
+/// a control made only of these is not run on gvisor, and says so. Every other weakening
+/// removes its layer on gvisor too (the agent's through `--test-weaken`, the launch's in
+/// `gvisor_weaken.rs`).
+const GVISOR_UNWEAKENABLE: &[(&str, &str)] = &[
+    ("no-landlock", "the sentry has no Landlock: there is no such layer to remove"),
+    ("no-landlock-kernel", "the agent on gvisor runs without Landlock already"),
+    ("shared-pidns", "each sandbox is a sentry of its own, whose pids are its own: no launch puts two sandboxes' processes in one pid space"),
+    ("shared-ipcns", "SysV IPC and POSIX queues are the sentry's own objects, one set per sandbox"),
+    ("root-owned-userns", "gvisor maps no host uid range per sandbox (no uid_ranges): those counters are the sentry's"),
+    ("host-cgroup-fd", "the agent gets no cgroup directory on gvisor (no call_cgroups)"),
+    ("no-cgroup-kill", "gvisor has no call cgroups (no call_cgroups): a timeout ends the call's process group either way"),
+    ("wake-unmask", "the gvisor wake restores the sentry's mount table from its image: no mask is made at the wake to drop"),
+];
+
+/// Cases whose control shows nothing on gvisor although some of its weakenings are
+/// honoured there, each with why: the layer the control removes on the jail is not what
+/// keeps the case on gvisor.
+const GVISOR_CONTROL_MOOT: &[(&str, &str)] = &[
+    ("C2", "the victim's processes are in another sentry: no weakening of this sandbox's makes them its own to signal"),
+    ("C3", "abstract unix sockets are the sentry's own, also on the host network (shared-netns)"),
+];
+
+/// The gvisor half of the positive controls (ADR 0192): each case that holds on gvisor,
+/// with a control that means something there, runs against a weakened gvisor launch and
+/// must report its escape. What is not run says why, by name.
+#[test]
+fn positive_controls_detect_every_escape_on_gvisor() {
+    require_root!();
+    if !tiers::under_test().iter().any(|t| t == "gvisor") {
+        eprintln!("skipped on tier gvisor: not in THREADBOX_TEST_TIERS");
+        return;
+    }
+    let weak = weakened_bins();
+    let _s = serial();
+    let only = std::env::var("THREADBOX_SECURITY_CASES").ok();
+    let all: Vec<Case> = cases::all()
+        .into_iter()
+        .filter(|c| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|x| x.trim() == c.id))
+        })
+        .collect();
+    let probe = Daemon::start(&weak, None).on_tier("gvisor");
+    if !probe.runs("gvisor", &[]) {
+        return;
+    }
+    let runnable = cases_for(&probe, all);
+    drop(probe);
+    let mut groups: BTreeMap<&str, Vec<Case>> = BTreeMap::new();
+    for c in runnable {
+        let Some(control) = c.control else { continue };
+        if let Some((_, why)) = GVISOR_OPEN.iter().find(|(id, _)| *id == c.id) {
+            eprintln!(
+                "control {} [gvisor]: not run, the case does not hold on gvisor yet ({why})",
+                c.id
+            );
+            continue;
+        }
+        let mut honoured = Vec::new();
+        for w in control.split(',') {
+            match GVISOR_UNWEAKENABLE.iter().find(|(n, _)| *n == w) {
+                Some((_, why)) => eprintln!(
+                    "control {} [gvisor]: {w} has no gvisor meaning: {why}",
+                    c.id
+                ),
+                None => honoured.push(w),
+            }
+        }
+        if honoured.is_empty() {
+            eprintln!(
+                "control {} [gvisor]: not run, none of {control} has a gvisor meaning",
+                c.id
+            );
+            continue;
+        }
+        if let Some((_, why)) = GVISOR_CONTROL_MOOT.iter().find(|(id, _)| *id == c.id) {
+            eprintln!("control {} [gvisor]: not run: {why}", c.id);
+            continue;
+        }
+        groups.entry(control).or_default().push(c);
+    }
+    let mut failures = Vec::new();
+    for (weaken, cases) in &groups {
+        let mut d = Daemon::start(&weak, Some(weaken)).on_tier("gvisor");
+        let mut ctx = new_ctx();
+        for case in cases {
+            let (v, log) = run_case(&mut d, &mut ctx, case);
+            eprintln!("control {} [gvisor] [{weaken}] {:?}", case.id, v);
+            if !matches!(v, Verdict::Escaped(_)) {
+                failures.push(format!(
+                    "{} did not detect the escape on gvisor under {weaken}: {:?}\n{}",
                     case.id, v, log
                 ));
             }
