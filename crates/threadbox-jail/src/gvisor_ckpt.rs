@@ -35,7 +35,7 @@ pub struct MemoryImage {
 }
 
 /// The lock a checkpoint into `dir` or a restore from it holds while it runs: `.<dir>.lock`.
-fn lock_of(dir: &Path) -> PathBuf {
+pub(crate) fn lock_of(dir: &Path) -> PathBuf {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -57,7 +57,7 @@ pub(crate) fn under_lock(dir: &Path) -> Result<std::process::Command> {
 }
 
 /// Waits (bounded) until no checkpoint or restore of `dir` holds its lock.
-fn wait_unlocked(dir: &Path) {
+pub(crate) fn wait_unlocked(dir: &Path) {
     let Ok(mut c) = under_lock(dir) else { return };
     c.args(["-w", "120", "true"]);
     if let Err(e) = run_bounded(c, std::time::Duration::from_secs(130)) {
@@ -271,6 +271,8 @@ impl Gvisor {
     /// After a daemon restart: whether sandbox `id` is hibernated in a complete image.
     /// What a wake that did not finish left running is ended: the image is the truth.
     pub(crate) fn recover_hibernated(&self, id: &str) -> bool {
+        // A save with memory (fork, checkpoint) a killed daemon left may make it hibernated.
+        self.recover_interrupted_save(id);
         let dir = self.memory_image_dir(id);
         // A checkpoint or restore a killed daemon started runs to its end first.
         if lock_of(&dir).exists() {
