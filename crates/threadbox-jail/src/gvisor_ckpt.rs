@@ -58,8 +58,12 @@ pub(crate) fn under_lock(dir: &Path) -> Result<std::process::Command> {
 
 /// Waits (bounded) until no checkpoint or restore of `dir` holds its lock.
 pub(crate) fn wait_unlocked(dir: &Path) {
-    let Ok(mut c) = under_lock(dir) else { return };
-    c.args(["-w", "120", "true"]);
+    let Some(flock) = crate::gvisor::on_path("flock") else {
+        return;
+    };
+    // flock(1) takes its options before the lock file: after it they would be the command.
+    let mut c = std::process::Command::new(flock);
+    c.args(["-w", "120"]).arg(lock_of(dir)).arg("true");
     if let Err(e) = run_bounded(c, std::time::Duration::from_secs(130)) {
         tracing::warn!("waiting for {}: {e}", lock_of(dir).display());
     }
@@ -280,12 +284,37 @@ impl Gvisor {
         }
         remove_dir(&tmp_of(&dir));
         if !Self::is_memory_image(&dir) {
+            self.rebind_if_quiesced(id);
             return false;
         }
         if let Err(e) = self.halt(id) {
             tracing::warn!(sandbox = %id, "clearing an interrupted wake: {e}");
         }
         true
+    }
+}
+
+impl Gvisor {
+    /// At a start: a running (not frozen) sandbox whose agent does not listen was left
+    /// quiesced by a daemon killed after its `PrepareCheckpoint` (no save began, or one
+    /// failed and its undo did not finish): it is told to bind again now rather than by
+    /// its own 30 s deadline. Safe for an agent that has run (its handler is installed
+    /// before it first listens; one that listens ignores the signal); never sent to a
+    /// frozen sentry, which could not answer runsc.
+    fn rebind_if_quiesced(&self, id: &str) {
+        if self.j().is_frozen(id).unwrap_or(true) {
+            return;
+        }
+        if std::os::unix::net::UnixStream::connect(self.socket(id)).is_ok() {
+            return;
+        }
+        if !self.sentry_alive(id) {
+            return;
+        }
+        tracing::info!(sandbox = %id, "its agent was left quiesced for a checkpoint: told to bind again");
+        if let Err(e) = self.rebind(id) {
+            tracing::warn!(sandbox = %id, "{e}");
+        }
     }
 }
 

@@ -80,6 +80,7 @@ impl Gvisor {
         }
         Self::remove_image_at(dir);
         self.mark_saving(id, dir)?;
+        tracing::info!(sandbox = %id, image = %dir.display(), "saving memory and disk");
         let out = self.save_marked(spec, ckpt, dir);
         // Whatever happened, it is over: the sandbox runs on, or the manager records that
         // it does not.
@@ -207,6 +208,8 @@ impl Gvisor {
             Self::remove_image_at(&hib);
             match std::fs::rename(&dir, &hib) {
                 Ok(()) => {
+                    // Its lock (and any temp) stay behind under the old name.
+                    Self::remove_image_at(&dir);
                     tracing::warn!(sandbox = %id, "an interrupted save with memory left the sandbox not running: hibernated from its image");
                     true
                 }

@@ -91,6 +91,13 @@ impl Gvisor {
                 if let Some(ck) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) {
                     tracing::info!(sandbox = %id, checkpoint = %ck, "removed a half-written memory image");
                     let _ = std::fs::remove_dir_all(e.path());
+                } else if let Some(ck) =
+                    name.strip_prefix('.').and_then(|n| n.strip_suffix(".lock"))
+                {
+                    // The lock of an image that is gone (moved to hibernate, or removed).
+                    if !root.join(ck).exists() {
+                        let _ = std::fs::remove_file(e.path());
+                    }
                 }
             }
         }

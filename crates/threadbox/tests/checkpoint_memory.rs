@@ -334,6 +334,10 @@ fn crash_trial(point: &str) {
         d.log()
     );
     eprintln!("killed at {point}: the parent is {st}");
+    // What the agent said last, for a failure below.
+    let said_last = std::fs::read_to_string(&log).unwrap_or_default();
+    let tail: Vec<&str> = said_last.lines().rev().take(6).collect();
+    eprintln!("agent log, last lines (newest first): {tail:?}");
     // Any call wakes a hibernated one; its processes go on, the same ones.
     counts_on(&d, "p", &pid, before);
     assert_eq!(
@@ -353,7 +357,16 @@ fn crash_trial(point: &str) {
     }
     let ckpts = d.cli(&["checkpoints", "p", "--json"]).ok().json();
     let rows = ckpts["checkpoints"].as_array().cloned().unwrap_or_default();
-    let mut imaged: Vec<String> = entries(&dir.join("memory"));
+    let in_memory = entries(&dir.join("memory"));
+    assert!(
+        !in_memory.iter().any(|e| e.ends_with(".tmp")),
+        "killed at {point}: a half-written image is left: {in_memory:?}"
+    );
+    // Whole images (a lock beside one is its own, removed with it).
+    let mut imaged: Vec<String> = in_memory
+        .into_iter()
+        .filter(|e| !e.starts_with('.'))
+        .collect();
     imaged.sort();
     let mut want: Vec<String> = rows
         .iter()
@@ -403,8 +416,10 @@ fn kill_9_during_a_save_with_memory_leaves_the_parent_and_each_fork_whole() {
             "fork-imaged",
             "fork-restored",
             "fork-booting",
+            "checkpoint-prepared",
             "checkpoint-checkpointing",
             "checkpoint-imaged",
+            "checkpoint-restored",
         ]
         .iter()
         .map(|s| s.to_string())
