@@ -29,6 +29,13 @@ pub struct Checkpoint {
     pub method: String,
     /// RFC 3339.
     pub created_at: String,
+    /// The checkpoint also holds the sandbox's memory and processes (taken with
+    /// `with_memory`, issue 16 scope 4, ADR 0195): a rewind to it brings them back.
+    #[serde(default)]
+    pub with_memory: bool,
+    /// Bytes of the memory image, when there is one (included in `size_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, JsonSchema)]
@@ -44,6 +51,12 @@ pub struct CreateCheckpointRequest {
     /// 1–128 of `[A-Za-z0-9._-]`, not starting with `ck-`; unique per sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// Also save the memory and running processes, at the same instant as the disk
+    /// (issue 16 scope 4, ADR 0195): a rewind to it brings the processes back where they
+    /// were. Needs a tier with the `checkpoint_memory` capability (gvisor) and a running
+    /// sandbox; `true` on the jail is refused before anything changes. Default `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub with_memory: bool,
 }
 
 /// `POST /v1/sandboxes/{sandbox}/rewind`.

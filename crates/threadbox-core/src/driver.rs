@@ -81,6 +81,10 @@ pub mod capability {
     /// Fork with memory: copies that go on with the parent's memory and running processes
     /// (gvisor, ADR 0136). Without it a fork has the parent's disk only.
     pub const FORK_MEMORY: &str = "fork_memory";
+    /// Checkpoints with memory: `checkpoint --with-memory` also saves the memory and
+    /// running processes beside the disk, and a rewind to it brings them back (gvisor,
+    /// ADR 0195). Without it a checkpoint holds the disk only.
+    pub const CHECKPOINT_MEMORY: &str = "checkpoint_memory";
     /// `hibernate`: a sandbox's memory leaves RAM, its processes continue on wake
     /// (ADR 0129, 0130). Each tier also names its flavour, below.
     pub const HIBERNATE: &str = "hibernate";
@@ -282,6 +286,37 @@ pub trait Driver: Send + Sync {
         Ok(())
     }
 
+    // ---- checkpoints with memory (issue 16 scope 4, ADR 0195; `capability::CHECKPOINT_MEMORY`) ----
+
+    /// Saves the running sandbox's memory and processes as the memory image of checkpoint
+    /// `ckpt`, with its disk cloned into `ckpt` at the same instant, then lets it run on (the
+    /// manager has sent `PrepareCheckpoint`). The image is whole or absent, and made before
+    /// the clone; [`Driver::remove_checkpoint_disk`] removes both.
+    async fn checkpoint_with_memory(
+        &self,
+        _spec: &SandboxSpec,
+        _ckpt: &str,
+    ) -> Result<MemorySaved> {
+        Err(no_checkpoint_memory(self.tier()))
+    }
+    /// Boots `spec` (stopped, its disk just restored from `ckpt`) from checkpoint `ckpt`'s
+    /// memory image instead of [`Driver::launch`]: its processes go on from that instant.
+    /// The image is kept (a checkpoint can be rewound to again). The agent's host pid.
+    async fn boot_memory_checkpoint(&self, _spec: &SandboxSpec, _ckpt: &str) -> Result<i32> {
+        Err(no_checkpoint_memory(self.tier()))
+    }
+    /// The checkpoints of sandbox `id` whose memory image is whole (for reconciliation;
+    /// half-written ones are removed).
+    async fn memory_checkpoints(&self, _id: &str) -> Vec<String> {
+        Vec::new()
+    }
+    /// The host pid of sandbox `id`'s agent as the tier sees it now, where a tier can
+    /// restore it as a new process (a memory image): reconciliation records it when it
+    /// differs from the row's (a daemon killed between a restore and its record).
+    async fn current_agent_pid(&self, _id: &str) -> Option<i32> {
+        None
+    }
+
     // ---- templates (issue 14 scope 5, ADR 0110): named clones new sandboxes start from ----
 
     /// Clones checkpoint `ckpt` of sandbox `from` (index `from_index`) into template `tpl`'s
@@ -309,6 +344,17 @@ pub trait Driver: Send + Sync {
     }
 }
 
+/// What [`Driver::checkpoint_with_memory`] made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySaved {
+    /// The sandbox's agent pid afterwards (restored as a new process).
+    pub pid: i32,
+    /// The disk's clone.
+    pub disk: DiskClone,
+    /// Bytes of the memory image.
+    pub image_bytes: u64,
+}
+
 /// A clone of a sandbox's disk (ADR 0100).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskClone {
@@ -322,6 +368,13 @@ fn no_fork_memory(tier: &str) -> CoreError {
     CoreError::InvalidArgument(format!(
         "the {tier} tier forks disks only (no \"fork_memory\" capability; see GET /v1/tiers): \
          pass with_memory=false"
+    ))
+}
+
+fn no_checkpoint_memory(tier: &str) -> CoreError {
+    CoreError::InvalidArgument(format!(
+        "the {tier} tier checkpoints disks only (no \"checkpoint_memory\" capability; see GET \
+         /v1/tiers): pass with_memory=false"
     ))
 }
 

@@ -14,6 +14,8 @@ pub struct CheckpointRow {
     pub method: String,
     pub created_at: i64,
     pub seq: i64,
+    /// Bytes of its memory image (ADR 0195), `None` for a disk-only checkpoint.
+    pub memory_bytes: Option<u64>,
 }
 
 type Tuple = (
@@ -26,6 +28,7 @@ type Tuple = (
     String,
     i64,
     i64,
+    Option<i64>,
 );
 
 fn row(t: Tuple) -> CheckpointRow {
@@ -39,10 +42,12 @@ fn row(t: Tuple) -> CheckpointRow {
         method: t.6,
         created_at: t.7,
         seq: t.8,
+        memory_bytes: t.9.map(|b| b.max(0) as u64),
     }
 }
 
-const COLUMNS: &str = "id, sandbox, tenant, label, parent, size_bytes, method, created_at, seq";
+const COLUMNS: &str =
+    "id, sandbox, tenant, label, parent, size_bytes, method, created_at, seq, memory_bytes";
 
 impl Store {
     /// Inserts a checkpoint with the next sequence number of its sandbox and makes it the
@@ -60,7 +65,7 @@ impl Store {
                 .await?;
         let r = sqlx::query(
             "INSERT INTO checkpoints (id, sandbox, tenant, label, parent, size_bytes, method, \
-             created_at, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             created_at, seq, memory_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&c.id)
         .bind(&c.sandbox)
@@ -71,6 +76,7 @@ impl Store {
         .bind(&c.method)
         .bind(c.created_at)
         .bind(seq)
+        .bind(c.memory_bytes.map(|b| b as i64))
         .execute(&mut *tx)
         .await;
         if let Err(sqlx::Error::Database(e)) = &r {
@@ -153,6 +159,19 @@ impl Store {
                 .fetch_one(&self.pool)
                 .await?;
         Ok(n.max(0) as u64)
+    }
+
+    /// Makes checkpoint `id` disk-only: its memory image is gone (reconciliation), so its
+    /// bytes leave `size_bytes` too.
+    pub async fn forget_checkpoint_memory(&self, id: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE checkpoints SET size_bytes = MAX(size_bytes - COALESCE(memory_bytes, 0), 0), \
+             memory_bytes = NULL WHERE id = ?",
+        )
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     pub async fn delete_checkpoint(&self, id: &str) -> Result<()> {

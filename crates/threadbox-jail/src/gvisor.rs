@@ -18,6 +18,8 @@
 mod disk;
 #[path = "gvisor_fork.rs"]
 mod fork;
+#[path = "gvisor_memckpt.rs"]
+mod memckpt;
 
 use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
 use std::path::{Path, PathBuf};
@@ -610,7 +612,14 @@ impl Driver for GvisorDriver {
         // Not yet: Landlock (none in the sentry), call cgroups (the agent gets no cgroup
         // inside: a timeout ends the call's process group, not a `setsid` descendant).
         use threadbox_core::driver::capability::*;
-        vec![CHECKPOINTS, EGRESS, HIBERNATE, HIBERNATE_IMAGE, FORK_MEMORY]
+        vec![
+            CHECKPOINTS,
+            CHECKPOINT_MEMORY,
+            EGRESS,
+            HIBERNATE,
+            HIBERNATE_IMAGE,
+            FORK_MEMORY,
+        ]
     }
 
     async fn hibernate(&self, id: &str) -> Result<u64> {
@@ -736,11 +745,16 @@ impl Driver for GvisorDriver {
     }
 
     async fn remove_checkpoint_disk(&self, id: &str, ckpt: &str) -> Result<()> {
+        // Its memory image first (ADR 0195): a crash between leaves a clone without an
+        // image, which is a disk-only checkpoint, never an image without its disk.
+        let (id2, ckpt2) = (id.to_string(), ckpt.to_string());
+        self.run(move |g| g.remove_memory_checkpoint(&id2, &ckpt2))
+            .await?;
         self.0.jail.remove_checkpoint_disk(id, ckpt).await
     }
 
     async fn checkpoint_disks(&self, id: &str) -> Vec<String> {
-        // Called at a start only (reconciliation): no fork is being made.
+        // Called at a start only (reconciliation): no fork or checkpoint is being made.
         let g = self.0.clone();
         let id2 = id.to_string();
         let _ = blocking(move || {
@@ -748,7 +762,47 @@ impl Driver for GvisorDriver {
             Ok(())
         })
         .await;
-        self.0.jail.checkpoint_disks(id).await
+        let disks = self.0.jail.checkpoint_disks(id).await;
+        let (g, id2, d) = (self.0.clone(), id.to_string(), disks.clone());
+        let _ = blocking(move || {
+            g.remove_memory_orphans(&id2, &d);
+            Ok(())
+        })
+        .await;
+        disks
+    }
+
+    // Checkpoints with memory (ADR 0195): `memckpt.rs`.
+
+    async fn checkpoint_with_memory(
+        &self,
+        spec: &SandboxSpec,
+        ckpt: &str,
+    ) -> Result<threadbox_core::driver::MemorySaved> {
+        let (spec, ckpt) = (spec.clone(), ckpt.to_string());
+        self.run(move |g| g.checkpoint_with_memory(&spec, &ckpt))
+            .await
+    }
+
+    async fn boot_memory_checkpoint(&self, spec: &SandboxSpec, ckpt: &str) -> Result<i32> {
+        let (spec, ckpt) = (spec.clone(), ckpt.to_string());
+        self.run(move |g| g.boot_memory_checkpoint(&spec, &ckpt))
+            .await
+    }
+
+    async fn memory_checkpoints(&self, id: &str) -> Vec<String> {
+        let id = id.to_string();
+        self.run(move |g| Ok(g.memory_checkpoints(&id)))
+            .await
+            .unwrap_or_default()
+    }
+
+    async fn current_agent_pid(&self, id: &str) -> Option<i32> {
+        let id = id.to_string();
+        self.run(move |g| Ok(g.current_sentry(&id)))
+            .await
+            .ok()
+            .flatten()
     }
 
     // Fork with memory (ADR 0136): `fork.rs`.

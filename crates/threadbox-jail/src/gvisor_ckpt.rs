@@ -35,7 +35,7 @@ pub struct MemoryImage {
 }
 
 /// The lock a checkpoint into `dir` or a restore from it holds while it runs: `.<dir>.lock`.
-fn lock_of(dir: &Path) -> PathBuf {
+pub(crate) fn lock_of(dir: &Path) -> PathBuf {
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -57,9 +57,13 @@ pub(crate) fn under_lock(dir: &Path) -> Result<std::process::Command> {
 }
 
 /// Waits (bounded) until no checkpoint or restore of `dir` holds its lock.
-fn wait_unlocked(dir: &Path) {
-    let Ok(mut c) = under_lock(dir) else { return };
-    c.args(["-w", "120", "true"]);
+pub(crate) fn wait_unlocked(dir: &Path) {
+    let Some(flock) = crate::gvisor::on_path("flock") else {
+        return;
+    };
+    // flock(1) takes its options before the lock file: after it they would be the command.
+    let mut c = std::process::Command::new(flock);
+    c.args(["-w", "120"]).arg(lock_of(dir)).arg("true");
     if let Err(e) = run_bounded(c, std::time::Duration::from_secs(130)) {
         tracing::warn!("waiting for {}: {e}", lock_of(dir).display());
     }
@@ -271,6 +275,8 @@ impl Gvisor {
     /// After a daemon restart: whether sandbox `id` is hibernated in a complete image.
     /// What a wake that did not finish left running is ended: the image is the truth.
     pub(crate) fn recover_hibernated(&self, id: &str) -> bool {
+        // A save with memory (fork, checkpoint) a killed daemon left may make it hibernated.
+        self.recover_interrupted_save(id);
         let dir = self.memory_image_dir(id);
         // A checkpoint or restore a killed daemon started runs to its end first.
         if lock_of(&dir).exists() {
@@ -278,12 +284,37 @@ impl Gvisor {
         }
         remove_dir(&tmp_of(&dir));
         if !Self::is_memory_image(&dir) {
+            self.rebind_if_quiesced(id);
             return false;
         }
         if let Err(e) = self.halt(id) {
             tracing::warn!(sandbox = %id, "clearing an interrupted wake: {e}");
         }
         true
+    }
+}
+
+impl Gvisor {
+    /// At a start: a running (not frozen) sandbox whose agent does not listen was left
+    /// quiesced by a daemon killed after its `PrepareCheckpoint` (no save began, or one
+    /// failed and its undo did not finish): it is told to bind again now rather than by
+    /// its own 30 s deadline. Safe for an agent that has run (its handler is installed
+    /// before it first listens; one that listens ignores the signal); never sent to a
+    /// frozen sentry, which could not answer runsc.
+    fn rebind_if_quiesced(&self, id: &str) {
+        if self.j().is_frozen(id).unwrap_or(true) {
+            return;
+        }
+        if std::os::unix::net::UnixStream::connect(self.socket(id)).is_ok() {
+            return;
+        }
+        if !self.sentry_alive(id) {
+            return;
+        }
+        tracing::info!(sandbox = %id, "its agent was left quiesced for a checkpoint: told to bind again");
+        if let Err(e) = self.rebind(id) {
+            tracing::warn!(sandbox = %id, "{e}");
+        }
     }
 }
 

@@ -16,6 +16,10 @@ pub struct CheckpointArgs {
     /// A label to rewind to later (unique per sandbox).
     #[arg(long)]
     pub label: Option<String>,
+    /// Keep the memory and running processes too (a tier with `checkpoint_memory`:
+    /// gvisor): a rewind to it brings them back. Refused on the jail.
+    #[arg(long)]
+    pub with_memory: bool,
     /// Print the checkpoint as JSON.
     #[arg(long)]
     pub json: bool,
@@ -103,7 +107,10 @@ pub async fn checkpoint(client: &Client, a: CheckpointArgs) -> Result<u8> {
             let c = client
                 .call(&CreateCheckpoint {
                     sandbox,
-                    request: CreateCheckpointRequest { label: a.label },
+                    request: CreateCheckpointRequest {
+                        label: a.label,
+                        with_memory: a.with_memory,
+                    },
                 })
                 .await?;
             if a.json {
@@ -124,18 +131,19 @@ pub async fn checkpoints(client: &Client, a: CheckpointsArgs) -> Result<u8> {
         return Ok(0);
     }
     let mut out = format!(
-        "{:<36} {:<20} {:>8} {:<8} {:<36} {}\n",
-        "ID", "LABEL", "SIZE", "METHOD", "PARENT", "CREATED"
+        "{:<36} {:<20} {:>8} {:<8} {:<36} {:<24} {}\n",
+        "ID", "LABEL", "SIZE", "METHOD", "PARENT", "CREATED", "MEMORY"
     );
     for c in &list.checkpoints {
         out.push_str(&format!(
-            "{:<36} {:<20} {:>8} {:<8} {:<36} {}\n",
+            "{:<36} {:<20} {:>8} {:<8} {:<36} {:<24} {}\n",
             c.id,
             c.label.as_deref().unwrap_or("-"),
             size(c.size_bytes),
             c.method,
             c.parent.as_deref().unwrap_or("-"),
-            c.created_at
+            c.created_at,
+            c.memory_bytes.map_or_else(|| "-".to_string(), size)
         ));
     }
     write_stdout(out.as_bytes())?;

@@ -89,6 +89,8 @@ fn to_api_ckpt(c: &CheckpointRow) -> Checkpoint {
         size_bytes: c.size_bytes,
         method: c.method.clone(),
         created_at: rfc3339(c.created_at),
+        with_memory: c.memory_bytes.is_some(),
+        memory_bytes: c.memory_bytes,
     }
 }
 
@@ -168,6 +170,13 @@ impl Manager {
             validate_label(l)?;
         }
         let row = self.resolve(caller, &op.sandbox).await?;
+        // Refused before anything changes: memory asked of a tier without it.
+        let with_memory = op.request.with_memory;
+        super::checkpoint_memory::check_request(
+            with_memory,
+            &row.tier,
+            self.tier_checkpoints_memory(&row)?,
+        )?;
         let live = self.live(&row.id);
         let _g = live.lifecycle.lock().await;
         let row = self.reload(&row.id).await?;
@@ -192,7 +201,12 @@ impl Manager {
             });
         }
         let id = format!("ck-{}", uuid::Uuid::new_v4().simple());
-        let clone = self.clone_disk_frozen(&row, &id).await?;
+        let (clone, memory_bytes) = if with_memory {
+            let (clone, image) = self.checkpoint_memory_of(&row, &live, &id).await?;
+            (clone, Some(image))
+        } else {
+            (self.clone_disk_frozen(&row, &id).await?, None)
+        };
         let driver = self.driver_for(&row)?;
         if room.is_some_and(|left| clone.bytes > left) {
             let _ = driver.remove_checkpoint_disk(&row.id, &id).await;
@@ -214,10 +228,11 @@ impl Manager {
             method: clone.method.to_string(),
             created_at: now_ms(),
             seq: 0,
+            memory_bytes,
         };
         match self.store.insert_checkpoint(&new).await {
             Ok(c) => {
-                tracing::info!(sandbox = %row.id, checkpoint = %id, method = clone.method, bytes = clone.bytes, "checkpoint");
+                tracing::info!(sandbox = %row.id, checkpoint = %id, method = clone.method, bytes = clone.bytes, memory_bytes = ?memory_bytes, "checkpoint");
                 Ok(to_api_ckpt(&c))
             }
             Err(e) => {
@@ -288,9 +303,14 @@ impl Manager {
             }
         }
         let row = self.reload(&row.id).await?;
-        self.apply(&row, &live, Op::Start).await?;
+        if target.memory_bytes.is_some() {
+            // Its processes come back from the image of the same instant as the disk.
+            self.start_from_memory(&row, &live, &target.id).await?;
+        } else {
+            self.apply(&row, &live, Op::Start).await?;
+        }
         self.touch(&live, &row.id).await;
-        tracing::info!(sandbox = %row.id, checkpoint = %target.id, "rewound");
+        tracing::info!(sandbox = %row.id, checkpoint = %target.id, with_memory = target.memory_bytes.is_some(), "rewound");
         Ok(to_api(&self.drivers, caller, &self.reload(&row.id).await?))
     }
 
@@ -469,6 +489,7 @@ impl Manager {
                     driver.remove_checkpoint_disk(&sb.id, &ck).await?;
                 }
             }
+            self.reconcile_checkpoint_memory(sb, &rows).await?;
         }
         Ok(())
     }

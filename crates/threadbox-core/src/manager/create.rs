@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// How a boot starts the sandbox's processes.
+#[derive(Clone, Copy)]
+pub(super) enum Launch<'a> {
+    /// Afresh on its disk.
+    Fresh,
+    /// A fork: from the parent's fork image when `memory`, else afresh.
+    Fork(&'a super::checkpoints::ForkSource),
+    /// From the memory image of this checkpoint (its disk restored from it), ADR 0195.
+    Memory(&'a str),
+}
+
 impl Manager {
     /// The image row `name`; `invalid_argument` when it does not exist.
     pub(super) async fn image_row(&self, name: &str) -> Result<ImageRow> {
@@ -32,23 +43,25 @@ impl Manager {
 
     /// Starts the agent of `row` and connects to it. Caller holds the lifecycle lock.
     pub(super) async fn boot(&self, row: &SandboxRow, live: &Live) -> Result<i32> {
-        self.boot_from(row, live, None).await
+        self.boot_from(row, live, Launch::Fresh).await
     }
 
-    /// [`Manager::boot`], or with `fork`, from that parent's fork image (ADR 0136).
+    /// [`Manager::boot`], or from a memory image: a parent's fork image (ADR 0136) or a
+    /// checkpoint's (ADR 0195).
     pub(super) async fn boot_from(
         &self,
         row: &SandboxRow,
         live: &Live,
-        fork: Option<&super::checkpoints::ForkSource>,
+        how: Launch<'_>,
     ) -> Result<i32> {
         let start = std::time::Instant::now();
         let spec = self.spec_of(row).await?;
         let driver = self.driver_for(row)?;
         let t0 = std::time::Instant::now();
-        let launched = match fork {
-            Some(f) if f.memory => driver.launch_fork(&spec, &f.from, &f.ckpt).await,
-            _ => driver.launch(&spec).await,
+        let launched = match how {
+            Launch::Fork(f) if f.memory => driver.launch_fork(&spec, &f.from, &f.ckpt).await,
+            Launch::Memory(ckpt) => driver.boot_memory_checkpoint(&spec, ckpt).await,
+            Launch::Fresh | Launch::Fork(_) => driver.launch(&spec).await,
         };
         let pid = launched.inspect_err(|_| {
             self.metrics().boot_failures.inc(["launch"]);
@@ -407,11 +420,11 @@ impl Manager {
                 None => self.driver_for(&row)?.prepare(&spec).await?,
             }
             let t1 = std::time::Instant::now();
-            let fork = match from {
-                Some(super::templates::DiskFrom::Fork(f)) => Some(*f),
-                _ => None,
+            let how = match from {
+                Some(super::templates::DiskFrom::Fork(f)) => Launch::Fork(*f),
+                _ => Launch::Fresh,
             };
-            let pid = self.boot_from(&row, &live, fork).await;
+            let pid = self.boot_from(&row, &live, how).await;
             // Where a create's time goes (issue 14's fork target): its disk, then the boot.
             tracing::debug!(
                 sandbox = %id,

@@ -66,25 +66,49 @@ impl Manager {
         live: &Live,
         ckpt: &str,
     ) -> Result<()> {
+        let ckpt = ckpt.to_string();
+        self.save_running_memory(parent, live, "fork with memory", move |d, spec| async move {
+            d.fork_checkpoint(&spec, &ckpt).await.map(|pid| (pid, ()))
+        })
+        .await
+    }
+
+    /// The shared part of every save of a running sandbox's memory (fork with memory, ADR
+    /// 0136; checkpoint with memory, ADR 0195): its agent prepared (`PrepareCheckpoint`),
+    /// then `save` (the driver's checkpoint, which ends and restores it), then the new
+    /// agent pid recorded. A failure that ended its processes is recorded as `stopped`
+    /// (its disk kept), as a failed hibernate is; one before that leaves it running.
+    /// Caller holds the lifecycle lock. `what` names the operation in errors and logs.
+    pub(super) async fn save_running_memory<T, F, Fut>(
+        &self,
+        parent: &SandboxRow,
+        live: &Live,
+        what: &str,
+        save: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(Arc<dyn Driver>, SandboxSpec) -> Fut,
+        Fut: std::future::Future<Output = Result<(i32, T)>>,
+    {
         let driver = self.driver_for(parent)?;
         let spec = self.spec_of(parent).await?;
         if let Err(e) = self.prepare_for_checkpoint(parent, live).await {
             // No image was made: the agent is told to bind again.
             if let Err(t) = driver.wake(&spec).await {
-                tracing::error!(sandbox = %parent.id, "could not undo a fork's prepare: {t}");
+                tracing::error!(sandbox = %parent.id, "could not undo the prepare of a {what}: {t}");
             }
             return Err(e);
         }
         let started = std::time::Instant::now();
-        match driver.fork_checkpoint(&spec, ckpt).await {
-            Ok(pid) => {
+        match save(driver.clone(), spec.clone()).await {
+            Ok((pid, out)) => {
                 // Its agent restored as a new process: the old connection went with it.
                 Self::take_conn(live);
                 self.store
                     .transition(&parent.id, &[State::Running], State::Running, Some(pid))
                     .await?;
-                tracing::info!(sandbox = %parent.id, ms = started.elapsed().as_millis() as u64, "memory and disk saved for a fork; the parent runs on");
-                Ok(())
+                tracing::info!(sandbox = %parent.id, ms = started.elapsed().as_millis() as u64, "memory and disk saved ({what}); the sandbox runs on");
+                Ok(out)
             }
             Err(e) => {
                 let alive = match parent.agent_pid {
@@ -98,7 +122,7 @@ impl Manager {
                 }
                 // A checkpoint or restore that failed ended the parent's processes: the
                 // row says so (its disk is kept), as a failed hibernate does.
-                tracing::error!(sandbox = %parent.id, "fork with memory failed and ended the sandbox: {e}");
+                tracing::error!(sandbox = %parent.id, "{what} failed and ended the sandbox: {e}");
                 let _ = driver.stop(&parent.id).await;
                 self.store
                     .transition(&parent.id, &[State::Running], State::Stopped, None)
@@ -107,8 +131,8 @@ impl Manager {
                     tracing::warn!(sandbox = %parent.id, "marking its contexts lost: {t}");
                 }
                 Err(CoreError::Internal(format!(
-                    "fork with memory failed and the sandbox's processes ended (it is stopped, \
-                     its disk kept): {e}"
+                    "{what} failed and the sandbox's processes ended (it is stopped, its disk \
+                     kept): {e}"
                 )))
             }
         }

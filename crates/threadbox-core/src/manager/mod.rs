@@ -15,6 +15,7 @@
 //! `governance` (keys, quotas, audit), `pool` (warm pool); `validate` and `convert` hold
 //! the pure functions (request checks; store/protocol/API mapping).
 
+mod checkpoint_memory;
 mod checkpoints;
 mod contexts;
 mod contexts_lost;
@@ -58,6 +59,7 @@ use crate::Config;
 use base64::Engine;
 use bytes_stream::{ByteSink, ByteStream};
 use convert::*;
+use create::Launch;
 use futures::StreamExt;
 use governance::{Admit, GovState};
 use state::{Op, Step};

@@ -15,6 +15,7 @@ impl Manager {
             let live = self.live(&row.id);
             let _g = live.lifecycle.lock().await;
             let found = self.probe(&row, &live).await?;
+            let row = self.refresh_agent_pid(row, found).await?;
             let step = self.apply(&row, &live, Op::Recover(found)).await?;
             if let (Step::Adopt { .. }, Some(pid)) = (step, row.agent_pid) {
                 // The policy outlives the daemon: listeners come back in the same netns.
@@ -41,6 +42,26 @@ impl Manager {
         self.reconcile_checkpoints().await?;
         self.reconcile_templates().await?;
         self.reconcile_images().await
+    }
+
+    /// A sandbox whose agent answers but under another pid than its row's (a tier that
+    /// restores memory images starts a new process: a daemon killed between a restore and
+    /// its record, ADR 0195) gets the pid it has now, so the adoption records the live one.
+    async fn refresh_agent_pid(&self, row: SandboxRow, found: Found) -> Result<SandboxRow> {
+        if found != Found::Answers {
+            return Ok(row);
+        }
+        let Some(pid) = self.driver_for(&row)?.current_agent_pid(&row.id).await else {
+            return Ok(row);
+        };
+        if row.agent_pid == Some(pid) {
+            return Ok(row);
+        }
+        tracing::info!(sandbox = %row.id, old = ?row.agent_pid, pid, "agent found under a new pid (restored before the daemon stopped)");
+        self.store
+            .transition(&row.id, &[row.state], row.state, Some(pid))
+            .await?;
+        self.reload(&row.id).await
     }
 
     /// What is on the host for `row`. A live sandbox whose agent answers gets its

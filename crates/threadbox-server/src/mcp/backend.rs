@@ -85,7 +85,12 @@ pub trait Backend: Send + Sync + 'static {
         data: Vec<u8>,
     ) -> BackendResult<()>;
     async fn list_files(&self, sandbox: &str, path: &str, user: User) -> BackendResult<FileList>;
-    async fn checkpoint(&self, sandbox: &str, label: Option<String>) -> BackendResult<Checkpoint>;
+    async fn checkpoint(
+        &self,
+        sandbox: &str,
+        label: Option<String>,
+        with_memory: bool,
+    ) -> BackendResult<Checkpoint>;
     async fn rewind(&self, sandbox: &str, to: &str) -> BackendResult<Sandbox>;
     async fn fork(
         &self,
@@ -252,10 +257,15 @@ impl<R: RunOps> Backend for R {
         self.call(ops::ListFiles(target(sandbox, path, user))).await
     }
 
-    async fn checkpoint(&self, sandbox: &str, label: Option<String>) -> BackendResult<Checkpoint> {
+    async fn checkpoint(
+        &self,
+        sandbox: &str,
+        label: Option<String>,
+        with_memory: bool,
+    ) -> BackendResult<Checkpoint> {
         let op = CreateCheckpoint {
             sandbox: sandbox.into(),
-            request: CreateCheckpointRequest { label },
+            request: CreateCheckpointRequest { label, with_memory },
         };
         self.call(op).await
     }

@@ -246,6 +246,7 @@ impl Backend for Fake {
         &self,
         s: &str,
         label: Option<String>,
+        _with_memory: bool,
     ) -> BackendResult<threadbox_api::checkpoints::Checkpoint> {
         let id = self.find(s)?.id;
         let label = label.unwrap_or_else(|| "unlabelled".into());
@@ -269,6 +270,8 @@ impl Backend for Fake {
             size_bytes: 0,
             method: "copy".into(),
             created_at: "2026-01-01T00:00:00Z".into(),
+            with_memory: false,
+            memory_bytes: None,
         })
     }
 

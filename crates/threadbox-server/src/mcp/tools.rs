@@ -144,6 +144,9 @@ pub struct CheckpointArgs {
     pub sandbox: String,
     /// A label to rewind to later (unique per sandbox), e.g. `clean`.
     pub label: Option<String>,
+    /// Keep memory and running processes too, so a rewind brings them back where they
+    /// were (gvisor sandboxes). The jail tier checkpoints files only and refuses `true`.
+    pub with_memory: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -431,7 +434,9 @@ pub fn tools() -> Vec<Tool> {
         tool::<CheckpointArgs, threadbox_api::checkpoints::Checkpoint>(
             "checkpoint",
             "Checkpoint a sandbox's files (the whole disk, at this instant; processes keep \
-             running). Rewind to it later by its label.",
+             running). Rewind to it later by its label. With `with_memory` (gvisor \
+             sandboxes) its memory and running processes are kept too, and the rewind \
+             brings them back.",
             annotations(false, false, false),
         ),
         tool::<RewindArgs, Sandbox>(
@@ -570,15 +575,23 @@ impl Calls {
             }
             "checkpoint" => {
                 let a: CheckpointArgs = parse(name, args)?;
-                let c = self.backend.checkpoint(&a.sandbox, a.label).await?;
+                let c = self
+                    .backend
+                    .checkpoint(&a.sandbox, a.label, a.with_memory.unwrap_or(false))
+                    .await?;
                 let text = format!(
-                    "Checkpoint {} of sandbox {}{}.",
+                    "Checkpoint {} of sandbox {}{}{}.",
                     c.id,
                     a.sandbox,
                     c.label
                         .as_ref()
                         .map(|l| format!(" labelled {l:?}"))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    if c.with_memory {
+                        ", with its memory and running processes"
+                    } else {
+                        ""
+                    }
                 );
                 Ok(structured(text, &c))
             }

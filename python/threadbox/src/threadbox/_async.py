@@ -302,9 +302,12 @@ class AsyncSandbox(SandboxView):
 
     # -- checkpoints (issue 14) ------------------------------------------------
 
-    async def checkpoint(self, label: str | None = None) -> CheckpointInfo:
-        """Checkpoints the sandbox's disk (its processes frozen for the instant)."""
-        return await self.client._call(_checkpoints.create(self.id, label))
+    async def checkpoint(self, label: str | None = None, *, with_memory: bool = False) -> CheckpointInfo:
+        """Checkpoints the sandbox's disk (its processes frozen for the instant). With
+        ``with_memory`` (a tier with ``checkpoint_memory``: gvisor) its memory and running
+        processes are kept too, and :meth:`rewind` to it brings them back; the jail refuses
+        it."""
+        return await self.client._call(_checkpoints.create(self.id, label, with_memory))
 
     async def checkpoints(self) -> builtins.list[CheckpointInfo]:
         """The sandbox's checkpoints, oldest first."""

@@ -29,6 +29,11 @@ class CheckpointInfo:
     method: str
     created_at: str
     raw: dict[str, Any] = field(repr=False, compare=False)
+    #: It also holds the memory and running processes (``with_memory=True``, gvisor):
+    #: a rewind to it brings them back.
+    with_memory: bool = False
+    #: Bytes of its memory image (included in ``size_bytes``), if it has one.
+    memory_bytes: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CheckpointInfo:
@@ -41,11 +46,15 @@ class CheckpointInfo:
             method=str(d.get("method", "")),
             created_at=str(d.get("created_at", "")),
             raw=d,
+            with_memory=bool(d.get("with_memory", False)),
+            memory_bytes=None if d.get("memory_bytes") is None else int(d["memory_bytes"]),
         )
 
 
-def create(sandbox: str, label: str | None) -> Op[CheckpointInfo]:
+def create(sandbox: str, label: str | None, with_memory: bool = False) -> Op[CheckpointInfo]:
     body: dict[str, Any] = {} if label is None else {"label": label}
+    if with_memory:
+        body["with_memory"] = True
     return json_op("POST", c.sandbox_path(sandbox, "checkpoints"), CheckpointInfo.from_dict, json_body=body)
 
 
