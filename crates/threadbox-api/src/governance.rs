@@ -121,10 +121,29 @@ pub struct Quota {
     /// tenant's running sandboxes and refuses create/resume/start/exec until the next day.
     #[serde(default)]
     pub cpu_seconds_per_day: Option<u64>,
-    /// Disk bytes over all the tenant's sandboxes (sampled writable layers). Reaching it
-    /// refuses create/resume/start/exec/file writes.
+    /// Disk bytes over all the tenant holds: its sandboxes' disks, checkpoints, templates
+    /// and the image layers they use (ADR 0165). A create, fork, checkpoint or template
+    /// that would not fit is refused; reaching it refuses create/resume/start/exec/file
+    /// writes.
     #[serde(default)]
     pub disk_bytes: Option<u64>,
+}
+
+/// A tenant's disk usage by what holds it (ADR 0165); `disk_bytes` is their sum.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, JsonSchema,
+)]
+pub struct DiskUse {
+    /// The sandboxes' disks (writable layers) at their last samples.
+    pub sandboxes: u64,
+    /// Checkpoints, at their size when taken.
+    pub checkpoints: u64,
+    /// Templates, at their size when made.
+    pub templates: u64,
+    /// Image layers the tenant's sandboxes and templates use, each distinct layer (by
+    /// digest) once at its unpacked size on disk; a layer other tenants use too counts
+    /// for each of them.
+    pub layers: u64,
 }
 
 /// What a tenant uses now, in the units of its quota.
@@ -133,7 +152,11 @@ pub struct QuotaUse {
     pub running: u64,
     pub sandboxes: u64,
     pub cpu_seconds_today: f64,
+    /// What the `disk_bytes` quota counts: the sum of `disk`'s parts.
     pub disk_bytes: u64,
+    /// `disk_bytes` part by part.
+    #[serde(default)]
+    pub disk: DiskUse,
 }
 
 /// `GET /v1/quotas/{tenant}`.
@@ -178,8 +201,12 @@ pub struct TenantUsage {
     pub paused_seconds: f64,
     /// CPU-seconds of the current UTC day (what the daily cap counts).
     pub cpu_seconds_today: f64,
-    /// Disk bytes of the tenant's existing sandboxes now.
+    /// Disk bytes the tenant holds now, what its `disk_bytes` quota counts: its
+    /// existing sandboxes' disks, checkpoints, templates and image layers (`disk`).
     pub disk_bytes: u64,
+    /// `disk_bytes` part by part.
+    #[serde(default)]
+    pub disk: DiskUse,
     /// Egress bytes sent and received over the UTC days counted (deleted sandboxes too).
     #[serde(default)]
     pub egress_bytes_up: u64,

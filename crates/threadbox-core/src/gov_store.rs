@@ -510,41 +510,94 @@ impl Store {
         .await?)
     }
 
-    /// Disk bytes a tenant's existing sandboxes may fill: each one's allocated disk size,
+    /// Disk bytes a tenant holds, allocated: each existing sandbox's allocated disk size,
     /// or its sampled use when that is larger (a sandbox without a disk image), plus its
-    /// checkpoints (ADR 0100). This, not
-    /// the sampled use alone, is what a new sandbox's disk must fit beside: an image can
-    /// fill up between two samples.
+    /// checkpoints (ADR 0100), templates (ADR 0110) and the distinct image layers they
+    /// use (ADR 0165). This, not the sampled use alone, is what a new sandbox's disk must
+    /// fit beside: an image can fill up between two samples.
     pub async fn allocated_disk_of(&self, tenant: &str) -> Result<i64> {
-        Ok(sqlx::query_scalar(
-            "SELECT COALESCE(SUM(MAX(s.disk_bytes, COALESCE(u.disk_bytes, 0))), 0) \
-             + (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) \
-             + (SELECT COALESCE(SUM(size_bytes), 0) FROM templates WHERE tenant = ?) \
-             FROM sandboxes s LEFT JOIN sandbox_usage u \
-             ON u.sandbox_id = s.id AND u.deleted_at IS NULL WHERE s.tenant = ?",
-        )
-        .bind(tenant)
-        .bind(tenant)
-        .bind(tenant)
-        .fetch_one(&self.pool)
-        .await?)
+        Ok(self.disk_split_of(tenant, true).await?.total() as i64)
     }
 
     /// Disk bytes of a tenant's existing sandboxes at their last samples, plus their
-    /// checkpoints.
+    /// checkpoints, templates and distinct image layers.
     pub async fn disk_bytes_of(&self, tenant: &str) -> Result<i64> {
-        Ok(sqlx::query_scalar(
-            "SELECT COALESCE(SUM(u.disk_bytes), 0) \
-             + (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) \
-             + (SELECT COALESCE(SUM(size_bytes), 0) FROM templates WHERE tenant = ?) \
-             FROM sandbox_usage u JOIN sandboxes s \
-             ON s.id = u.sandbox_id WHERE u.tenant = ? AND u.deleted_at IS NULL",
+        Ok(self.disk_split_of(tenant, false).await?.total() as i64)
+    }
+
+    /// A tenant's disk, part by part (ADR 0165): the sandboxes' disks at their allocated
+    /// size (`allocated`, what admission counts) or their last samples, checkpoints and
+    /// templates at their size when made, and each distinct image layer (by digest) its
+    /// sandboxes and templates use, once, at its unpacked size. One statement, so the
+    /// parts are of one instant.
+    pub async fn disk_split_of(&self, tenant: &str, allocated: bool) -> Result<DiskSplit> {
+        let sandboxes = if allocated {
+            "(SELECT COALESCE(SUM(MAX(s.disk_bytes, COALESCE(u.disk_bytes, 0))), 0) \
+             FROM sandboxes s LEFT JOIN sandbox_usage u \
+             ON u.sandbox_id = s.id AND u.deleted_at IS NULL WHERE s.tenant = ?)"
+        } else {
+            "(SELECT COALESCE(SUM(u.disk_bytes), 0) FROM sandbox_usage u JOIN sandboxes s \
+             ON s.id = u.sandbox_id WHERE u.tenant = ? AND u.deleted_at IS NULL)"
+        };
+        let sql = format!(
+            "SELECT {sandboxes} AS sandboxes, \
+             (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) AS checkpoints, \
+             (SELECT COALESCE(SUM(size_bytes), 0) FROM templates WHERE tenant = ?) AS templates, \
+             {} AS layers",
+            crate::store_layers::TENANT_LAYER_BYTES
+        );
+        let r = sqlx::query(&sql)
+            .bind(tenant)
+            .bind(tenant)
+            .bind(tenant)
+            .bind(tenant)
+            .bind(tenant)
+            .fetch_one(&self.pool)
+            .await?;
+        let u = |c: &str| -> Result<u64> { Ok(r.try_get::<i64, _>(c)?.max(0) as u64) };
+        Ok(DiskSplit {
+            sandboxes: u("sandboxes")?,
+            checkpoints: u("checkpoints")?,
+            templates: u("templates")?,
+            layers: u("layers")?,
+        })
+    }
+}
+
+/// A tenant's disk usage by what holds it ([`Store::disk_split_of`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskSplit {
+    pub sandboxes: u64,
+    pub checkpoints: u64,
+    pub templates: u64,
+    pub layers: u64,
+}
+
+impl DiskSplit {
+    /// `sandboxes S, checkpoints C, templates T, layers L`: for a refusal's message.
+    pub fn parts(&self) -> String {
+        format!(
+            "sandboxes {}, checkpoints {}, templates {}, layers {}",
+            self.sandboxes, self.checkpoints, self.templates, self.layers
         )
-        .bind(tenant)
-        .bind(tenant)
-        .bind(tenant)
-        .fetch_one(&self.pool)
-        .await?)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.sandboxes
+            .saturating_add(self.checkpoints)
+            .saturating_add(self.templates)
+            .saturating_add(self.layers)
+    }
+}
+
+impl From<DiskSplit> for threadbox_api::DiskUse {
+    fn from(d: DiskSplit) -> Self {
+        threadbox_api::DiskUse {
+            sandboxes: d.sandboxes,
+            checkpoints: d.checkpoints,
+            templates: d.templates,
+            layers: d.layers,
+        }
     }
 }
 

@@ -24,6 +24,7 @@ pub mod store;
 pub mod store_checkpoints;
 pub mod store_contexts;
 pub mod store_images;
+pub mod store_layers;
 pub mod store_net_log;
 pub mod store_network;
 pub mod store_previews;

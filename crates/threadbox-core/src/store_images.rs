@@ -19,26 +19,9 @@ impl Store {
         Ok(n.max(0) as u32)
     }
 
-    /// Points the image `name` at another path (a re-pull of its tag); only while no
-    /// sandbox uses it, checked in the same statement.
-    pub async fn repoint_unused_image(&self, name: &str, path: &str) -> Result<bool> {
-        let r = sqlx::query(
-            "UPDATE images SET path = ? WHERE name = ? \
-             AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE image = ?) \
-             AND NOT EXISTS (SELECT 1 FROM templates WHERE image = ?)",
-        )
-        .bind(path)
-        .bind(name)
-        .bind(name)
-        .bind(name)
-        .execute(&self.pool)
-        .await?;
-        Ok(r.rows_affected() == 1)
-    }
-
     /// Deletes the image row `name` only while no sandbox uses it (one statement, so a
-    /// create cannot slip in between the check and the delete). `false` when it is in use
-    /// or gone.
+    /// create cannot slip in between the check and the delete; its layer rows follow by
+    /// trigger, ADR 0165). `false` when it is in use or gone.
     pub async fn delete_unused_image(&self, name: &str) -> Result<bool> {
         let r = sqlx::query(
             "DELETE FROM images WHERE name = ? \

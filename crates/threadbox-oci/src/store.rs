@@ -101,6 +101,14 @@ impl Store {
         self.root.join("layers").join(diff_id.hex())
     }
 
+    /// Bytes the unpacked layer `diff_id` occupies on disk (ADR 0165: what a tenant's
+    /// disk usage counts for it): the allocated blocks of every entry under it, symlinks
+    /// not followed and a file of several links counted once, as `du` counts. A layer
+    /// never changes once here, so the daemon measures it once.
+    pub fn layer_disk_bytes(&self, diff_id: &Digest) -> Result<u64> {
+        tree_disk_bytes(&self.layer_path(diff_id))
+    }
+
     pub fn has_blob(&self, d: &Digest) -> bool {
         self.blob_path(d).is_file()
     }
@@ -281,6 +289,39 @@ impl Store {
     }
 }
 
+/// Allocated bytes of the tree at `dir` (see [`Store::layer_disk_bytes`]).
+pub fn tree_disk_bytes(dir: &Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let top = fs::symlink_metadata(dir).map_err(io(format!("stat {}", dir.display())))?;
+    if !top.is_dir() {
+        return Err(OciError::Invalid(format!(
+            "{} is not a layer directory",
+            dir.display()
+        )));
+    }
+    let mut total = top.blocks().saturating_mul(512);
+    // Hard links inside a layer are one file on disk: counted at their first name.
+    let mut linked = std::collections::HashSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let rd = fs::read_dir(&d).map_err(io(format!("read {}", d.display())))?;
+        for e in rd {
+            let e = e.map_err(io(format!("read {}", d.display())))?;
+            // `DirEntry::metadata` does not follow a symlink: its own blocks count.
+            let m = e
+                .metadata()
+                .map_err(io(format!("stat {}", e.path().display())))?;
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.nlink() > 1 && !linked.insert((m.dev(), m.ino())) {
+                continue;
+            }
+            total = total.saturating_add(m.blocks().saturating_mul(512));
+        }
+    }
+    Ok(total)
+}
+
 /// A blob being written (see [`Store::blob_writer`]).
 pub struct BlobWriter {
     file: Option<File>,
@@ -345,5 +386,50 @@ impl Drop for BlobWriter {
     fn drop(&mut self) {
         // Committed: the temp name no longer exists and this is a no-op.
         let _ = fs::remove_file(&self.tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn blocks(p: &Path) -> u64 {
+        fs::symlink_metadata(p).unwrap().blocks() * 512
+    }
+
+    /// What `du` counts: every entry's allocated blocks, a hard-linked file once, a
+    /// symlink as itself (never its target), sparse holes not at all.
+    #[test]
+    fn tree_disk_bytes_counts_allocated_blocks_once_per_file() {
+        let outside = tempfile::tempdir().unwrap();
+        let big = outside.path().join("big");
+        fs::write(&big, vec![7u8; 1 << 20]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let l = dir.path();
+        fs::create_dir(l.join("d")).unwrap();
+        fs::write(l.join("d/a"), vec![1u8; 300 << 10]).unwrap();
+        fs::hard_link(l.join("d/a"), l.join("a-again")).unwrap();
+        std::os::unix::fs::symlink(&big, l.join("to-big")).unwrap();
+        let sparse = File::create(l.join("sparse")).unwrap();
+        sparse.set_len(64 << 20).unwrap();
+        drop(sparse);
+        let want = blocks(l)
+            + blocks(&l.join("d"))
+            + blocks(&l.join("d/a"))
+            + blocks(&l.join("to-big"))
+            + blocks(&l.join("sparse"));
+        let got = tree_disk_bytes(l).unwrap();
+        assert_eq!(got, want);
+        assert!(got >= 300 << 10, "the file's data counts: {got}");
+        assert!(
+            got < (1 << 20) + (64 << 20),
+            "neither the symlink's target nor the hole counts: {got}"
+        );
+        // Without the second link the total does not move: the file was counted once.
+        fs::remove_file(l.join("a-again")).unwrap();
+        assert_eq!(tree_disk_bytes(l).unwrap(), want);
+        assert!(tree_disk_bytes(&big).is_err(), "a file is not a layer");
+        assert!(tree_disk_bytes(&l.join("missing")).is_err());
     }
 }

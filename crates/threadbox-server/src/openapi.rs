@@ -112,7 +112,7 @@ use utoipa::OpenApi;
         threadbox_api::tiers::Tier, threadbox_api::tiers::TierList,
         threadbox_api::network::NetLogEntry, threadbox_api::network::NetLogKind,
         threadbox_api::network::NetReason,
-        Scope, CreateKeyRequest, CreatedKey, ApiKeyInfo, ApiKeyList, Quota, QuotaUse,
+        Scope, CreateKeyRequest, CreatedKey, ApiKeyInfo, ApiKeyList, Quota, QuotaUse, DiskUse,
         TenantQuota, SandboxUsage, TenantUsage, UsageReport, AuditEntry, AuditList,
         AuditVerification,
         CreateContextRequest, Context, ContextState, ContextList, InterruptResult,

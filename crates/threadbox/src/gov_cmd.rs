@@ -278,7 +278,16 @@ fn print_quota(q: &TenantQuota) -> anyhow::Result<()> {
     ];
     write_stdout(format!("tenant {}\n", q.tenant).as_bytes())?;
     write_stdout(table(&["QUOTA", "LIMIT", "IN USE"], &rows).as_bytes())?;
+    write_stdout(format!("disk in use: {}\n", disk_parts(&u.disk)).as_bytes())?;
     Ok(())
+}
+
+/// Where a tenant's disk is held (ADR 0165), as `threadbox quota get` and `usage` print it.
+fn disk_parts(d: &threadbox_api::DiskUse) -> String {
+    format!(
+        "sandboxes {}, checkpoints {}, templates {}, layers {}",
+        d.sandboxes, d.checkpoints, d.templates, d.layers
+    )
 }
 
 pub async fn quota(client: &Client, cmd: QuotaCommand) -> anyhow::Result<u8> {
@@ -385,6 +394,9 @@ pub async fn usage(client: &Client, a: UsageArgs) -> anyhow::Result<u8> {
         )
         .as_bytes(),
     )?;
+    for t in &report.tenants {
+        write_stdout(format!("{} disk: {}\n", t.tenant, disk_parts(&t.disk)).as_bytes())?;
+    }
     Ok(0)
 }
 

@@ -149,6 +149,41 @@ impl Manager {
         Ok(Some(limit.saturating_sub(allocated)))
     }
 
+    /// Refuses, before anything is made, a clone of `row`'s disk (`what`: a checkpoint or
+    /// a template) that cannot fit in `room` (ADR 0165): a clone's allocated size is the
+    /// disk's at that instant, which the driver reads now (a stat). Writes between this
+    /// and the clone can still make it larger: the caller checks the clone's size again.
+    pub(super) async fn refuse_clone_over_room(
+        &self,
+        row: &SandboxRow,
+        room: Option<u64>,
+        what: &str,
+    ) -> Result<()> {
+        let Some(left) = room else { return Ok(()) };
+        let now = self
+            .driver_for(row)?
+            .usage(&row.id, true)
+            .await
+            .disk_bytes
+            .unwrap_or(0);
+        if now > left || left == 0 {
+            let held = self.store.disk_split_of(&row.tenant, true).await?;
+            return Err(CoreError::QuotaExceeded {
+                tenant: row.tenant.clone(),
+                quota: "disk_bytes",
+                used: format!(
+                    "{now} bytes for the {what} (the disk of sandbox {} now), {} held ({})",
+                    row.id,
+                    held.total(),
+                    held.parts()
+                ),
+                limit: format!("{left} bytes left"),
+                extra: "; delete templates, checkpoints or sandboxes".into(),
+            });
+        }
+        Ok(())
+    }
+
     pub async fn create_checkpoint(
         &self,
         caller: &Caller,
@@ -191,15 +226,8 @@ impl Manager {
         }
         let _adm = self.gov.admission.lock().await;
         let room = self.disk_room(&row.tenant).await?;
-        if room == Some(0) {
-            return Err(CoreError::QuotaExceeded {
-                tenant: row.tenant.clone(),
-                quota: "disk_bytes",
-                used: "the sandboxes' disks and checkpoints".into(),
-                limit: "the tenant's disk quota".into(),
-                extra: "; delete checkpoints or sandboxes".into(),
-            });
-        }
+        self.refuse_clone_over_room(&row, room, "checkpoint")
+            .await?;
         let id = format!("ck-{}", uuid::Uuid::new_v4().simple());
         let (clone, memory_bytes) = if with_memory {
             let (clone, image) = self.checkpoint_memory_of(&row, &live, &id).await?;
@@ -331,6 +359,31 @@ impl Manager {
             .capabilities()
             .contains(&crate::driver::capability::FORK_MEMORY);
         super::fork_memory::check_request(&op.request, &parent.tier, tier_can)?;
+        // Refused before the parent is frozen or anything cloned when the forks' disks
+        // cannot all fit in the tenant's disk quota (ADR 0165); each fork's create is
+        // admitted again under the admission lock. Its image is the parent's: no layer is
+        // new to the tenant.
+        if parent.disk_bytes > 0 {
+            if let Some(left) = self.disk_room(&parent.tenant).await? {
+                let wanted = parent.disk_bytes.saturating_mul(names.len() as u64);
+                if wanted > left {
+                    let held = self.store.disk_split_of(&parent.tenant, true).await?;
+                    return Err(CoreError::QuotaExceeded {
+                        tenant: parent.tenant.clone(),
+                        quota: "disk_bytes",
+                        used: format!(
+                            "{wanted} bytes for {} fork disk(s) of {} bytes, {} held ({})",
+                            names.len(),
+                            parent.disk_bytes,
+                            held.total(),
+                            held.parts()
+                        ),
+                        limit: format!("{left} bytes left"),
+                        extra: "; fork fewer, or delete templates, checkpoints or sandboxes".into(),
+                    });
+                }
+            }
+        }
         let live = self.live(&parent.id);
         // Forking from a checkpoint: its clone is the source, kept, and the parent's
         // lifecycle lock is held until the forks are made so it cannot be deleted under

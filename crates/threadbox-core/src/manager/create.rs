@@ -313,7 +313,7 @@ impl Manager {
                 .await
             {
                 Ok(()) => {
-                    self.admit_disk(&caller.tenant, requested_disk, default_disk)
+                    self.admit_disk(&caller.tenant, &row.image, requested_disk, default_disk)
                         .await
                 }
                 Err(e) => Err(e),

@@ -170,18 +170,27 @@ impl Manager {
         let path = store.image_path(&rec.manifest_digest).display().to_string();
         match self.store.get_image(name).await? {
             None => {
+                let layers = self.measure_layers(rec).await?;
                 self.store
-                    .insert_image(&ImageRow {
-                        name: name.to_string(),
-                        kind: OCI_KIND.into(),
-                        path: Some(path),
-                        created_at: now_ms(),
-                    })
+                    .insert_image_with_layers(
+                        &ImageRow {
+                            name: name.to_string(),
+                            kind: OCI_KIND.into(),
+                            path: Some(path),
+                            created_at: now_ms(),
+                        },
+                        &layers,
+                    )
                     .await?
             }
             Some(r) if r.path.as_deref() == Some(path.as_str()) => {}
             Some(_) => {
-                if !self.store.repoint_unused_image(name, &path).await? {
+                let layers = self.measure_layers(rec).await?;
+                if !self
+                    .store
+                    .repoint_unused_image_with_layers(name, &path, &layers)
+                    .await?
+                {
                     return Err(CoreError::Conflict(format!(
                         "image {name:?} now names another digest but sandboxes use the old one: \
                          pull it under another name, or delete them first"
@@ -198,13 +207,63 @@ impl Manager {
         self.image_view(row).await
     }
 
+    /// The layers of `rec` with their unpacked sizes on disk (ADR 0165): a digest already
+    /// measured (another image shares it) is not walked again, layers being immutable.
+    async fn measure_layers(
+        &self,
+        rec: &ImageRecord,
+    ) -> Result<Vec<crate::store_layers::LayerRow>> {
+        let digests: Vec<String> = rec.layers.iter().map(|d| d.to_string()).collect();
+        let known = self.store.known_layer_bytes(&digests).await?;
+        let store = oci::open_store(self.root())?;
+        let wanted = rec.layers.clone();
+        blocking(move || {
+            let mut out: Vec<crate::store_layers::LayerRow> = Vec::with_capacity(wanted.len());
+            for d in &wanted {
+                let digest = d.to_string();
+                if out.iter().any(|l| l.digest == digest) {
+                    continue;
+                }
+                let bytes = match known.get(&digest) {
+                    Some(b) => *b,
+                    None => store.layer_disk_bytes(d)?,
+                };
+                out.push(crate::store_layers::LayerRow { digest, bytes });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// After a crash: a pull cut short may have left blobs, layers or an image record
-    /// that no catalog row names; they go before anything can use them (issue 14).
+    /// that no catalog row names; they go before anything can use them (issue 14). Then
+    /// the images catalogued before layers counted in the tenants' disk (ADR 0165) get
+    /// their layers measured, before any create is admitted.
     pub(super) async fn reconcile_images(&self) -> Result<()> {
         if !oci::store_dir(self.root()).is_dir() {
             return Ok(());
         }
-        self.gc_oci().await
+        self.gc_oci().await?;
+        for name in self.store.images_without_layers(OCI_KIND).await? {
+            let Some(row) = self.store.get_image(&name).await? else {
+                continue;
+            };
+            let measured = match oci::record(&row) {
+                Ok(rec) => self.measure_layers(&rec).await,
+                Err(e) => Err(e),
+            };
+            match measured {
+                Ok(layers) => {
+                    self.store.set_image_layers(&name, &layers).await?;
+                    let bytes: u64 = layers.iter().map(|l| l.bytes).sum();
+                    tracing::info!(image = %name, layers = layers.len(), bytes, "image layers measured for disk accounting");
+                }
+                // Its sandboxes cannot boot either (image_spec says why); it counts for
+                // nothing until it is pulled again.
+                Err(e) => tracing::warn!(image = %name, "image layers not measured: {e}"),
+            }
+        }
+        Ok(())
     }
 
     /// Drops store records no catalog row points at, then their unused layers.

@@ -223,6 +223,9 @@ impl Manager {
         let row = self.reload(&row.id).await?;
         let driver = self.driver_for(&row)?;
         let tpl = format!("tp-{}", uuid::Uuid::new_v4().simple());
+        // Refused before any disk is made when its clone cannot fit (ADR 0165); checked
+        // again, under the admission lock, with the clone's real size.
+        let room = self.disk_room(&row.tenant).await?;
         let (ckpt, internal, source) = match &req.checkpoint {
             Some(name) => {
                 let rows = self.store.checkpoints_of(&row.id).await?;
@@ -232,9 +235,22 @@ impl Manager {
                     .ok_or_else(|| {
                         CoreError::NotFound(format!("checkpoint {name:?} of sandbox {}", row.id))
                     })?;
+                if let Some(left) = room.filter(|left| c.size_bytes > *left) {
+                    return Err(CoreError::QuotaExceeded {
+                        tenant: row.tenant.clone(),
+                        quota: "disk_bytes",
+                        used: format!(
+                            "{} bytes for the template (checkpoint {name:?}'s size)",
+                            c.size_bytes
+                        ),
+                        limit: format!("{left} bytes left"),
+                        extra: "; delete templates, checkpoints or sandboxes".into(),
+                    });
+                }
                 (c.id.clone(), false, format!("sandbox {}:{name}", row.id))
             }
             None => {
+                self.refuse_clone_over_room(&row, room, "template").await?;
                 let ck = format!("tk-{}", uuid::Uuid::new_v4().simple());
                 self.clone_disk_frozen(&row, &ck).await?;
                 (ck, true, format!("sandbox {}", row.id))
@@ -409,6 +425,8 @@ impl Manager {
             let live = self.live(&row.id);
             let _g = live.lifecycle.lock().await;
             let row = self.reload(&row.id).await?;
+            let room = self.disk_room(&row.tenant).await?;
+            self.refuse_clone_over_room(&row, room, "template").await?;
             self.clone_disk_frozen(&row, &ck).await?;
             let saved = driver
                 .save_template_disk(&row.id, row.slot, &ck, &tpl)

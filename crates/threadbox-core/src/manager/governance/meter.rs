@@ -221,6 +221,8 @@ impl Manager {
                 })
                 .filter(|s| s.state != "deleted")
                 .collect();
+            // What the quota counts, part by part (ADR 0165), not only the sandboxes'.
+            let disk = self.store.disk_split_of(&t, false).await?;
             report.tenants.push(TenantUsage {
                 tenant: t.clone(),
                 since_day: since_day.clone(),
@@ -229,7 +231,8 @@ impl Manager {
                 running_seconds: totals.running_ms as f64 / 1000.0,
                 paused_seconds: totals.paused_ms as f64 / 1000.0,
                 cpu_seconds_today: self.store.cpu_usec_on(&t, &today).await? as f64 / 1e6,
-                disk_bytes: sandboxes.iter().map(|s| s.disk_bytes).sum(),
+                disk_bytes: disk.total(),
+                disk: disk.into(),
                 egress_bytes_up: net_total.up,
                 egress_bytes_down: net_total.down,
                 sandboxes,

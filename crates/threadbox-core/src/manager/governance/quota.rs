@@ -6,12 +6,13 @@ impl Manager {
     pub(super) async fn quota_use(&self, tenant: &str) -> Result<QuotaUse> {
         let (running, sandboxes) = self.store.count_sandboxes(tenant).await?;
         let cpu = self.store.cpu_usec_on(tenant, &utc_day(now_ms())).await?;
-        let disk = self.store.disk_bytes_of(tenant).await?;
+        let disk = self.store.disk_split_of(tenant, false).await?;
         Ok(QuotaUse {
             running,
             sandboxes,
             cpu_seconds_today: cpu as f64 / 1e6,
-            disk_bytes: disk.max(0) as u64,
+            disk_bytes: disk.total(),
+            disk: disk.into(),
         })
     }
 
@@ -160,15 +161,18 @@ impl Manager {
         Ok(())
     }
 
-    /// The disk size a new sandbox of `tenant` gets, or `quota_exceeded`: it must fit in
-    /// what the tenant's `disk_bytes` quota leaves beside the *allocated* disks of its
-    /// sandboxes (ADR 0031). A size the request named is refused when it does not fit; the
-    /// default (`requested` None) shrinks to the largest power of two that fits, so a
-    /// small quota still gets a sandbox from a request that names no size. Call with the
-    /// admission lock held.
+    /// The disk size a new sandbox of `tenant` on `image` gets, or `quota_exceeded`: it
+    /// must fit in what the tenant's `disk_bytes` quota leaves beside what the tenant
+    /// holds *allocated* (its sandboxes' disks, ADR 0031, checkpoints, templates and image
+    /// layers), together with the layers of `image` the tenant does not use yet (ADR
+    /// 0165). A size the request named is refused when it does not fit; the default
+    /// (`requested` None) shrinks to the largest power of two that fits, so a small quota
+    /// still gets a sandbox from a request that names no size. Call with the admission
+    /// lock held.
     pub(crate) async fn admit_disk(
         &self,
         tenant: &str,
+        image: &str,
         requested: Option<u64>,
         default: u64,
     ) -> Result<u64> {
@@ -176,8 +180,29 @@ impl Manager {
         let Some(limit) = self.cached_quota(tenant).await?.and_then(|q| q.disk_bytes) else {
             return Ok(wanted);
         };
-        let allocated = self.store.allocated_disk_of(tenant).await?.max(0) as u64;
+        let held = self.store.disk_split_of(tenant, true).await?;
+        let allocated = held.total();
+        let new_layers = self.store.new_layer_bytes(tenant, image).await?;
         let left = limit.saturating_sub(allocated);
+        if new_layers > 0 && new_layers >= left {
+            // The layers alone leave no room for a disk: say so, not "ask for less".
+            return Err(CoreError::QuotaExceeded {
+                tenant: tenant.to_string(),
+                quota: "disk_bytes",
+                used: format!(
+                    "{new_layers} bytes of image {image:?}'s layers the tenant does not use \
+                     yet, {allocated} held ({})",
+                    held.parts()
+                ),
+                limit: limit.to_string(),
+                extra: format!(
+                    "; {left} bytes are left, less than the image's layers and a disk: use an \
+                     image the tenant's sandboxes already use, or delete sandboxes, templates \
+                     or checkpoints"
+                ),
+            });
+        }
+        let left = left - new_layers;
         if wanted <= left {
             return Ok(wanted);
         }
@@ -190,8 +215,9 @@ impl Manager {
             tenant: tenant.to_string(),
             quota: "disk_bytes",
             used: format!(
-                "{wanted} requested for the new sandbox's disk, {allocated} allocated to \
-                 existing sandboxes"
+                "{wanted} requested for the new sandbox's disk, {new_layers} for image \
+                 {image:?}'s layers the tenant does not use yet, {allocated} held ({})",
+                held.parts()
             ),
             limit: limit.to_string(),
             extra: format!(
