@@ -6,8 +6,11 @@ host's file system, where the daemon mounts its own xfs store image, ADR 0101, o
 `--store-off` clones are sparse copies), makes a sandbox holding 200 MB of
 files, and prints the medians of: a checkpoint (frozen, cloned, thawed), a fork of 3 to
 running sandboxes, and a rewind to running. Needs root, mkfs.xfs (xfsprogs), and the SDK
-on PYTHONPATH (python/threadbox/src). Usage:
-  bench/layers/bench.py [--bin target/debug/threadbox] [--ext4] [--trials 5]
+on PYTHONPATH (python/threadbox/src). With `--staged`, it prints instead the fork of 3
+booted cold against the fork of 3 served by staged slots (ADR 0180) in the same run: the
+daemon is restarted on the same root (the parent keeps running) alternately without and
+with `--staged-pool 3`, each staged fork waiting for the pool to be full again. Usage:
+  bench/layers/bench.py [--bin target/debug/threadbox] [--ext4] [--trials 5] [--staged]
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ def main() -> None:
     ap.add_argument(
         "--log", help="copy the daemon's log here (RUST_LOG=debug shows the phases)"
     )
+    ap.add_argument(
+        "--staged",
+        action="store_true",
+        help="fork of 3 cold against staged slots (ADR 0180), same run",
+    )
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tb-bench-layers-"))
     root = work / "root"
@@ -58,21 +66,31 @@ def main() -> None:
             subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(img)], check=True)
             subprocess.run(["mount", "-o", "loop", str(img), str(root)], check=True)
             mounted = True
-        with open(work / "daemon.log", "wb") as log:
-            daemon = subprocess.Popen(
-                [a.bin, "serve", "--root", str(root), "--listen", "127.0.0.1:0"]
-                + (["--store-image", "off"] if a.store_off else []),
-                stdout=log,
-                stderr=log,
-            )
         sock = root / "threadbox.sock"
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            if time.monotonic() > deadline or daemon.poll() is not None:
-                raise SystemExit(
-                    f"daemon did not start: {(work / 'daemon.log').read_text()[-2000:]}"
+
+        def start(extra: list[str]) -> subprocess.Popen[bytes]:
+            sock.unlink(missing_ok=True)
+            with open(work / "daemon.log", "ab") as log:
+                d = subprocess.Popen(
+                    [a.bin, "serve", "--root", str(root), "--listen", "127.0.0.1:0"]
+                    + (["--store-image", "off"] if a.store_off else [])
+                    + extra,
+                    stdout=log,
+                    stderr=log,
                 )
-            time.sleep(0.05)
+            deadline = time.monotonic() + 60
+            while not sock.exists():
+                if time.monotonic() > deadline or d.poll() is not None:
+                    raise SystemExit(
+                        f"daemon did not start: {(work / 'daemon.log').read_text()[-2000:]}"
+                    )
+                time.sleep(0.05)
+            return d
+
+        daemon = start([])
+        if a.staged:
+            daemon = staged_vs_cold(a, work, sock, daemon, start)
+            return
         with threadbox.Threadbox(f"unix://{sock}") as tb:
             time.sleep(0.2)
             sb = tb.create("bench-parent")
@@ -130,6 +148,65 @@ def main() -> None:
         if mounted:
             subprocess.run(["umount", "-l", str(root)], check=False)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def staged_vs_cold(a, work: Path, sock: Path, daemon, start):  # type: ignore[no-untyped-def]
+    """Fork of 3, cold and from staged slots, alternating daemons on one root."""
+    log = work / "daemon.log"
+
+    def waiting() -> int:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
+        ready = len(re.findall(r"staged pool: slot ready", text))
+        gone = len(
+            re.findall(r"staged pool: slot taken|removed a pooled sandbox", text)
+        )
+        return ready - gone
+
+    with threadbox.Threadbox(f"unix://{sock}") as tb:
+        sb = tb.create("bench-parent")
+        sb.exec(
+            "for i in $(seq 200); do head -c 1048576 /dev/urandom > ~/f$i; done; sync"
+        )
+    times: dict[str, list[float]] = {"cold": [], "staged": []}
+    per_round = max(1, a.trials // 2)
+    for rnd in range(2):
+        for mode in ("cold", "staged"):
+            if not (rnd == 0 and mode == "cold"):
+                daemon.terminate()
+                daemon.wait(timeout=30)
+                daemon = start(["--staged-pool", "3"] if mode == "staged" else [])
+            with threadbox.Threadbox(f"unix://{sock}") as tb:
+                sb = tb.get("bench-parent")
+                for _ in range(per_round):
+                    if mode == "staged":
+                        deadline = time.monotonic() + 120
+                        while waiting() < 3:
+                            if time.monotonic() > deadline:
+                                raise SystemExit("the staged pool did not fill")
+                            time.sleep(0.05)
+                    t0 = time.perf_counter()
+                    kids = sb.fork(count=3)
+                    times[mode].append(ms(t0))
+                    for k in kids:
+                        k.delete()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
+    served = len(re.findall(r"staged slot attached", text))
+    cold, staged = statistics.median(times["cold"]), statistics.median(times["staged"])
+    print(
+        f"fork of 3 to running sandboxes, 200 MB parent, medians of {len(times['cold'])} "
+        f"each, alternating daemons; load {os.getloadavg()[0]:.1f}:"
+    )
+    print(
+        f"  cold                {cold:8.1f} ms  {sorted(round(t, 1) for t in times['cold'])}"
+    )
+    print(
+        f"  staged slots        {staged:8.1f} ms  {sorted(round(t, 1) for t in times['staged'])}"
+        f"  ({served} forks served by an attach)"
+    )
+    print(f"  ratio staged/cold   {staged / cold:8.2f}")
+    with threadbox.Threadbox(f"unix://{sock}") as tb:
+        tb.get("bench-parent").delete()
+    return daemon
 
 
 if __name__ == "__main__":

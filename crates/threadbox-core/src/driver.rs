@@ -166,6 +166,19 @@ pub trait Driver: Send + Sync {
     /// Starts the sandbox's agent; returns its host pid. The agent may not answer yet:
     /// the caller connects with its own deadline.
     async fn launch(&self, spec: &SandboxSpec) -> Result<i32>;
+    /// Stages slot `spec` (ADR 0180): booted up to the point where its disk is needed, so
+    /// that a later [`Driver::launch`] of it, once its disk is made (a fork's clone), only
+    /// attaches the disk and finishes the boot. Tiers without staged slots refuse.
+    async fn stage(&self, _spec: &SandboxSpec) -> Result<()> {
+        Err(CoreError::Unavailable(format!(
+            "the {} tier has no staged slots",
+            self.tier()
+        )))
+    }
+    /// Whether `id` is a staged slot waiting for its disk.
+    async fn is_staged(&self, _id: &str) -> bool {
+        false
+    }
     /// A stream to the sandbox's agent (whatever handshake the transport needs is done;
     /// the agent protocol's own is the caller's). Waits, within the caller's deadline,
     /// for an agent that is still starting.

@@ -70,6 +70,9 @@ pub struct Config {
     pub warm_pool: usize,
     /// Pre-booted sandboxes of templates: (tenant, template name, how many); ADR 0110.
     pub warm_pool_templates: Vec<(String, String, usize)>,
+    /// Staged slots (ADR 0180): sandboxes of the host image booted up to the point where
+    /// their disk is needed, kept ready for forks; 0 = none.
+    pub staged_pool: usize,
     /// Private ranges the operator opens to egress (`serve --egress-allow-private`); the
     /// floor refuses them otherwise, whatever a tenant's policy says.
     pub egress_allow_private: Vec<ipnet::IpNet>,
@@ -105,6 +108,7 @@ impl Config {
             meter_interval: std::time::Duration::from_secs(2),
             warm_pool: 0,
             warm_pool_templates: Vec::new(),
+            staged_pool: 0,
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
             egress_dns: None,

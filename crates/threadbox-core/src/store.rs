@@ -124,7 +124,7 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn ttl_str(a: TtlAction) -> &'static str {
+pub(crate) fn ttl_str(a: TtlAction) -> &'static str {
     match a {
         TtlAction::Stop => "stop",
         TtlAction::Delete => "delete",

@@ -182,13 +182,79 @@ impl Store {
     pub async fn count_pooled(&self, template: Option<&str>) -> Result<u32> {
         let (n,): (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM sandboxes s LEFT JOIN template_uses u ON u.sandbox = s.id \
-             WHERE s.tenant = ? AND u.template IS ?",
+             WHERE s.tenant = ? AND u.template IS ? AND s.state != 'stopped'",
         )
         .bind(crate::caller::POOL_TENANT)
         .bind(template)
         .fetch_one(&self.pool)
         .await?;
         Ok(n.max(0) as u32)
+    }
+
+    /// Staged slots (ADR 0180): the pool's rows that are `stopped` (no agent until a
+    /// disk is attached).
+    pub async fn count_staged(&self) -> Result<u32> {
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM sandboxes WHERE tenant = ? AND state = 'stopped'")
+                .bind(crate::caller::POOL_TENANT)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(n.max(0) as u32)
+    }
+
+    /// A staged slot of `image`, oldest first.
+    pub async fn staged_candidate(&self, image: &str) -> Result<Option<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM sandboxes WHERE tenant = ? AND state = 'stopped' AND image = ? \
+             ORDER BY created_at, id LIMIT 1",
+        )
+        .bind(crate::caller::POOL_TENANT)
+        .bind(image)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Makes staged slot `id` the sandbox `row` (its tenant, name, labels, limits, disk
+    /// size and timers), `creating` until its boot ends; false when it is no longer a
+    /// staged slot (another request took it).
+    pub async fn adopt_staged(&self, id: &str, row: &crate::store::SandboxRow) -> Result<bool> {
+        let labels =
+            serde_json::to_string(&row.labels).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let res = sqlx::query(
+            "UPDATE sandboxes SET tenant = ?, name = ?, labels = ?, memory_bytes = ?, cpus = ?, \
+             pids = ?, disk_bytes = ?, idle_pause_secs = ?, ttl_secs = ?, ttl_action = ?, \
+             created_at = ?, last_active_at = ?, idle_stop_secs = ?, idle_hibernate_secs = ?, \
+             state = 'creating' \
+             WHERE id = ? AND tenant = ? AND state = 'stopped'",
+        )
+        .bind(&row.tenant)
+        .bind(&row.name)
+        .bind(labels)
+        .bind(row.memory_bytes as i64)
+        .bind(row.cpus)
+        .bind(row.pids as i64)
+        .bind(row.disk_bytes as i64)
+        .bind(row.idle_pause_secs.map(|v| v as i64))
+        .bind(row.ttl_secs.map(|v| v as i64))
+        .bind(crate::store::ttl_str(row.ttl_action))
+        .bind(row.created_at)
+        .bind(row.last_active_at)
+        .bind(row.idle_stop_secs.map(|v| v as i64))
+        .bind(row.idle_hibernate_secs.map(|v| v as i64))
+        .bind(id)
+        .bind(crate::caller::POOL_TENANT)
+        .execute(&self.pool)
+        .await;
+        match res {
+            Ok(r) => Ok(r.rows_affected() == 1),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                Err(CoreError::Conflict(format!(
+                    "a sandbox named {:?} already exists",
+                    row.name.as_deref().unwrap_or("")
+                )))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// A running pooled sandbox of `template` (`None`: of no template), oldest first.

@@ -122,6 +122,31 @@ pub struct Jail {
     layout: Layout,
     /// One sealed memfd of the agent shared by every boot, remade when the file changes.
     agent_memfd: std::sync::Mutex<Option<std::sync::Arc<AgentMemfd>>>,
+    /// The launch helpers of staged slots (ADR 0180), by sandbox id, waiting for their
+    /// attach.
+    staged: std::sync::Mutex<std::collections::HashMap<String, Staged>>,
+}
+
+/// A staged slot's launch helper: alive, its stdin open (closing it destroys the slot).
+struct Staged {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    /// The helper's stdout, line by line (a reader thread).
+    lines: std::sync::mpsc::Receiver<String>,
+    /// The init's host pid: the agent's once attached.
+    pid: i32,
+    /// The limits its cgroup was made with.
+    limits: threadbox_sys::cgroup::Limits,
+}
+
+impl Staged {
+    /// Kills the helper (its init then exits on the attach pipe's EOF, and `stop` kills
+    /// the cgroup anyway) and reaps it.
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        drop(self.stdin);
+        let _ = self.child.wait();
+    }
 }
 
 struct AgentMemfd {
@@ -167,6 +192,7 @@ impl Jail {
             uid_range,
             layout,
             agent_memfd: std::sync::Mutex::new(None),
+            staged: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -241,6 +267,25 @@ fn run_helper(
                 deadline.as_secs()
             )))
         }
+    }
+}
+
+/// The helper's next report line, waited for at most `deadline`.
+fn next_report(
+    lines: &std::sync::mpsc::Receiver<String>,
+    deadline: Duration,
+) -> Result<LaunchReport> {
+    use std::sync::mpsc::RecvTimeoutError;
+    match lines.recv_timeout(deadline) {
+        Ok(line) => serde_json::from_str(&line)
+            .map_err(|_| CoreError::Internal(format!("jail helper: bad report {line:?}"))),
+        Err(RecvTimeoutError::Timeout) => Err(CoreError::Unavailable(format!(
+            "the jail helper did not answer within {}s",
+            deadline.as_secs()
+        ))),
+        Err(RecvTimeoutError::Disconnected) => Err(CoreError::Internal(
+            "the jail helper exited without a report".into(),
+        )),
     }
 }
 
@@ -339,7 +384,286 @@ impl Jail {
         Ok(())
     }
 
+    /// Boots `req`: into its staged slot when it has one (ADR 0180), else cold. An attach
+    /// that fails destroys the slot (its processes and cgroup) and boots cold.
     pub fn launch(&self, req: &SandboxSpec, layers: &ImageSpec) -> Result<i32> {
+        let staged = self
+            .staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&req.id);
+        if let Some(st) = staged {
+            match self.attach(req, st) {
+                Ok(pid) => return Ok(pid),
+                Err(e) => {
+                    tracing::warn!(sandbox = %req.id, "staged slot: attach failed ({e}); slot destroyed, booting cold");
+                    self.stop(&req.id)?;
+                }
+            }
+        }
+        self.launch_cold(req, layers)
+    }
+
+    /// The limits `req`'s cgroup is given (test weakenings applied).
+    fn limits_of(&self, req: &SandboxSpec) -> Result<threadbox_sys::cgroup::Limits> {
+        #[cfg(feature = "insecure-test-hooks")]
+        let weaken = threadbox_sys::testhooks::Weaken::from_env().map_err(CoreError::Internal)?;
+        #[allow(unused_mut)]
+        let mut limits = cg_limits(&req.limits);
+        #[cfg(feature = "insecure-test-hooks")]
+        {
+            if weaken.has("no-pids-limit") {
+                limits.pids = 1 << 22;
+            }
+            if weaken.has("no-memory-limit") {
+                limits.memory_bytes = 1 << 40;
+            }
+            if weaken.has("no-cpu-limit") {
+                limits.cpus = 64.0;
+            }
+        }
+        Ok(limits)
+    }
+
+    /// Stages slot `req` (ADR 0180): its cgroup, and a launch helper that has built
+    /// everything up to the disk, then waits for [`Jail::launch`] to attach one. `req`
+    /// has no disk yet: the one attached is made into its directory later.
+    pub fn stage(&self, req: &SandboxSpec, layers: &ImageSpec) -> Result<()> {
+        let r = self.stage_inner(req, layers);
+        if r.is_err() {
+            let _ = self.stop(&req.id);
+        }
+        r
+    }
+
+    fn stage_inner(&self, req: &SandboxSpec, layers: &ImageSpec) -> Result<()> {
+        let p = self.paths(&req.id);
+        if p.disk_image.exists() || p.upper.exists() {
+            // Never: a staged slot has no disk before its attach.
+            return Err(CoreError::Internal(format!(
+                "sandbox {} has a disk; it cannot be staged",
+                req.id
+            )));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        for d in [&p.dir, &p.disk_mount, &p.rootfs, &p.run] {
+            mkdir(d)?;
+        }
+        std::fs::set_permissions(&p.dir, std::fs::Permissions::from_mode(0o700))?;
+        let limits = self.limits_of(req)?;
+        let (spec, memfd) = self.staged_spec(req, layers, &limits)?;
+        let mut input =
+            serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
+        input.push(b'\n');
+        let mut child = std::process::Command::new(&self.config.helper_path)
+            .arg("__jail-launch")
+            .arg("--staged")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .env_clear()
+            .spawn()
+            .map_err(|e| {
+                CoreError::Internal(format!(
+                    "start the jail helper {}: {e}",
+                    self.config.helper_path.display()
+                ))
+            })?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(CoreError::Internal("the jail helper has no pipes".into()));
+        };
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut st = Staged {
+            child,
+            stdin,
+            lines,
+            pid: 0,
+            limits,
+        };
+        let first = match st.stdin.write_all(&input).map_err(CoreError::from) {
+            Ok(()) => next_report(&st.lines, HELPER_DEADLINE),
+            Err(e) => Err(e),
+        };
+        // The helper opened the memfd before its first report.
+        drop(memfd);
+        let report = match first {
+            Ok(r) => r,
+            Err(e) => {
+                st.kill();
+                return Err(e);
+            }
+        };
+        tracing::debug!(sandbox = %req.id, phases_us = ?report.phases_us, "jail staged");
+        match (report.ok, report.agent_pid) {
+            (true, Some(pid)) => {
+                st.pid = pid;
+                self.staged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(req.id.clone(), st);
+                Ok(())
+            }
+            _ => {
+                st.kill();
+                Err(CoreError::Internal(format!(
+                    "staging a sandbox failed: {}",
+                    report.error.unwrap_or_else(|| "unknown error".into())
+                )))
+            }
+        }
+    }
+
+    /// Hands staged slot `st` the disk now in `req`'s directory and finishes its boot.
+    /// On error the slot's helper is killed (the caller stops the rest).
+    fn attach(&self, req: &SandboxSpec, mut st: Staged) -> Result<i32> {
+        let t0 = std::time::Instant::now();
+        let r = (|| {
+            let p = self.paths(&req.id);
+            if !p.disk_image.is_file() {
+                return Err(CoreError::Internal(format!(
+                    "staged slot {}: no disk image to attach",
+                    req.id
+                )));
+            }
+            let base = self.uid_range.slot_base(req.index)?;
+            let limits = self.limits_of(req)?;
+            if limits != st.limits {
+                self.cgroup(&req.id).set_limits(&limits)?;
+            }
+            let attach = threadbox_sys::jail::StagedAttach {
+                hostname: req.hostname.to_string(),
+                tmpfs_bytes: limits.memory_bytes,
+                disk_owner_base: checkpoint::disk_owner_base(&p.dir).filter(|b| *b != base),
+            };
+            let mut line =
+                serde_json::to_vec(&attach).map_err(|e| CoreError::Internal(e.to_string()))?;
+            line.push(b'\n');
+            st.stdin.write_all(&line)?;
+            st.stdin.flush()?;
+            let report = next_report(&st.lines, HELPER_DEADLINE)?;
+            tracing::debug!(
+                sandbox = %req.id,
+                attach_us = t0.elapsed().as_micros() as u64,
+                phases_us = ?report.phases_us,
+                "jail attached"
+            );
+            match (report.ok, report.agent_pid) {
+                (true, Some(pid)) if pid == st.pid => {
+                    tracing::info!(sandbox = %req.id, agent_pid = pid, "staged slot attached");
+                    Ok(pid)
+                }
+                _ => Err(CoreError::Internal(format!(
+                    "sandbox setup failed: {}",
+                    report.error.unwrap_or_else(|| "unknown error".into())
+                ))),
+            }
+        })();
+        let pid = match r {
+            Ok(pid) => pid,
+            Err(e) => {
+                st.kill();
+                return Err(e);
+            }
+        };
+        // The helper exits after its second report.
+        drop(st.stdin);
+        let _ = st.child.wait();
+        #[cfg(feature = "insecure-test-hooks")]
+        let egress = !threadbox_sys::testhooks::Weaken::from_env()
+            .map_err(CoreError::Internal)?
+            .has("shared-netns");
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let egress = true;
+        if egress {
+            self.record_netns(&req.id, pid)?;
+        }
+        Ok(pid)
+    }
+
+    /// Whether `id` is a staged slot waiting for its attach, its helper alive.
+    pub fn is_staged(&self, id: &str) -> bool {
+        let mut map = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get_mut(id) {
+            Some(st) => matches!(st.child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// The staged helper's spec for slot `req` (its disk image is attached later, no
+    /// trusted CA: a sandbox with secrets boots cold), its cgroup made; the agent memfd is
+    /// held by the caller until the helper has opened it.
+    fn staged_spec(
+        &self,
+        req: &SandboxSpec,
+        layers: &ImageSpec,
+        limits: &threadbox_sys::cgroup::Limits,
+    ) -> Result<(LaunchSpec, Option<std::sync::Arc<AgentMemfd>>)> {
+        let p = self.paths(&req.id);
+        let base = self.uid_range.slot_base(req.index)?;
+        let cg = self.cgroup(&req.id);
+        #[cfg(feature = "insecure-test-hooks")]
+        let weaken = threadbox_sys::testhooks::Weaken::from_env().map_err(CoreError::Internal)?;
+        cg.create(limits, Some((base, base)))?;
+        #[cfg(feature = "insecure-test-hooks")]
+        let tree_limit = !weaken.has("no-cgroup-tree-limit");
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let tree_limit = true;
+        if tree_limit {
+            cg.limit_tree(CGROUP_MAX_DESCENDANTS, CGROUP_MAX_DEPTH)?;
+        }
+        let memfd = self.agent_memfd();
+        let spec = JailSpec {
+            hostname: req.hostname.to_string(),
+            id_base: base,
+            lower: layers.lower.clone(),
+            upper: p.disk_mount.join("upper"),
+            work: p.disk_mount.join("work"),
+            disk_image: Some(p.disk_image.clone()),
+            disk_owner_base: None,
+            disk_userns_fd: None,
+            home_owner: base + SANDBOX_USER_ID,
+            rootfs: p.rootfs.clone(),
+            binds: layers.binds.clone(),
+            file_binds: Vec::new(),
+            agent_path: self.config.agent_path.clone(),
+            agent_memfd: memfd.as_ref().map(|m| {
+                use std::os::fd::AsRawFd;
+                PathBuf::from(format!(
+                    "/proc/{}/fd/{}",
+                    std::process::id(),
+                    m.fd.as_raw_fd()
+                ))
+            }),
+            socket_path: p.run.join("agent.sock"),
+            cgroup_procs: cg.procs_files(),
+            cgroup_dir: Some(cg.v2_dir()),
+            tmpfs_bytes: limits.memory_bytes,
+            nofile: SANDBOX_NOFILE,
+            allow_no_landlock: self.config.allow_no_landlock,
+            #[cfg(feature = "insecure-test-hooks")]
+            test_weaken: weaken.list().to_vec(),
+            #[cfg(not(feature = "insecure-test-hooks"))]
+            test_weaken: Vec::new(),
+        };
+        #[cfg(feature = "insecure-test-hooks")]
+        let egress = (!weaken.has("shared-netns")).then(EgressConfig::default);
+        #[cfg(not(feature = "insecure-test-hooks"))]
+        let egress = Some(EgressConfig::default());
+        Ok((LaunchSpec { jail: spec, egress }, memfd))
+    }
+
+    fn launch_cold(&self, req: &SandboxSpec, layers: &ImageSpec) -> Result<i32> {
         let p = self.paths(&req.id);
         let image = p.disk_image.is_file();
         if !image && !p.upper.is_dir() {
@@ -527,6 +851,14 @@ impl Jail {
     }
 
     pub fn stop(&self, id: &str) -> Result<()> {
+        let staged = self
+            .staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        if let Some(st) = staged {
+            st.kill();
+        }
         let cg = self.cgroup(id);
         if cg.exists() {
             cg.kill_all(Duration::from_secs(10))?;
@@ -777,6 +1109,22 @@ impl Driver for JailDriver {
             j.launch(&spec, &image)
         })
         .await
+    }
+
+    async fn stage(&self, spec: &SandboxSpec) -> Result<()> {
+        let spec = spec.clone();
+        self.run(move |j| {
+            let image = j.image_spec(&spec.image)?;
+            j.stage(&spec, &image)
+        })
+        .await
+    }
+
+    async fn is_staged(&self, id: &str) -> bool {
+        let id = id.to_string();
+        self.run(move |j| Ok(j.is_staged(&id)))
+            .await
+            .unwrap_or(false)
     }
 
     async fn connect(&self, id: &str) -> Result<AgentStream> {

@@ -37,6 +37,8 @@ pub struct ServeOptions {
     pub warm_pool: usize,
     /// Warm sandboxes of templates: (tenant, template name, how many).
     pub warm_pool_templates: Vec<(String, String, usize)>,
+    /// Staged slots kept ready for forks (0 = none; ADR 0180).
+    pub staged_pool: usize,
     /// Largest `limits.disk_bytes` one sandbox may ask for (`--max-disk-bytes`).
     pub max_disk_bytes: u64,
     /// Egress (issue 13): private ranges the operator opens, static names, upstream DNS.
@@ -62,6 +64,7 @@ impl ServeOptions {
             insecure_no_auth: false,
             warm_pool: 0,
             warm_pool_templates: Vec::new(),
+            staged_pool: 0,
             max_disk_bytes: threadbox_core::DEFAULT_MAX_DISK_BYTES,
             egress_allow_private: Vec::new(),
             egress_hosts: Vec::new(),
@@ -141,6 +144,7 @@ pub async fn serve(
     let mut config = Config::new(opts.root.clone());
     config.warm_pool = opts.warm_pool;
     config.warm_pool_templates = opts.warm_pool_templates.clone();
+    config.staged_pool = opts.staged_pool;
     config.max_disk_bytes = opts.max_disk_bytes;
     config.egress_allow_private = opts.egress_allow_private.clone();
     config.egress_hosts = opts.egress_hosts.clone();

@@ -128,7 +128,7 @@ pub struct ServeArgs {
     /// TCP address to listen on [default: 127.0.0.1:7420]; TCP clients need an API key.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
-    /// JSON configuration file: {"root", "listen", "agent", "max_upload", "warm_pool", "max_disk_bytes", "allowed_hosts", "allowed_origins"}; flags win.
+    /// JSON configuration file: {"root", "listen", "agent", "max_upload", "warm_pool", "staged_pool", "max_disk_bytes", "allowed_hosts", "allowed_origins"}; flags win.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// The threadbox-agent binary [default: threadbox-agent next to this binary].
@@ -149,6 +149,11 @@ pub struct ServeArgs {
     /// `default` unless given). A create with that template takes one.
     #[arg(long, value_name = "[TENANT/]NAME=N")]
     pub warm_pool_template: Vec<String>,
+    /// Keep N staged slots for forks: sandboxes booted up to the point where their disk
+    /// is needed (no disk of anyone's is in them), so a fork only attaches its disk clone
+    /// [default: 0].
+    #[arg(long, value_name = "N")]
+    pub staged_pool: Option<usize>,
     /// Open a private range to sandbox egress (repeatable), e.g. 10.1.0.0/16 for a LAN
     /// service; a tenant's policy must still allow it. The daemon's ports stay closed.
     #[arg(long, value_name = "CIDR")]

@@ -23,6 +23,8 @@ struct ConfigFile {
     max_upload: Option<String>,
     /// Pre-booted sandboxes kept ready for create (0 = none).
     warm_pool: Option<usize>,
+    /// Staged slots kept ready for forks (0 = none).
+    staged_pool: Option<usize>,
     /// Largest disk one sandbox may ask for, e.g. "100G".
     max_disk_bytes: Option<String>,
     /// "auto" or "off" (`--store-image`).
@@ -144,6 +146,7 @@ async fn serve_inner(
         );
     }
     opts.warm_pool = args.warm_pool.or(config.warm_pool).unwrap_or(0);
+    opts.staged_pool = args.staged_pool.or(config.staged_pool).unwrap_or(0);
     for c in &args.egress_allow_private {
         let net: ipnet::IpNet = c
             .parse()
@@ -170,6 +173,9 @@ async fn serve_inner(
     }
     if opts.warm_pool > 1024 {
         bail!("--warm-pool must be at most 1024");
+    }
+    if opts.staged_pool > 1024 {
+        bail!("--staged-pool must be at most 1024");
     }
     for w in &args.warm_pool_template {
         opts.warm_pool_templates.push(parse_pool_template(w)?);

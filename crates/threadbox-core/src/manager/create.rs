@@ -260,7 +260,7 @@ impl Manager {
         self.image_run(&image).await?;
 
         let created = now_ms();
-        let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
+        let mut id = format!("sb-{}", uuid::Uuid::new_v4().simple());
         let mut row = SandboxRow {
             id: id.clone(),
             tenant: caller.tenant.clone(),
@@ -286,7 +286,9 @@ impl Manager {
             network_generation: 0,
             otlp_relay: req.otlp_relay,
         };
-        let live = self.live(&id);
+        let mut live = self.live(&id);
+        // Whether a staged slot serves this create (ADR 0180).
+        let mut staged = false;
         // Held across the insert so two creates of one name cannot both insert; the new
         // sandbox's lifecycle lock is taken before the name is visible, so a concurrent
         // get-or-create of the same name waits until it is running.
@@ -358,8 +360,35 @@ impl Manager {
                     return Err(e);
                 }
             }
-            let g = live.lifecycle.lock().await;
-            row.slot = self.store.insert_sandbox(&row).await?;
+            // A fork may take a staged slot instead of a new row (ADR 0180): the slot's
+            // row becomes this sandbox's, and every step below is the cold path's, its
+            // disk made into the slot's directory and attached at boot.
+            let adopted = match from {
+                Some(super::templates::DiskFrom::Fork(_)) if req.secrets.is_empty() => {
+                    self.adopt_staged(&row).await
+                }
+                _ => Ok(None),
+            };
+            let g = match adopted {
+                Ok(Some((sid, slot, g))) => {
+                    self.forget(&id);
+                    id = sid;
+                    row.id = id.clone();
+                    row.slot = slot;
+                    live = self.live(&id);
+                    staged = true;
+                    g
+                }
+                Ok(None) => {
+                    let g = live.lifecycle.clone().lock_owned().await;
+                    row.slot = self.store.insert_sandbox(&row).await?;
+                    g
+                }
+                Err(e) => {
+                    self.forget(&id);
+                    return Err(e);
+                }
+            };
             if let Some(super::templates::DiskFrom::Template(t)) = from {
                 if let Err(e) = self.store.set_template_use(&id, t).await {
                     let _ = self.store.delete_sandbox(&id).await;
@@ -429,6 +458,7 @@ impl Manager {
             tracing::debug!(
                 sandbox = %id,
                 from_clone = from.is_some(),
+                staged,
                 disk_us = (t1 - t0).as_micros() as u64,
                 boot_us = t1.elapsed().as_micros() as u64,
                 "disk ready and booted"
@@ -443,7 +473,11 @@ impl Manager {
                     .await?;
                 drop(guard);
                 let row = self.reload(&id).await?;
-                tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
+                if staged {
+                    tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created in a staged slot");
+                } else {
+                    tracing::info!(sandbox = %id, name = ?row.name, agent_pid = pid, "created");
+                }
                 Ok(Some((to_api(&self.drivers, caller, &row), true)))
             }
             Err(e) => {

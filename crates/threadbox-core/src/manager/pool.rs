@@ -23,7 +23,10 @@ const REFILL_DELAY: Duration = Duration::from_millis(50);
 impl Manager {
     /// Starts the refill task when the pool is enabled.
     pub(super) fn spawn_pool(self: &Arc<Self>, mut stop_rx: tokio::sync::watch::Receiver<bool>) {
-        if self.config.warm_pool == 0 && self.config.warm_pool_templates.is_empty() {
+        if self.config.warm_pool == 0
+            && self.config.warm_pool_templates.is_empty()
+            && self.config.staged_pool == 0
+        {
             return;
         }
         let weak = Arc::downgrade(self);
@@ -82,7 +85,123 @@ impl Manager {
                 return Ok(true);
             }
         }
+        // Staged slots last: a create waits for a warm sandbox, a fork boots cold.
+        if self.staged_pool_on()
+            && (self.store.count_staged().await? as usize) < self.config.staged_pool
+        {
+            self.boot_staged().await?;
+            return Ok(true);
+        }
         Ok(false)
+    }
+
+    /// Whether staged slots are kept: configured, and the default tier is the jail (the
+    /// one tier that stages, ADR 0180).
+    fn staged_pool_on(&self) -> bool {
+        self.config.staged_pool > 0 && self.drivers.default_tier() == crate::driver::DEFAULT_TIER
+    }
+
+    /// Stages one slot (ADR 0180): a pooled row, `stopped` (no agent, no disk), whose
+    /// launch helper has made everything of a boot but the disk.
+    async fn boot_staged(&self) -> Result<()> {
+        let created = now_ms();
+        let id = format!("sb-{}", uuid::Uuid::new_v4().simple());
+        let mut row = SandboxRow {
+            id: id.clone(),
+            tenant: POOL_TENANT.to_string(),
+            name: None,
+            state: State::Stopped,
+            labels: BTreeMap::new(),
+            image: HOST_IMAGE.to_string(),
+            memory_bytes: self.config.default_memory_bytes,
+            cpus: self.config.default_cpus,
+            pids: self.config.default_pids,
+            disk_bytes: self.config.default_disk_bytes,
+            idle_pause_secs: None,
+            idle_stop_secs: None,
+            idle_hibernate_secs: None,
+            ttl_secs: None,
+            ttl_action: TtlAction::Stop,
+            slot: 0,
+            agent_pid: None,
+            created_at: created,
+            last_active_at: created,
+            tier: self.drivers.default_tier().to_string(),
+            network_policy: None,
+            network_generation: 0,
+            otlp_relay: false,
+        };
+        let live = self.live(&id);
+        let _g = live.lifecycle.lock().await;
+        row.slot = match self.store.insert_sandbox(&row).await {
+            Ok(slot) => slot,
+            Err(e) => {
+                self.forget(&id);
+                return Err(e);
+            }
+        };
+        let result: Result<()> = async {
+            let spec = self.spec_of(&row).await?;
+            self.drivers.get(&row.tier)?.stage(&spec).await
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                tracing::info!(sandbox = %id, "staged pool: slot ready");
+                Ok(())
+            }
+            Err(e) => {
+                self.discard_pooled(&id, &live).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes a staged slot for the fork `row` when one fits (ADR 0180): jail tier, host
+    /// image, a disk image, no OTLP endpoint (the caller leaves out secrets). The slot's
+    /// row becomes `row`'s in one UPDATE (`creating`); returns its id, slot and lifecycle
+    /// lock, which the caller holds until the boot ends. Its disk is made and attached by
+    /// the caller's ordinary create steps. Caller holds the create and admission locks.
+    pub(super) async fn adopt_staged(
+        &self,
+        row: &SandboxRow,
+    ) -> Result<Option<(String, u32, tokio::sync::OwnedMutexGuard<()>)>> {
+        if !self.staged_pool_on()
+            || row.tier != self.drivers.default_tier()
+            || row.image != HOST_IMAGE
+            || row.disk_bytes == 0
+            || row.otlp_relay
+        {
+            return Ok(None);
+        }
+        let d = self.drivers.get(self.drivers.default_tier())?;
+        // Bounded: each round takes or discards one slot.
+        for _ in 0..4 {
+            let Some(id) = self.store.staged_candidate(HOST_IMAGE).await? else {
+                tracing::debug!("staged pool: empty, cold boot");
+                return Ok(None);
+            };
+            let live = self.live(&id);
+            let g = live.lifecycle.clone().lock_owned().await;
+            let Some(staged) = self.store.get_by_id_any(&id).await? else {
+                continue;
+            };
+            if staged.tenant != POOL_TENANT || staged.state != State::Stopped {
+                continue;
+            }
+            if !d.is_staged(&id).await {
+                tracing::warn!(sandbox = %id, "staged pool: slot gone, discarding");
+                self.discard_pooled(&id, &live).await;
+                self.pool_wake.notify_one();
+                continue;
+            }
+            if self.store.adopt_staged(&id, row).await? {
+                self.pool_wake.notify_one();
+                tracing::info!(sandbox = %id, "staged pool: slot taken by a fork");
+                return Ok(Some((id, staged.slot, g)));
+            }
+        }
+        Ok(None)
     }
 
     /// Whether the configuration keeps sandboxes of `t` warm.

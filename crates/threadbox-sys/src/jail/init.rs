@@ -25,6 +25,78 @@ pub(super) fn sandbox_init(
     ready_w: OwnedFd,
     go_r: OwnedFd,
 ) -> Result<Never> {
+    let (log, cgroup_fd) = enter_namespaces(spec, cgroup_fd)?;
+    rootfs::build_root(&rootfs::Host, spec)?;
+    set_hostname(&spec.hostname)?;
+    network_up(spec, egress)?;
+    finish(spec, agent, listener, cgroup_fd, log, ready_w, go_r)
+}
+
+/// What a staged init (ADR 0180) reads on its attach pipe: what tells one fork from
+/// another, everything else being the slot's own.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct InitAttach {
+    pub hostname: String,
+    pub tmpfs_bytes: u64,
+    pub disk_owner_base: Option<u32>,
+    /// `/proc/<helper>/fd/<n>`: the idmap user namespace the helper made for this disk
+    /// (the init, already in the sandbox's PID namespace, cannot make it itself).
+    pub disk_userns_path: Option<std::path::PathBuf>,
+}
+
+/// A staged sandbox's PID 1 (ADR 0180): its namespaces, `lo` and the egress table are
+/// made, then it blocks on `attach_r` until the helper sends the disk's attach (EOF: the
+/// slot is being destroyed, it exits). From there on it runs what a cold boot runs from
+/// the root filesystem on. Nothing of any disk is mounted, and nothing but this code
+/// runs, before the attach.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn staged_init(
+    spec: &JailSpec,
+    egress: Option<&crate::net::EgressConfig>,
+    agent: &OwnedFd,
+    listener: &OwnedFd,
+    cgroup_fd: Option<OwnedFd>,
+    ready_w: OwnedFd,
+    go_r: OwnedFd,
+    attach_r: OwnedFd,
+) -> Result<Never> {
+    let (log, cgroup_fd) = enter_namespaces(spec, cgroup_fd)?;
+    network_up(spec, egress)?;
+    let mut text = Vec::new();
+    fs::File::from(attach_r)
+        .read_to_end(&mut text)
+        .map_err(|e| SysError::os("read the attach", e))?;
+    if text.is_empty() {
+        return Err(SysError::Other("the staged slot was closed".into()));
+    }
+    let attach: InitAttach =
+        serde_json::from_slice(&text).map_err(|e| SysError::Other(format!("bad attach: {e}")))?;
+    // Opened, not inherited: this process was forked before the namespace existed.
+    let userns = match &attach.disk_userns_path {
+        Some(p) => Some(OwnedFd::from(
+            fs::File::open(p).map_err(|e| SysError::os("open the idmap namespace", e))?,
+        )),
+        None => None,
+    };
+    let spec = JailSpec {
+        hostname: attach.hostname,
+        tmpfs_bytes: attach.tmpfs_bytes,
+        disk_owner_base: attach.disk_owner_base,
+        disk_userns_fd: userns.as_ref().map(|fd| fd.as_raw_fd()),
+        ..spec.clone()
+    };
+    rootfs::build_root(&rootfs::Host, &spec)?;
+    set_hostname(&spec.hostname)?;
+    drop(userns);
+    finish(&spec, agent, listener, cgroup_fd, log, ready_w, go_r)
+}
+
+/// The sandbox's namespaces (all but PID, which the helper entered, and user, made last)
+/// and the agent's view of its cgroup; returns the agent's log file too.
+fn enter_namespaces(
+    spec: &JailSpec,
+    cgroup_fd: Option<OwnedFd>,
+) -> Result<(fs::File, Option<OwnedFd>)> {
     // The agent's log lives next to its socket, outside the sandbox root.
     let log_path = spec.socket_path.with_file_name("agent.log");
     let log = fs::OpenOptions::new()
@@ -47,8 +119,11 @@ pub(super) fn sandbox_init(
         Some(host) if !weakened(spec, "host-cgroup-fd") => Some(detached_cgroup(host)?),
         other => other.map(|fd| reopen_dir(&fd)).transpose()?,
     };
-    rootfs::build_root(&rootfs::Host, spec)?;
-    set_hostname(&spec.hostname)?;
+    Ok((log, cgroup_fd))
+}
+
+/// `lo` up and the egress table, in the sandbox's own netns.
+fn network_up(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -> Result<()> {
     if !weakened(spec, "shared-netns") {
         loopback_up()?;
         // Still host root in the fresh netns, before the user namespace: the table and
@@ -58,6 +133,19 @@ pub(super) fn sandbox_init(
             crate::net::install_egress(cfg)?;
         }
     }
+    Ok(())
+}
+
+/// From the pivot to the exec of the agent.
+fn finish(
+    spec: &JailSpec,
+    agent: &OwnedFd,
+    listener: &OwnedFd,
+    cgroup_fd: Option<OwnedFd>,
+    log: fs::File,
+    ready_w: OwnedFd,
+    go_r: OwnedFd,
+) -> Result<Never> {
     pivot(&spec.rootfs)?;
 
     if !weakened(spec, "host-userns") {

@@ -188,7 +188,15 @@ fn phase(name: &str) {
 /// [`LaunchReport`], returns the process exit code. Must run in a single-threaded process.
 pub fn helper_main() -> i32 {
     phase("start");
-    let result = run_helper();
+    if std::env::args_os().nth(2).as_deref() == Some(OsStr::new("--staged")) {
+        return staged_main();
+    }
+    print_report(run_helper())
+}
+
+/// Prints the [`LaunchReport`] of `result` (with the phases marked since the last one)
+/// as one JSON line; returns the helper's exit code.
+fn print_report(result: Result<i32>) -> i32 {
     let phases_us = PHASES.with(|p| std::mem::take(&mut p.borrow_mut().1));
     let report = match result {
         Ok(pid) => LaunchReport {
@@ -286,40 +294,7 @@ pub fn launch(spec: &JailSpec) -> Result<i32> {
 /// [`launch`], with the egress kernel side installed in the sandbox's netns when `egress`
 /// is set.
 pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -> Result<i32> {
-    if let Some(cfg) = egress {
-        // Refused before anything is made: bad input changes nothing.
-        cfg.validate()?;
-        if weakened(spec, "shared-netns") {
-            // The table and the route would land in the host's netns.
-            return Err(SysError::Other(
-                "egress needs the sandbox's own network namespace (shared-netns is set)".into(),
-            ));
-        }
-    }
-    for procs in &spec.cgroup_procs {
-        fs::write(procs, "0")
-            .map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
-    }
-    // A cgroup move waits for an RCU grace period when none ran lately (ADR 0014).
-    phase("cgroup-join");
-    let agent = match spec.agent_memfd.as_deref().and_then(open_sealed) {
-        Some(fd) => fd,
-        None => sealed_agent(&spec.agent_path)?,
-    };
-    let listener = listen_socket(&spec.socket_path)?;
-    phase("agent+socket");
-    // A handle on the sandbox's cgroup2 directory by its host path. It never reaches the
-    // agent (unless weakened): a directory fd of the host's mount namespace is a way out
-    // through `/proc/self/fd/N/..`. The child mounts its own view of the cgroup (below)
-    // and only uses this one to check that both are the same directory.
-    let mut cgroup_fd = match &spec.cgroup_dir {
-        Some(dir) => Some(
-            crate::fs::openat2(None, dir, libc::O_PATH | libc::O_DIRECTORY, 0, 0)
-                .map_err(|e| SysError::os(format!("open {}", dir.display()), e))?,
-        ),
-        None => None,
-    };
-
+    let pre = before_fork(spec, egress)?;
     // The idmap of a disk whose owners are another range's: its user namespace is made
     // here, in the host's PID namespace (its holder's maps are written through /proc).
     let idmap_ns = match spec.disk_owner_base.filter(|b| *b != spec.id_base) {
@@ -347,7 +322,220 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
     } else {
         spec
     };
+    let (pid, pipes, _) = fork_init(
+        spec,
+        pre,
+        None,
+        |spec, agent, listener, cgroup_fd, ready_w, go_r| {
+            init::sandbox_init(spec, egress, agent, listener, cgroup_fd, ready_w, go_r)
+        },
+    )?;
+    after_fork(spec, pid, pipes)
+}
 
+/// What the daemon sends a staged helper when it hands the slot out (ADR 0180): one
+/// JSON line on the helper's stdin, after the [`LaunchSpec`]'s.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StagedAttach {
+    pub hostname: String,
+    /// Size limit of `/tmp` and `/dev/shm` (the limits may have been rewritten).
+    pub tmpfs_bytes: u64,
+    /// As [`JailSpec::disk_owner_base`], for the disk now in the slot's directory.
+    pub disk_owner_base: Option<u32>,
+}
+
+/// `threadbox __jail-launch --staged` (ADR 0180): reads a [`LaunchSpec`] line, builds the
+/// sandbox up to the point where its disk is needed and prints a first [`LaunchReport`]
+/// (the init's pid); then waits for a [`StagedAttach`] line (EOF: the slot is destroyed),
+/// finishes the boot as a cold one would and prints the second report.
+fn staged_main() -> i32 {
+    use std::io::BufRead;
+    let mut input = std::io::stdin().lock();
+    let mut line = String::new();
+    let staged = input
+        .read_line(&mut line)
+        .map_err(|e| SysError::os("read the jail spec", e))
+        .and_then(|_| {
+            serde_json::from_str::<LaunchSpec>(&line)
+                .map_err(|e| SysError::Other(format!("bad jail spec: {e}")))
+        })
+        .and_then(|spec| {
+            phase("spec");
+            let staged = stage(&spec.jail, spec.egress.as_ref())?;
+            Ok((spec, staged))
+        });
+    let (spec, (pid, pipes, attach_w)) = match staged {
+        Ok(s) => s,
+        Err(e) => return print_report(Err(e)),
+    };
+    print_report(Ok(pid));
+    let result = (|| {
+        let mut line = String::new();
+        let n = input
+            .read_line(&mut line)
+            .map_err(|e| SysError::os("read the attach", e))?;
+        if n == 0 {
+            return Err(SysError::Other("the staged slot was closed".into()));
+        }
+        // The second report's phases count from the attach.
+        PHASES.with(|p| p.borrow_mut().0 = Some(std::time::Instant::now()));
+        phase("attach");
+        let a: StagedAttach =
+            serde_json::from_str(&line).map_err(|e| SysError::Other(format!("bad attach: {e}")))?;
+        let idmap_ns = match a.disk_owner_base.filter(|b| *b != spec.jail.id_base) {
+            Some(base) => Some(disk::idmap_userns(base, spec.jail.id_base, ID_RANGE)?),
+            None => None,
+        };
+        phase("idmap");
+        let msg = init::InitAttach {
+            hostname: a.hostname,
+            tmpfs_bytes: a.tmpfs_bytes,
+            disk_owner_base: a.disk_owner_base,
+            disk_userns_path: idmap_ns.as_ref().map(|ns| {
+                use std::os::fd::AsRawFd;
+                PathBuf::from(format!(
+                    "/proc/{}/fd/{}",
+                    std::process::id(),
+                    ns.as_raw_fd()
+                ))
+            }),
+        };
+        let text = serde_json::to_vec(&msg).map_err(|e| SysError::Other(e.to_string()))?;
+        let mut w = fs::File::from(attach_w);
+        w.write_all(&text)
+            .map_err(|e| SysError::os("send the attach to the sandbox init", e))?;
+        drop(w);
+        Ok(idmap_ns)
+    })();
+    let result = match result {
+        // The namespace stays open until the init has opened it (before its ready).
+        Ok(idmap_ns) => {
+            let r = after_fork(&spec.jail, pid, pipes);
+            drop(idmap_ns);
+            r
+        }
+        Err(e) => {
+            let _ = raw::process::kill(pid, libc::SIGKILL);
+            let _ = raw::process::waitpid(pid, 0);
+            Err(e)
+        }
+    };
+    print_report(result)
+}
+
+/// Builds a staged slot: everything [`launch_with`] makes before the disk is needed.
+/// Returns the init's pid, the pipes to it and the attach pipe's write end.
+fn stage(
+    spec: &JailSpec,
+    egress: Option<&crate::net::EgressConfig>,
+) -> Result<(i32, InitPipes, OwnedFd)> {
+    if spec.disk_image.is_none() || spec.disk_owner_base.is_some() {
+        return Err(SysError::Other(
+            "a staged slot is made for a disk image, attached later".into(),
+        ));
+    }
+    // The layers' idmap (ADR 0175) is made at launch, not at attach: a staged slot has
+    // only host-root-owned lowers (the host image), so an image's layers boot cold.
+    if spec.lower_idmap {
+        return Err(SysError::Other(
+            "a staged slot is made for host-owned lowers, not an image's idmapped layers".into(),
+        ));
+    }
+    let pre = before_fork(spec, egress)?;
+    // helper -> init: the attach (EOF without data: the slot is destroyed).
+    let (attach_r, attach_w) = pipe()?;
+    let (pid, pipes, attach_w) = fork_init(
+        spec,
+        pre,
+        Some(attach_w),
+        move |spec, agent, listener, cgroup_fd, ready_w, go_r| {
+            init::staged_init(
+                spec, egress, agent, listener, cgroup_fd, ready_w, go_r, attach_r,
+            )
+        },
+    )?;
+    match attach_w {
+        Some(w) => Ok((pid, pipes, w)),
+        None => Err(SysError::Other("the attach pipe was lost".into())),
+    }
+}
+
+/// What the helper makes before the fork of the init: the cgroups joined, the agent's
+/// memfd, its listening socket and the cgroup handle.
+struct PreFork {
+    agent: OwnedFd,
+    listener: OwnedFd,
+    cgroup_fd: Option<OwnedFd>,
+}
+
+fn before_fork(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -> Result<PreFork> {
+    if let Some(cfg) = egress {
+        // Refused before anything is made: bad input changes nothing.
+        cfg.validate()?;
+        if weakened(spec, "shared-netns") {
+            // The table and the route would land in the host's netns.
+            return Err(SysError::Other(
+                "egress needs the sandbox's own network namespace (shared-netns is set)".into(),
+            ));
+        }
+    }
+    for procs in &spec.cgroup_procs {
+        fs::write(procs, "0")
+            .map_err(|e| SysError::os(format!("join cgroup {}", procs.display()), e))?;
+    }
+    // A cgroup move waits for an RCU grace period when none ran lately (ADR 0014).
+    phase("cgroup-join");
+    let agent = match spec.agent_memfd.as_deref().and_then(open_sealed) {
+        Some(fd) => fd,
+        None => sealed_agent(&spec.agent_path)?,
+    };
+    let listener = listen_socket(&spec.socket_path)?;
+    phase("agent+socket");
+    // A handle on the sandbox's cgroup2 directory by its host path. It never reaches the
+    // agent (unless weakened): a directory fd of the host's mount namespace is a way out
+    // through `/proc/self/fd/N/..`. The child mounts its own view of the cgroup (below)
+    // and only uses this one to check that both are the same directory.
+    let cgroup_fd = match &spec.cgroup_dir {
+        Some(dir) => Some(
+            crate::fs::openat2(None, dir, libc::O_PATH | libc::O_DIRECTORY, 0, 0)
+                .map_err(|e| SysError::os(format!("open {}", dir.display()), e))?,
+        ),
+        None => None,
+    };
+    Ok(PreFork {
+        agent,
+        listener,
+        cgroup_fd,
+    })
+}
+
+/// The helper's ends of the pipes to the init.
+struct InitPipes {
+    ready_r: OwnedFd,
+    go_w: OwnedFd,
+    err_r: OwnedFd,
+}
+
+/// Enters the PID namespace and forks the init, which runs `body`.
+/// `parent_only` is closed in the child and handed back to the caller.
+fn fork_init(
+    spec: &JailSpec,
+    pre: PreFork,
+    parent_only: Option<OwnedFd>,
+    body: impl FnOnce(
+        &JailSpec,
+        &OwnedFd,
+        &OwnedFd,
+        Option<OwnedFd>,
+        OwnedFd,
+        OwnedFd,
+    ) -> Result<init::Never>,
+) -> Result<(i32, InitPipes, Option<OwnedFd>)> {
+    let PreFork {
+        agent,
+        listener,
+        mut cgroup_fd,
+    } = pre;
     // Only the PID namespace is entered here (it applies to the next child); the child
     // makes the others, so the helper stays in the host's mount namespace and can write
     // the child's id maps through the host's /proc.
@@ -371,15 +559,8 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
         drop(ready_r);
         drop(go_w);
         drop(err_r);
-        let err = match init::sandbox_init(
-            spec,
-            egress,
-            &agent,
-            &listener,
-            cgroup_fd.take(),
-            ready_w,
-            go_r,
-        ) {
+        drop(parent_only);
+        let err = match body(spec, &agent, &listener, cgroup_fd.take(), ready_w, go_r) {
             Ok(never) => match never {},
             Err(e) => e,
         };
@@ -399,7 +580,25 @@ pub fn launch_with(spec: &JailSpec, egress: Option<&crate::net::EgressConfig>) -
     drop(listener);
     drop(cgroup_fd);
     phase("fork");
+    Ok((
+        pid,
+        InitPipes {
+            ready_r,
+            go_w,
+            err_r,
+        },
+        parent_only,
+    ))
+}
 
+/// Waits for the init's user namespace, writes its maps, lets it exec the agent and
+/// reads its verdict. On error the init is killed and reaped.
+fn after_fork(spec: &JailSpec, pid: i32, pipes: InitPipes) -> Result<i32> {
+    let InitPipes {
+        ready_r,
+        go_w,
+        err_r,
+    } = pipes;
     let result = (|| {
         let mut byte = [0u8; 1];
         let mut rf = fs::File::from(ready_r);
