@@ -39,6 +39,8 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
                     which posture checks the selftest makes
   --sync            sync the file system of / and exit (the gvisor tier's checkpoints)
   --hostname NAME   set the hostname and exit (a gvisor fork restored from memory)
+  --pids-max N      gvisor: bound the sandbox's processes in the sentry's own pids cgroup
+                    (at start; with --set-pids-max N, set it and exit)
   --version         print the version";
 
 #[derive(Debug, Default)]
@@ -48,6 +50,27 @@ struct Args {
     cgroup_fd: Option<i32>,
     allow_no_landlock: bool,
     tier: selftest::Tier,
+    pids_max: Option<u64>,
+}
+
+/// The sandbox's own pids cgroup in gVisor's cgroupfs, which the gvisor tier mounts at
+/// `/sys/fs/cgroup` and where runsc puts the container (the agent and all it starts).
+const SENTRY_PIDS_MAX: &str = "/sys/fs/cgroup/pids/pids.max";
+
+/// Past this gVisor takes no number (its `pidMaxLimit`): unlimited.
+const SENTRY_PIDS_UNLIMITED: u64 = 4 * 1024 * 1024;
+
+/// Writes the sentry's own pids limit (ADR 0185): the sentry refuses a fork past it with
+/// EAGAIN, as the jail's cgroup does, before the host cgroup around runsc (the sentry's
+/// own threads and stubs on top) is reached, which the sentry would not survive.
+fn set_sentry_pids_max(n: u64) -> Result<(), String> {
+    let v = if n >= SENTRY_PIDS_UNLIMITED {
+        "max".to_string()
+    } else {
+        n.to_string()
+    };
+    std::fs::write(SENTRY_PIDS_MAX, v.as_bytes())
+        .map_err(|e| format!("write {SENTRY_PIDS_MAX} ({v}): {e}"))
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -93,6 +116,22 @@ fn parse_args() -> Result<Args, String> {
                     std::process::exit(1);
                 }
                 std::process::exit(0);
+            }
+            "--pids-max" | "--set-pids-max" => {
+                let n = it
+                    .next()
+                    .ok_or_else(|| format!("{a} needs a value"))?
+                    .parse::<u64>()
+                    .map_err(|_| format!("{a} needs a number"))?;
+                if a == "--set-pids-max" {
+                    // The daemon's live change of a running sandbox's limit (`runsc exec`).
+                    if let Err(e) = set_sentry_pids_max(n) {
+                        eprintln!("threadbox-agent: {e}");
+                        std::process::exit(1);
+                    }
+                    std::process::exit(0);
+                }
+                args.pids_max = Some(n);
             }
             "--version" => {
                 println!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
@@ -167,6 +206,11 @@ fn run(args: Args) -> Result<(), String> {
         log(&format!("PR_SET_CHILD_SUBREAPER failed: {e}"));
     }
     syschild::set_umask(0o022);
+    // Before any child exists: everything started from here on is under it. Fails closed,
+    // as a sandbox without its limit would be one fork bomb from losing its sentry.
+    if let Some(n) = args.pids_max {
+        set_sentry_pids_max(n)?;
+    }
     // File operations run with a temporary fsuid/fsgid: no supplementary group of ours
     // may add rights to them.
     if let Err(e) = syschild::clear_supplementary_groups() {

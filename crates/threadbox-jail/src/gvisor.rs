@@ -42,6 +42,13 @@ pub const GVISOR_TIER: &str = "gvisor";
 /// limit so the sandbox's own processes get what the API says.
 pub const RUNTIME_PIDS: u32 = 256;
 
+/// The sandbox's pids limit inside the sentry (gVisor's own pids cgroup, ADR 0185): what
+/// the API says, so a fork bomb ends with EAGAIN in the sentry, below the host cgroup,
+/// whose limit the sentry itself would not survive.
+fn sentry_pids(limits: &Limits) -> u32 {
+    crate::gvisor_weaken::limits(cg_limits(limits)).pids
+}
+
 /// Longest the probe, a launch or a runsc command may take (the kvm platform hangs on
 /// this host's PVM: a hang must not hold the daemon).
 pub(crate) const RUNSC_DEADLINE: Duration = Duration::from_secs(60);
@@ -302,6 +309,10 @@ impl Gvisor {
                    "source": self.socket_dir(&spec.id), "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}),
             json!({"destination": AGENT_INSIDE, "type": "bind",
                    "source": self.j().config.agent_path, "options": ["bind", "ro", "nosuid", "nodev"]}),
+            // gVisor's own cgroupfs, with the container in a cgroup of its own: the agent
+            // sets its pids limit there (ADR 0185). Nothing of the host's cgroups is in it.
+            json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                   "options": ["nosuid", "nodev", "noexec"]}),
         ];
         let run = self.j().paths(&spec.id).run;
         mounts.extend(crate::gvisor_net::ca_mount(
@@ -324,6 +335,8 @@ impl Gvisor {
             "--allow-no-landlock".into(),
             "--tier".into(),
             "gvisor".into(),
+            "--pids-max".into(),
+            sentry_pids(&spec.limits).to_string(),
         ];
         agent_args.extend(crate::gvisor_weaken::agent_args());
         let rlimits = if crate::gvisor_weaken::nofile_limit() {
@@ -493,6 +506,21 @@ impl Gvisor {
                 Err(e)
             }
         }
+    }
+
+    /// Sets the pids limit inside a running sentry (`runsc exec` of the agent's
+    /// `--set-pids-max`); a sandbox with no container takes it from its next boot's
+    /// `config.json`.
+    fn set_sentry_pids(&self, id: &str, pids: u32) -> Result<()> {
+        let info = self.runsc()?;
+        if self.sentry_pid(&info, id).is_err() {
+            return Ok(());
+        }
+        let n = pids.to_string();
+        let cmd = self.runsc_cmd(&info, &["exec", id, AGENT_INSIDE, "--set-pids-max", &n]);
+        run_bounded(cmd, RUNSC_DEADLINE)
+            .map(drop)
+            .map_err(|e| CoreError::Internal(format!("set the pids limit inside {id}: {e}")))
     }
 
     /// The sentry's host pid (`runsc state`): what the manager records as the agent's
@@ -706,6 +734,9 @@ impl Driver for GvisorDriver {
     async fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
         let mut l = *limits;
         l.pids = l.pids.saturating_add(RUNTIME_PIDS);
+        let (id2, pids) = (id.to_string(), sentry_pids(limits));
+        // The sentry's own limit first, so the host's never falls below it (ADR 0185).
+        self.run(move |g| g.set_sentry_pids(&id2, pids)).await?;
         self.0.jail.set_limits(id, &l).await
     }
 

@@ -141,6 +141,9 @@ fn run_helper() -> Result<()> {
         )?;
         // The mount holds the device now; autoclear detaches it with the namespace.
         drop(loopfd);
+        // The jail's inode reserve (ADR 0186): a sandbox that used up every inode of its
+        // disk still boots, since the overlay's workdir below needs a few.
+        crate::jail::rootfs::release_inode_reserve(&spec.disk_mount)?;
     }
     // A previous boot's overlay workdir may hold leftovers overlayfs refuses to reuse.
     if spec.work.exists() {
@@ -173,6 +176,9 @@ fn run_helper() -> Result<()> {
         libc::MS_NOSUID | libc::MS_NODEV,
         Some(&opts),
     )?;
+    if spec.disk_image.is_some() {
+        crate::jail::rootfs::refill_inode_reserve_at(&spec.disk_mount);
+    }
     // The container's stdio is runsc's: a file, never a pipe someone must drain (the
     // detached sentry keeps it open for the sandbox's whole life).
     let log = std::fs::OpenOptions::new()

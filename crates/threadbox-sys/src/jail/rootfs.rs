@@ -291,6 +291,23 @@ fn refill_inode_reserve(sys: &impl Syscall, spec: &JailSpec) {
     }
 }
 
+/// The gvisor launch helper's half of the same reserve (`crate::gvisor`): frees the
+/// inodes held in `disk` (the root of a mounted disk image) before the overlay's workdir
+/// is made again.
+pub(crate) fn release_inode_reserve(disk: &Path) -> Result<()> {
+    let reserve = disk.join(INODE_RESERVE_DIR);
+    if Host.kind(&reserve, true) == Some(Kind::Dir) {
+        Host.remove_dir_all(&reserve)?;
+    }
+    Ok(())
+}
+
+/// Best effort, after the overlay is mounted: holds [`INODE_RESERVE`] inodes of `disk`
+/// back for the next boot (the gvisor launch helper's [`refill_inode_reserve`]).
+pub(crate) fn refill_inode_reserve_at(disk: &Path) {
+    Host.fill_inode_reserve(&disk.join(INODE_RESERVE_DIR), INODE_RESERVE);
+}
+
 /// `target` as a path relative to `base` (both absolute), using `..` where needed.
 pub(crate) fn relative_to(base: &Path, target: &Path) -> PathBuf {
     let b: Vec<_> = base.components().collect();

@@ -850,12 +850,10 @@ fn every_case_holds_on_gvisor() {
 /// written for the jail judge per tier now (ADR 0190); what is left are open gaps of the
 /// tier.
 const GVISOR_OPEN: &[(&str, &str)] = &[
-    ("B4", "open gap: the sandbox user reads the agent's /proc/1/environ and fds (the sentry does not honour the agent's PR_SET_DUMPABLE 0); /proc/self/exe writable without Landlock"),
-    ("E1", "open gap: a fork bomb under the pids limit takes the sentry (and the agent) down with it"),
-    ("E2", "open gap: memory pressure at the limit takes the sentry (and the agent) down with it"),
-    ("E3", "open gap: memory pressure at the limit takes the sentry (and the agent) down with it"),
-    ("E7", "open gap: the case's load takes the sentry (and the agent) down with it"),
-    ("E9", "open gap: a sandbox whose disk was filled does not boot again on gvisor"),
+    ("B4", "open gap: gVisor 20240729's procfs makes /proc/<pid>/environ 0444 and /proc/<pid>/fd 0555 with no ptrace check (exe, cwd and mem do honour PR_SET_DUMPABLE 0, and hold), and has no ETXTBSY, so /proc/self/exe opens for writing (ADR 0187)"),
+    ("E2", "open gap: gVisor 20240729 enforces no memory limit in the sentry (its memory.limit_in_bytes is a stub, it has no OOM killer), so the host cgroup's OOM kill takes the sentry and the agent (ADR 0185)"),
+    ("E3", "open gap: filling /tmp and /dev/shm reaches the host cgroup's memory limit, whose OOM kill takes the sentry and the agent (ADR 0185)"),
+    ("E7", "open gap: the bomb, held at the pids limit inside, still needs more host tasks (systrap stubs) than the host cgroup's pids + 256, whose refusal kills the sentry; past that, a setsid'd bomb outlives the call's timeout without call cgroups (ADR 0185)"),
 ];
 
 /// The cases a daemon's tier can run: every case, less those needing a capability it
