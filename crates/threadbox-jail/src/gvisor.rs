@@ -339,11 +339,7 @@ impl Gvisor {
             sentry_pids(&spec.limits).to_string(),
         ];
         agent_args.extend(crate::gvisor_weaken::agent_args());
-        let rlimits = if crate::gvisor_weaken::nofile_limit() {
-            json!([{"type": "RLIMIT_NOFILE", "hard": SANDBOX_NOFILE, "soft": SANDBOX_NOFILE}])
-        } else {
-            json!([])
-        };
+        let nofile = crate::gvisor_weaken::nofile_limit(SANDBOX_NOFILE);
         json!({
             "ociVersion": "1.0.2",
             "process": {
@@ -352,7 +348,7 @@ impl Gvisor {
                 "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "cwd": "/",
                 "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-                "rlimits": rlimits,
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
                 "noNewPrivileges": false
             },
             "root": {"path": p.rootfs, "readonly": false},

@@ -78,11 +78,19 @@ pub fn sentry_in_host_userns() -> bool {
     false
 }
 
-/// Whether the container gets our RLIMIT_NOFILE (`no-nofile-limit` leaves runsc's own).
-pub fn nofile_limit() -> bool {
+/// The container's RLIMIT_NOFILE (soft = hard): `ours`, or under `no-nofile-limit` the
+/// daemon's own hard limit, as the jail's weakening keeps it (`/proc/self/limits`).
+pub fn nofile_limit(ours: u64) -> u64 {
     #[cfg(feature = "insecure-test-hooks")]
     if let Ok(w) = threadbox_sys::testhooks::Weaken::from_env() {
-        return !w.has("no-nofile-limit");
+        if w.has("no-nofile-limit") {
+            let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+            let hard = limits
+                .lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(4)?.parse::<u64>().ok());
+            return hard.unwrap_or(ours);
+        }
     }
-    true
+    ours
 }

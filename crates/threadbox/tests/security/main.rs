@@ -1003,6 +1003,11 @@ const GVISOR_CONTROL_MOOT: &[(&str, &str)] = &[
     ("C3", "abstract unix sockets are the sentry's own, also on the host network (shared-netns)"),
 ];
 
+/// Cases whose control is shown on gvisor (run by the test below, which must see each
+/// escape). A case holding on gvisor with a control that means something there but not on
+/// this list is printed as not shown yet (docs/tiers.md): the list grows as each is run.
+const GVISOR_CONTROLS: &[&str] = &["A1", "A3", "A8", "B1", "B3", "B7", "C5", "E6"];
+
 /// The gvisor half of the positive controls (ADR 0192): each case that holds on gvisor,
 /// with a control that means something there, runs against a weakened gvisor launch and
 /// must report its escape. What is not run says why, by name.
@@ -1058,6 +1063,13 @@ fn positive_controls_detect_every_escape_on_gvisor() {
         }
         if let Some((_, why)) = GVISOR_CONTROL_MOOT.iter().find(|(id, _)| *id == c.id) {
             eprintln!("control {} [gvisor]: not run: {why}", c.id);
+            continue;
+        }
+        if !GVISOR_CONTROLS.contains(&c.id) {
+            eprintln!(
+                "control {} [gvisor]: not shown on gvisor yet ({control})",
+                c.id
+            );
             continue;
         }
         groups.entry(control).or_default().push(c);
