@@ -169,6 +169,7 @@ async fn the_split_counts_every_part_and_sums_to_what_admission_counts() {
             method: "copy".into(),
             created_at: 1,
             seq: 0,
+            memory_bytes: None,
         })
         .await
         .unwrap();
