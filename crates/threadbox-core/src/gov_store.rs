@@ -541,7 +541,7 @@ impl Store {
         };
         let sql = format!(
             "SELECT {sandboxes} AS sandboxes, \
-             (SELECT COALESCE(SUM(size_bytes + COALESCE(memory_bytes, 0)), 0) FROM checkpoints WHERE tenant = ?) AS checkpoints, \
+             (SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?) AS checkpoints, \
              (SELECT COALESCE(SUM(size_bytes), 0) FROM templates WHERE tenant = ?) AS templates, \
              {} AS layers",
             crate::store_layers::TENANT_LAYER_BYTES

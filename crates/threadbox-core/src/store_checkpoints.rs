@@ -154,7 +154,7 @@ impl Store {
     /// Bytes the checkpoints of `tenant` hold.
     pub async fn checkpoint_bytes(&self, tenant: &str) -> Result<u64> {
         let (n,): (i64,) =
-            sqlx::query_as("SELECT COALESCE(SUM(size_bytes + COALESCE(memory_bytes, 0)), 0) FROM checkpoints WHERE tenant = ?")
+            sqlx::query_as("SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints WHERE tenant = ?")
                 .bind(tenant)
                 .fetch_one(&self.pool)
                 .await?;
