@@ -18,7 +18,7 @@
 use super::Gvisor;
 use crate::gvisor::{run_bounded, AGENT_INSIDE, RUNSC_DEADLINE};
 use crate::gvisor_ckpt::MemoryImage;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 use threadbox_core::driver::{DiskClone, SandboxSpec};
 use threadbox_core::error::{CoreError, Result};
@@ -189,7 +189,10 @@ impl Gvisor {
         };
         let dir = PathBuf::from(String::from_utf8_lossy(&bytes).into_owned());
         // Only a directory of this sandbox's, as this daemon writes them.
-        let ours = dir.starts_with(self.j().paths(id).dir);
+        let ours = dir.starts_with(self.j().paths(id).dir)
+            && dir
+                .components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
         if ours && crate::gvisor_ckpt::lock_of(&dir).exists() {
             crate::gvisor_ckpt::wait_unlocked(&dir);
         }

@@ -450,7 +450,7 @@ impl Manager {
             }
             let t1 = std::time::Instant::now();
             let how = match from {
-                Some(super::templates::DiskFrom::Fork(f)) => Launch::Fork(*f),
+                Some(super::templates::DiskFrom::Fork(f)) => Launch::Fork(f),
                 _ => Launch::Fresh,
             };
             let pid = self.boot_from(&row, &live, how).await;
