@@ -401,7 +401,7 @@ fn layers_count_once_per_tenant_show_in_the_split_and_are_refused_past_the_quota
             .ok()
             .json();
         let got = fitted["limits"]["disk_bytes"].as_u64().unwrap();
-        assert!(got <= 48 * MIB && got >= 16 * MIB, "{fitted}");
+        assert!((16 * MIB..=48 * MIB).contains(&got), "{fitted}");
         as_tenant(
             &d,
             three,
