@@ -3,11 +3,13 @@
 
 use crate::digest::Digest;
 use crate::error::{OciError, Result};
-use crate::manifest::{self, ImageConfig, Parsed, Platform};
+use crate::manifest::{self, Descriptor, ImageConfig, Parsed, Platform};
 use crate::reference::Reference;
 use crate::registry::{Credentials, Registry};
 use crate::store::{ImageRecord, Store};
 use crate::unpack::Ownership;
+use bytes::{Buf, Bytes};
+use std::io::{self, Read};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, Default)]
@@ -85,14 +87,14 @@ pub async fn pull(
             });
             continue;
         }
-        if !store.has_blob(&l.digest) {
-            let w = store.blob_writer(&l.digest, Some(l.size))?;
-            reg.blob_into(&l.digest, w, &mut |n| {
+        if store.has_blob(&l.digest) {
+            unpack_blob(store, &l.digest, diff, opts.ownership).await?;
+        } else {
+            fetch_and_unpack(store, &reg, l, diff, opts.ownership, &mut |n| {
                 progress(Progress::Bytes { layer: i, n })
             })
             .await?;
         }
-        unpack_blob(store, &l.digest, diff, opts.ownership).await?;
         progress(Progress::Layer {
             layer: i,
             diff_id: diff.clone(),
@@ -130,6 +132,83 @@ pub(crate) fn check_config(cfg: &ImageConfig, want: &Platform, n: usize) -> Resu
         )));
     }
     Ok(())
+}
+
+/// Chunks of a blob between the connection and the unpacker: enough to keep both busy,
+/// few enough that a slow disk holds the registry back (TCP's window) rather than memory.
+const CHUNKS_IN_FLIGHT: usize = 64;
+
+/// Fetches the layer blob `l` and unpacks it as it arrives, on the blocking pool (ADR
+/// 0171): the bytes go from the connection to the decompressor without a copy of the
+/// blob on disk, and the download and the unpack overlap. The store checks the blob's
+/// size and digest at its end and the tree's against `diff` before it publishes it.
+async fn fetch_and_unpack(
+    store: &Arc<Store>,
+    reg: &Registry,
+    l: &Descriptor,
+    diff: &Digest,
+    own: Ownership,
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<()> {
+    let mut body = reg.blob_stream(&l.digest).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(CHUNKS_IN_FLIGHT);
+    let (s, b, d, size) = (store.clone(), l.digest.clone(), diff.clone(), l.size);
+    let unpacker = tokio::task::spawn_blocking(move || {
+        s.unpack_layer_from(&b, size, &d, ChannelReader::new(rx), own)
+    });
+    let fetched = async {
+        while let Some(chunk) = body.next().await? {
+            let n = chunk.len() as u64;
+            if tx.send(Ok(chunk)).await.is_err() {
+                break; // the unpacker stopped early: its own result says why
+            }
+            progress(n);
+        }
+        Ok::<_, OciError>(())
+    }
+    .await;
+    if let Err(e) = &fetched {
+        let _ = tx.send(Err(io::Error::other(e.to_string()))).await;
+    }
+    drop(tx);
+    let unpacked = unpacker
+        .await
+        .map_err(|e| OciError::Registry(format!("unpack task: {e}")))?;
+    // A broken connection explains whatever the unpacker then saw.
+    fetched?;
+    unpacked.map(drop)
+}
+
+/// The blocking side of the channel from the connection, as a reader. An error chunk
+/// (the connection broke) is an error of the read; a closed channel is the end.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+    cur: Bytes,
+}
+
+impl ChannelReader {
+    fn new(rx: tokio::sync::mpsc::Receiver<io::Result<Bytes>>) -> ChannelReader {
+        ChannelReader {
+            rx,
+            cur: Bytes::new(),
+        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        self.cur.advance(n);
+        Ok(n)
+    }
 }
 
 /// Unpacks a stored blob as a layer on the blocking pool, then drops the compressed blob

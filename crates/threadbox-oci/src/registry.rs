@@ -378,6 +378,18 @@ impl Registry {
         Ok(body)
     }
 
+    /// Opens the blob `d` for streaming: its chunks come from [`BlobStream::next`].
+    pub async fn blob_stream(&self, d: &Digest) -> Result<BlobStream> {
+        let resp = self
+            .get(&format!("/v2/{}/blobs/{d}", self.repo), None)
+            .await?;
+        Ok(BlobStream {
+            digest: d.clone(),
+            body: resp.into_body(),
+            got: 0,
+        })
+    }
+
     /// Streams the blob `d` into `w` (which checks size and digest on commit), calling
     /// `progress` with each chunk's length.
     pub async fn blob_into(
@@ -386,23 +398,41 @@ impl Registry {
         mut w: BlobWriter,
         progress: &mut (dyn FnMut(u64) + Send),
     ) -> Result<()> {
-        let resp = self
-            .get(&format!("/v2/{}/blobs/{d}", self.repo), None)
-            .await?;
-        let mut body = resp.into_body();
-        while let Some(frame) = body.frame().await {
+        let mut s = self.blob_stream(d).await?;
+        while let Some(data) = s.next().await? {
+            w.write(&data)?;
+            progress(data.len() as u64);
+        }
+        w.commit()
+    }
+}
+
+/// The body of a blob as it arrives (unverified: whoever reads it checks its digest).
+pub struct BlobStream {
+    digest: Digest,
+    body: Incoming,
+    got: u64,
+}
+
+impl BlobStream {
+    /// The next chunk; `None` at the end of the body.
+    pub async fn next(&mut self) -> Result<Option<Bytes>> {
+        while let Some(frame) = self.body.frame().await {
             let frame = frame.map_err(|e| {
                 OciError::Integrity(format!(
-                    "blob {d}: the stream broke after {} bytes: {e}",
-                    w.written()
+                    "blob {}: the stream broke after {} bytes: {e}",
+                    self.digest, self.got
                 ))
             })?;
             if let Ok(data) = frame.into_data() {
-                w.write(&data)?;
-                progress(data.len() as u64);
+                if data.is_empty() {
+                    continue;
+                }
+                self.got += data.len() as u64;
+                return Ok(Some(data));
             }
         }
-        w.commit()
+        Ok(None)
     }
 }
 

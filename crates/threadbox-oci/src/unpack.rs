@@ -94,12 +94,16 @@ impl Compression {
 
 /// The decompressed stream of a layer blob file.
 pub fn decompressed(blob: File) -> Result<Box<dyn Read + Send>> {
-    use std::io::{Seek, SeekFrom};
-    let mut f = blob;
+    decompress(blob)
+}
+
+/// The decompressed stream of a layer blob read from `r` (a file, or the body of a blob
+/// as it arrives), its compression told by its first bytes.
+pub fn decompress<'a, R: Read + Send + 'a>(mut r: R) -> Result<Box<dyn Read + Send + 'a>> {
     let mut head = [0u8; 4];
     let mut got = 0;
     while got < head.len() {
-        let n = f
+        let n = r
             .read(&mut head[got..])
             .map_err(|e| OciError::io("read layer", e))?;
         if n == 0 {
@@ -107,12 +111,13 @@ pub fn decompressed(blob: File) -> Result<Box<dyn Read + Send>> {
         }
         got += n;
     }
-    f.seek(SeekFrom::Start(0))
-        .map_err(|e| OciError::io("read layer", e))?;
-    let r = BufReader::with_capacity(256 * 1024, f);
-    Ok(match Compression::sniff(&head[..got]) {
+    let kind = Compression::sniff(&head[..got]);
+    // The sniffed bytes are put back in front: `r` need not be seekable.
+    let r = BufReader::with_capacity(256 * 1024, io::Cursor::new(head[..got].to_vec()).chain(r));
+    Ok(match kind {
         Compression::None => Box::new(r),
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
+        // The bufread decoder reads straight from our buffer (the read one adds another).
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(r)),
         Compression::Zstd => Box::new(
             ruzstd::decoding::StreamingDecoder::new(r)
                 .map_err(|e| OciError::Integrity(format!("zstd layer: {e}")))?,
@@ -154,7 +159,8 @@ fn hostile(layer: &str, path: &Path, e: io::Error) -> OciError {
     }
 }
 
-/// Unpacks the tar stream `r` into the existing, empty directory `dir`.
+/// Unpacks the tar stream `r` into the existing, empty directory `dir`. Nothing is synced:
+/// the store syncs a layer once, before the rename that publishes it.
 pub fn unpack(layer: &str, r: impl Read, dir: &Path, own: Ownership) -> Result<UnpackReport> {
     let t = Tree::open(dir).map_err(|e| OciError::io(format!("open {}", dir.display()), e))?;
     let mut hr = HashReader::new(r);
@@ -186,8 +192,6 @@ pub fn unpack(layer: &str, r: impl Read, dir: &Path, own: Ownership) -> Result<U
         .map_err(|e| OciError::Integrity(format!("layer {layer}: {e}")))?;
     rep.diff_id = Some(d);
     rep.tar_bytes = n;
-    t.sync()
-        .map_err(|e| OciError::io(format!("sync {}", dir.display()), e))?;
     Ok(rep)
 }
 

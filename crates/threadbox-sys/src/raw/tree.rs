@@ -93,3 +93,18 @@ pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: a valid descriptor.
     cvt_int(unsafe { libc::syncfs(fd.as_raw_fd()) }).map(drop)
 }
+
+/// `ioctl(fd, FS_IOC_GETFLAGS)`: the inode's attribute flags (`lsattr`).
+pub(crate) fn get_inode_flags(fd: BorrowedFd<'_>) -> io::Result<libc::c_int> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: a valid descriptor and a pointer to a live int the kernel writes (the
+    // ioctl's argument is an int despite the `long` in its request number).
+    cvt_int(unsafe { libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) })?;
+    Ok(flags)
+}
+
+/// `ioctl(fd, FS_IOC_SETFLAGS)`: sets the inode's attribute flags (`chattr`).
+pub(crate) fn set_inode_flags(fd: BorrowedFd<'_>, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid descriptor and a pointer to a live int the kernel only reads.
+    cvt_int(unsafe { libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) }).map(drop)
+}
