@@ -627,6 +627,10 @@ impl Jail {
             hostname: req.hostname.to_string(),
             id_base: base,
             lower: layers.lower.clone(),
+            // Staged slots are of the host image only (ADR 0180), whose lowers are host
+            // root's: never idmapped (ADR 0175).
+            lower_idmap: false,
+            lower_userns_fd: None,
             upper: p.disk_mount.join("upper"),
             work: p.disk_mount.join("work"),
             disk_image: Some(p.disk_image.clone()),
