@@ -17,6 +17,7 @@
 mod baselines;
 mod density;
 mod egress;
+mod fork;
 mod hibernate;
 mod interp;
 mod stats;
@@ -67,6 +68,9 @@ enum Cmd {
     /// Hibernate (issue 16): hibernate and wake p50 per tier, the memory image's size,
     /// host RAM of a hibernated sandbox against a paused one.
     Hibernate(hibernate::HibernateOpts),
+    /// Fork of 3 with memory (issue 16): on gvisor with memory against the jail's
+    /// disk-only fork, interleaved: the call, until every copy answers, the parent's stall.
+    Fork(fork::ForkOpts),
     /// Density (issue 16): memory, swap and disk per sandbox running, paused and
     /// hibernated, per tier, in one run (makes and removes a swap file for the jail).
     Density(density::DensityOpts),
@@ -198,6 +202,16 @@ async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
 
 /// [`start_daemon`] with more `serve` flags (the egress figures' upstream).
 async fn start_daemon_with(warm_pool: usize, extra: &[String]) -> Result<(OwnDaemon, String)> {
+    start_daemon_io(warm_pool, extra, None).await
+}
+
+/// [`start_daemon_with`], its log (stderr) written to `log` when given: figures the
+/// daemon only logs (the fork benchmark's parent stand-still) are read from there.
+async fn start_daemon_io(
+    warm_pool: usize,
+    extra: &[String],
+    log: Option<&std::path::Path>,
+) -> Result<(OwnDaemon, String)> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("no exe dir")?;
     // `cargo test` runs the binary from target/<profile>/ too; deps/ is one level down.
@@ -214,14 +228,22 @@ async fn start_daemon_with(warm_pool: usize, extra: &[String]) -> Result<(OwnDae
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
+    let stderr = match log {
+        Some(p) => Stdio::from(
+            std::fs::File::create(p).with_context(|| format!("create {}", p.display()))?,
+        ),
+        None => Stdio::null(),
+    };
     let child = Command::new(&bin)
         .args(["serve", "--root"])
         .arg(root.path())
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--warm-pool", &warm_pool.to_string()])
         .args(extra)
+        // Plain text: the log is parsed, not read by a person.
+        .env("NO_COLOR", "1")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()?;
     let url = format!("unix://{}/threadbox.sock", root.path().display());
     let client = Client::new(&url)?;
@@ -1048,6 +1070,7 @@ async fn main() -> Result<()> {
         Cmd::Tiers(o) => tiers::run(o).await,
         Cmd::Hibernate(o) => hibernate::run(o).await,
         Cmd::Density(o) => density::run(o).await,
+        Cmd::Fork(o) => fork::run(o).await,
         Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

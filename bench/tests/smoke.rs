@@ -130,3 +130,67 @@ fn tracing_smoke_run_measures_both_contenders() {
         }
     }
 }
+
+#[test]
+fn fork_smoke_run_measures_both_tiers() {
+    if not_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the benchmark must run as root under CI"
+        );
+        eprintln!("skipped: the benchmark drives real sandboxes and must run as root");
+        return;
+    }
+    // runsc reaches the bench's daemon as it reaches the suites' daemons: THREADBOX_RUNSC
+    // (scripts/test.sh sets it to target/tools/runsc), inherited, or PATH.
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_threadbox-bench"));
+    let out = Command::new(&bench)
+        .args(["fork", "--smoke", "--json"])
+        .output()
+        .expect("run threadbox-bench fork");
+    assert!(
+        out.status.success(),
+        "threadbox-bench fork failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let rows = doc["results"].as_array().expect("results");
+    let row = |figure: &str, contender: &str| {
+        rows.iter()
+            .find(|r| r["figure"] == figure && r["contender"] == contender)
+            .unwrap_or_else(|| panic!("no {contender} row for {figure}: {rows:?}"))
+            .clone()
+    };
+    const JAIL: &str = "threadbox jail (disk only)";
+    const GVISOR: &str = "threadbox gvisor (with memory)";
+    for figure in [
+        "fork of 3: the call returns",
+        "fork of 3: until all 3 answer an exec",
+    ] {
+        let j = row(figure, JAIL);
+        assert!(j["p50"].is_number(), "the jail has no figure: {j}");
+        let g = row(figure, GVISOR);
+        match g["skipped"].as_str() {
+            // No runsc: said so, and a failure under CI, as the suites' tiers are.
+            Some(why) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "gvisor left out under CI: {why}"
+                );
+                eprintln!("gvisor left out: {why}");
+            }
+            None => {
+                assert!(g["p50"].is_number(), "{g}");
+                assert!(g["ratio"].is_number(), "no ratio to the jail: {g}");
+            }
+        }
+    }
+    // Failed trials are counted per tier, with the first reason; none on the jail.
+    assert_eq!(row("fork of 3: failed trials", JAIL)["p50"], 0.0);
+    let g = row("fork of 3: failed trials", GVISOR);
+    assert!(g["p50"].is_number() || g["skipped"].is_string(), "{g}");
+    // Every row either has a value or says why it has none.
+    for r in rows {
+        assert!(r["p50"].is_number() || r["skipped"].is_string(), "{r}");
+    }
+}
