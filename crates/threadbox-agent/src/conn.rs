@@ -92,20 +92,26 @@ pub async fn serve(agent: Rc<Agent>, stream: UnixStream) {
     // writer ends once every task holding a sender has finished.
     cancels.borrow_mut().clear();
     drop(tx);
-    let _ = writer.await;
+    // The socket's descriptor closes, its event-loop registration is leaked: see
+    // `close_leaking_owner` (a late event of a host socket under gVisor, ADR 0196).
+    if let Ok(wr) = writer.await {
+        if let Ok(stream) = rd.reunite(wr) {
+            threadbox_sys::fs::close_leaking_owner(stream);
+        }
+    }
 }
 
 async fn write_frames(
     mut wr: tokio::net::unix::OwnedWriteHalf,
     mut rx: mpsc::Receiver<Frame>,
     mut quiesced: tokio::sync::watch::Receiver<crate::agent::Quiesce>,
-) {
+) -> tokio::net::unix::OwnedWriteHalf {
     loop {
         let frame = tokio::select! {
             biased;
             f = rx.recv() => match f {
                 Some(f) => f,
-                None => return,
+                None => return wr,
             },
             // Quiescing: what is queued (the `Prepared` answer) still goes out, then the
             // socket closes even though calls in flight hold senders.
@@ -118,7 +124,7 @@ async fn write_frames(
                     }
                 }
                 let _ = wr.flush().await;
-                return;
+                return wr;
             }
         };
         let bytes = match encode_frame(&frame) {
@@ -139,7 +145,7 @@ async fn write_frames(
         if wr.write_all(&bytes).await.is_err() {
             // The host went away; keep draining so senders never block on a dead peer.
             while rx.recv().await.is_some() {}
-            return;
+            return wr;
         }
     }
 }
@@ -265,7 +271,9 @@ fn prepare_checkpoint(agent: &Agent) -> Response {
     }
     threadbox_sys::child::sync_all();
     // The last line before the checkpoint: nothing may be writing to the host's log file
-    // while it is taken (main.rs).
+    // while it is taken, so what is logged from here on is held until the agent binds
+    // again (main.rs).
     log("closing the listener and connections for a checkpoint");
+    crate::hold_log();
     Response::Prepared
 }

@@ -289,11 +289,14 @@ fn run(args: Args) -> Result<(), String> {
                 tokio::select! {
                     _ = rebind.recv() => {}
                     _ = tokio::time::sleep(std::time::Duration::from_millis(after)) => {
+                        // Held until binding, as every line since the prepare.
                         log("no word from the host after a checkpoint; binding again");
                     }
                     // Another prepare meanwhile: wait on with its deadline.
                     _ = quiesced.changed() => continue,
                 }
+                // The checkpoint is over (or never came): the log is safe to write again.
+                release_log();
                 listener = bind_again(args.listen_path.as_deref()).await;
                 continue;
             };
@@ -303,7 +306,11 @@ fn run(args: Args) -> Result<(), String> {
                     // Nothing is logged here: a write to the host's log file that the
                     // checkpoint interrupts does not finish after the restore (seen with
                     // runsc 20240729). `PrepareCheckpoint` logged before answering.
-                    listener = None;
+                    // Its registration is leaked, not freed: a late event of the host
+                    // socket must not reach freed memory (ADR 0196).
+                    if let Some(l) = listener.take() {
+                        threadbox_sys::fs::close_leaking_owner(l);
+                    }
                     continue;
                 }
                 _ = rebind.recv() => continue,
@@ -348,7 +355,46 @@ async fn bind_again(path: Option<&str>) -> Option<tokio::net::UnixListener> {
     }
 }
 
-/// One line to the agent's log (its stderr, which the host keeps).
+/// Lines logged while quiesced for a checkpoint, written once the agent binds again.
+static HELD: std::sync::Mutex<Option<Vec<String>>> = std::sync::Mutex::new(None);
+/// At most this many lines are held; later ones are counted, not kept.
+const HELD_MAX: usize = 64;
+
+/// One line to the agent's log (its stderr, which the host keeps), or, while quiesced
+/// for a checkpoint ([`hold_log`]), into memory until [`release_log`].
 pub fn log(msg: &str) {
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(lines) = held.as_mut() {
+        if lines.len() < HELD_MAX {
+            lines.push(msg.to_string());
+        }
+        return;
+    }
+    drop(held);
     eprintln!("threadbox-agent: {msg}");
+}
+
+/// From here until [`release_log`] nothing is written to the log. Its stderr is a host
+/// file: a write the checkpoint catches in flight never finishes after the restore (runsc
+/// 20240729), and the agent would hang in it, never binding again. Anything may log in
+/// that window (a connection reset by a daemon that died during the save, say).
+pub fn hold_log() {
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    held.get_or_insert_with(Vec::new);
+}
+
+/// Writes what was held and logs directly again.
+pub fn release_log() {
+    let lines = HELD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .unwrap_or_default();
+    let dropped = lines.len() >= HELD_MAX;
+    for l in lines {
+        eprintln!("threadbox-agent: {l}");
+    }
+    if dropped {
+        eprintln!("threadbox-agent: (later lines of the checkpoint's window were dropped)");
+    }
 }

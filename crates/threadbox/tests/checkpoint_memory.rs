@@ -416,10 +416,9 @@ fn kill_9_during_a_save_with_memory_leaves_the_parent_and_each_fork_whole() {
             "fork-imaged",
             "fork-restored",
             "fork-booting",
-            // "checkpoint-prepared" is left out: a parent killed there (its agent quiesced
-            // for the save, no image yet) came back `running` with an agent that did not
-            // answer after the restart, once in a clean-clone run (stop 23's note). An open
-            // bug, not a flake to retry: run it with THREADBOX_CRASH_POINTS.
+            // A parent killed here (its agent quiesced, no image yet) once came back
+            // with an agent that had died of a late socket event (ADR 0196).
+            "checkpoint-prepared",
             "checkpoint-checkpointing",
             "checkpoint-imaged",
             "checkpoint-restored",

@@ -93,6 +93,23 @@ pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(raw::fd::adopt_inherited(fd))
 }
 
+/// Closes the descriptor of `owner` and leaks `owner` itself, on purpose.
+///
+/// For a socket registered with an event loop that hands out pointers as epoll tokens
+/// (tokio's `ScheduledIo`): under gVisor 20240729 an event of a host-backed socket can
+/// still be delivered after the socket was removed from the epoll set and dropped, and
+/// tokio then writes through a token whose registration was freed (a debug assertion in
+/// `set_readiness`, a use after free in release builds). Leaking the owner keeps the
+/// registration alive, so such an event lands on memory that is still tokio's; the
+/// descriptor itself is closed, as the checkpoint that follows needs (ADR 0196). A few
+/// hundred bytes per socket, for the listener and connections the agent drops.
+pub fn close_leaking_owner<T: AsRawFd>(owner: T) {
+    let fd = owner.as_raw_fd();
+    std::mem::forget(owner);
+    // `owner` is forgotten: nothing else closes `fd` or uses its number.
+    raw::fd::close(fd);
+}
+
 /// A directory handle for `*at` operations (used for the sandbox's cgroup directory).
 #[derive(Debug)]
 pub struct DirFd(OwnedFd);
