@@ -44,6 +44,10 @@ command -v tmux >/dev/null || { apt-get update -q && apt-get install -y -q tmux;
 # on loopback and push the images they build into it; nothing is fetched from outside.
 command -v docker-registry >/dev/null && command -v skopeo >/dev/null ||
     { apt-get update -q && apt-get install -y -q docker-registry skopeo; }
+# umoci: `threadbox-bench layers --smoke` (bench/tests/smoke.rs) builds its pull figure's
+# one-layer image with it, to push to that local registry; the smoke test requires the
+# pull rows under CI, so it is installed here rather than left to skip.
+command -v umoci >/dev/null || { apt-get update -q && apt-get install -y -q umoci; }
 # git (with its HTTP transport): `tests/network_done.rs` clones a dumb-HTTP repository of
 # the test upstream from inside a sandbox of the host image (the host's /usr).
 command -v git >/dev/null || { apt-get update -q && apt-get install -y -q git; }

@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Checkpoint, fork and rewind figures of the daemon (issue 14, ADR 0100).
 
+Superseded by `threadbox-bench layers` (bench/src/layers.rs, ADR 0211), which measures
+all of this and the pull against skopeo in one run; kept because earlier figures in
+docs/layers.md and the ADRs name this script and its options.
+
 Starts `threadbox serve` on a root on an xfs loop image (reflink; `--ext4` for the
 host's file system, where the daemon mounts its own xfs store image, ADR 0101, or with
 `--store-off` clones are sparse copies), makes a sandbox holding 200 MB of

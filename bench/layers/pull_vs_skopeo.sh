@@ -5,6 +5,9 @@
 # layer made by umoci, pushed to Debian's docker-registry on loopback. Needs root, umoci,
 # skopeo, docker-registry. Usage:
 #   bench/layers/pull_vs_skopeo.sh [--bin target/release/threadbox] [--rootfs DIR] [--runs 3]
+# Superseded by `threadbox-bench layers` (bench/src/layers.rs, ADR 0211: the same image,
+# registry and interleaving, with medians and the ratio); kept because earlier figures in
+# docs/layers.md name this script.
 set -eu
 BIN=target/release/threadbox
 ROOTFS=target/test-rootfs/debian

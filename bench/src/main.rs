@@ -20,6 +20,7 @@ mod egress;
 mod fork;
 mod hibernate;
 mod interp;
+mod layers;
 mod stats;
 mod tiers;
 mod tracing;
@@ -74,6 +75,10 @@ enum Cmd {
     /// Density (issue 16): memory, swap and disk per sandbox running, paused and
     /// hibernated, per tier, in one run (makes and removes a swap file for the jail).
     Density(density::DensityOpts),
+    /// Layer store (issue 14): checkpoint of a sandbox holding 200 MB of files and its
+    /// frozen instant, fork of 3 cold against staged slots, rewind, and image pull against
+    /// `skopeo copy` from the same local registry, in one run.
+    Layers(layers::LayersOpts),
 }
 
 /// Which figures a run measures.
@@ -1071,6 +1076,7 @@ async fn main() -> Result<()> {
         Cmd::Hibernate(o) => hibernate::run(o).await,
         Cmd::Density(o) => density::run(o).await,
         Cmd::Fork(o) => fork::run(o).await,
+        Cmd::Layers(o) => layers::run(o).await,
         Cmd::EgressUpstream { addr } => egress::upstream(&addr),
     }
 }

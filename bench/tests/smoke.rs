@@ -194,3 +194,80 @@ fn fork_smoke_run_measures_both_tiers() {
         assert!(r["p50"].is_number() || r["skipped"].is_string(), "{r}");
     }
 }
+
+#[test]
+fn layers_smoke_run_reports_every_figure() {
+    if not_root() {
+        // Like the figures above: CI runs as root, so this path is for a developer's shell.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the benchmark must run as root under CI"
+        );
+        eprintln!("skipped: the benchmark drives real sandboxes and must run as root");
+        return;
+    }
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_threadbox-bench"));
+    if !bench.with_file_name("threadbox").is_file() {
+        eprintln!("skipped: the threadbox daemon is not built");
+        return;
+    }
+    let out = Command::new(&bench)
+        .args(["layers", "--smoke", "--json"])
+        .output()
+        .expect("run threadbox-bench layers");
+    assert!(
+        out.status.success(),
+        "threadbox-bench layers failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let rows = doc["results"].as_array().expect("results");
+    let row = |figure: &str, contender: &str| {
+        rows.iter()
+            .find(|r| r["figure"] == figure && r["contender"] == contender)
+            .unwrap_or_else(|| panic!("no row {figure} / {contender}: {rows:?}"))
+    };
+    let measured = |figure: &str, contender: &str| {
+        let r = row(figure, contender);
+        assert!(
+            r["p50"].is_number(),
+            "no value for {figure} / {contender}: {r}"
+        );
+    };
+    measured("checkpoint (API call)", "threadbox API");
+    measured(
+        "checkpoint: frozen instant (syncfs + clone)",
+        "threadbox (daemon's log)",
+    );
+    measured("rewind to running", "threadbox API");
+    measured("fork of 3 to running sandboxes", "threadbox, cold boot");
+    measured("fork of 3 to running sandboxes", "threadbox, staged slots");
+    assert!(row("fork of 3 to running sandboxes", "threadbox, staged slots")["ratio"].is_number());
+    // The pull needs umoci, skopeo and docker-registry (scripts/test.sh installs them):
+    // measured where they are, else skipped with the reason, never silently absent.
+    let tools = ["umoci", "skopeo", "docker-registry"].iter().all(|t| {
+        std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()))
+    });
+    let required = tools || std::env::var_os("CI").is_some();
+    for figure in [
+        "pull of the image, same local registry",
+        "pull throughput (compressed layer)",
+    ] {
+        let ours = "threadbox image pull (fetch+verify+unpack)";
+        for who in ["skopeo copy (fetch+verify)", ours] {
+            if required {
+                measured(figure, who);
+            } else {
+                assert!(row(figure, who)["skipped"].is_string());
+            }
+        }
+        if required {
+            assert!(row(figure, ours)["ratio"].is_number());
+        }
+    }
+    for r in rows {
+        assert!(r["p50"].is_number() || r["skipped"].is_string(), "{r}");
+    }
+    assert!(doc["load_before"].is_string() && doc["load_after"].is_string());
+}
