@@ -236,6 +236,20 @@ impl Gvisor {
 
     /// runsc's global flags for this daemon's sandboxes.
     pub(crate) fn global_args(&self) -> Vec<String> {
+        let mut args = self.global_args_without_debug();
+        // For an operator chasing a runsc failure: runsc's own debug logs, one file per
+        // command, in this directory (large; never on by default).
+        if let Some(dir) = std::env::var_os("THREADBOX_RUNSC_DEBUG_LOG") {
+            args.push("--debug".into());
+            args.push(format!("--debug-log={}/", dir.to_string_lossy()));
+            if std::env::var_os("THREADBOX_RUNSC_STRACE").is_some() {
+                args.push("--strace".into());
+            }
+        }
+        args
+    }
+
+    fn global_args_without_debug(&self) -> Vec<String> {
         vec![
             "--root".into(),
             self.state_dir().display().to_string(),

@@ -104,6 +104,32 @@ mv -T "$tmp" "$dir"
 sync "${dir%/*}""#;
 
 fn remove_dir(dir: &Path) {
+    // An image is "its directory exists" (`is_memory_image`), so it goes in one rename
+    // first: a daemon killed during the removal finds the whole image or none, never a
+    // directory without its `checkpoint.img` taken for an image (a crash trial at
+    // wake-listening found one, and the restored processes were ended for it).
+    let gone = gone_of(dir);
+    remove_all(&gone);
+    match std::fs::rename(dir, &gone) {
+        Ok(()) => remove_all(&gone),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!("rename {} away: {e}", dir.display());
+            remove_all(dir);
+        }
+    }
+}
+
+/// Where [`remove_dir`] renames `dir` to before removing it.
+fn gone_of(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".{name}.gone"))
+}
+
+fn remove_all(dir: &Path) {
     match std::fs::remove_dir_all(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -314,6 +340,8 @@ impl Gvisor {
             wait_unlocked(&dir);
         }
         remove_dir(&tmp_of(&dir));
+        // What a daemon killed while removing an image had renamed away.
+        remove_all(&gone_of(&dir));
         if !Self::is_memory_image(&dir) {
             self.rebind_if_quiesced(id);
             return false;

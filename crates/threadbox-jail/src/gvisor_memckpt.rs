@@ -91,6 +91,9 @@ impl Gvisor {
                 if let Some(ck) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) {
                     tracing::info!(sandbox = %id, checkpoint = %ck, "removed a half-written memory image");
                     let _ = std::fs::remove_dir_all(e.path());
+                } else if name.starts_with('.') && name.ends_with(".gone") {
+                    // An image renamed away for removal by a daemon that died meanwhile.
+                    let _ = std::fs::remove_dir_all(e.path());
                 } else if let Some(ck) =
                     name.strip_prefix('.').and_then(|n| n.strip_suffix(".lock"))
                 {

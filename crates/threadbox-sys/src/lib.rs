@@ -8,6 +8,7 @@
 //! mount plan), [`seccomp`], [`landlock`], [`cgroup`], [`sparse`]. `child` and `resolve`
 //! are the old paths of `process` and `fs`, kept for the crates that import them.
 
+pub mod alloc;
 pub mod cgroup;
 pub mod child;
 pub mod clonefile;

@@ -9,6 +9,7 @@
 //! Nothing here decides policy: no weakening, no fallback, no error wording beyond the
 //! kernel's own errno.
 
+pub(crate) mod alloc;
 pub(crate) mod clone;
 pub(crate) mod fd;
 pub(crate) mod fs;
