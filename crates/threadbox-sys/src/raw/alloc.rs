@@ -81,10 +81,9 @@ unsafe impl GlobalAlloc for QuarantineAlloc {
         let new = unsafe { System.alloc(new_layout) };
         if !new.is_null() {
             // SAFETY: both blocks are valid for the smaller of the two sizes and distinct.
-            unsafe {
-                std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                self.dealloc(ptr, layout);
-            }
+            unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size)) };
+            // SAFETY: `ptr` came from this allocator with `layout`, and is not used again.
+            unsafe { self.dealloc(ptr, layout) };
         }
         new
     }
@@ -114,14 +113,12 @@ unsafe impl GlobalAlloc for QuarantineAlloc {
         ring.next = (ring.next + 1) % HELD;
         self.busy.store(false, Ordering::Release);
         if let Some((old, size, align)) = evicted {
-            // SAFETY: `old` was quarantined with this size and alignment, which formed a
-            // valid layout then, and it has not been freed since.
-            unsafe {
-                System.dealloc(
-                    old as *mut u8,
-                    Layout::from_size_align_unchecked(size, align),
-                )
+            // `old` was quarantined with this size and alignment, a valid layout then.
+            let Ok(layout) = Layout::from_size_align(size, align) else {
+                return;
             };
+            // SAFETY: `old` came from `System` with `layout` and has not been freed since.
+            unsafe { System.dealloc(old as *mut u8, layout) };
         }
     }
 }
@@ -131,31 +128,40 @@ mod tests {
     use super::QuarantineAlloc;
     use std::alloc::{GlobalAlloc, Layout};
 
+    /// One block of `layout` from `q`, filled with `byte`.
+    fn block(q: &QuarantineAlloc, layout: Layout, byte: u8) -> *mut u8 {
+        // SAFETY: `layout` has a non-zero size.
+        let p = unsafe { q.alloc(layout) };
+        assert!(!p.is_null());
+        // SAFETY: `p` is a fresh block of `layout.size()` bytes.
+        unsafe { p.write_bytes(byte, layout.size()) };
+        p
+    }
+
+    fn free(q: &QuarantineAlloc, p: *mut u8, layout: Layout) {
+        // SAFETY: each caller frees a block of `q` once, with its own layout.
+        unsafe { q.dealloc(p, layout) };
+    }
+
     #[test]
     fn aligned_blocks_are_held_then_freed_and_others_pass_through() {
         let q = QuarantineAlloc::new();
         let big = Layout::from_size_align(256, 128).expect("layout");
         let small = Layout::from_size_align(64, 8).expect("layout");
-        // SAFETY: each block is allocated and freed once, with its own layout; `p` is
-        // read after its free only because this allocator still holds it (the point).
-        unsafe {
-            // More than the ring holds: the oldest are freed as new ones arrive.
-            for _ in 0..5000 {
-                let p = q.alloc(big);
-                assert!(!p.is_null());
-                p.write_bytes(0xab, 256);
-                q.dealloc(p, big);
-                let s = q.alloc(small);
-                assert!(!s.is_null());
-                q.dealloc(s, small);
-            }
-            let p = q.alloc(big);
-            p.write_bytes(0x5a, 256);
-            q.dealloc(p, big);
-            let r = q.alloc(big);
-            assert_ne!(r, p, "a quarantined block was handed out again");
-            assert_eq!(*p, 0x5a, "a quarantined block was written to");
-            q.dealloc(r, big);
+        // More than the ring holds: the oldest are freed as new ones arrive.
+        for _ in 0..5000 {
+            let p = block(&q, big, 0xab);
+            free(&q, p, big);
+            let s = block(&q, small, 0);
+            free(&q, s, small);
         }
+        let p = block(&q, big, 0x5a);
+        free(&q, p, big);
+        let r = block(&q, big, 0);
+        assert_ne!(r, p, "a quarantined block was handed out again");
+        // SAFETY: `p` is still allocated by `System` (held in the ring), so reading it is
+        // reading live memory; that it still says 0x5a is the point.
+        assert_eq!(unsafe { *p }, 0x5a, "a quarantined block was written to");
+        free(&q, r, big);
     }
 }
