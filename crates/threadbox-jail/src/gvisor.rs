@@ -20,6 +20,8 @@ mod disk;
 mod fork;
 #[path = "gvisor_memckpt.rs"]
 mod memckpt;
+#[path = "gvisor_state.rs"]
+mod state;
 
 use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
 use std::path::{Path, PathBuf};
@@ -52,6 +54,10 @@ fn sentry_pids(limits: &Limits) -> u32 {
 /// Longest the probe, a launch or a runsc command may take (the kvm platform hangs on
 /// this host's PVM: a hang must not hold the daemon).
 pub(crate) const RUNSC_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Longest a halt waits for a runsc command of the container that holds runsc's lock on
+/// its state before it leaves the state to `runsc delete` (which waits on the same lock).
+const STATE_LOCK_WAIT: Duration = Duration::from_secs(5);
 
 /// Where the agent's socket directory is bound inside the sandbox.
 const SOCKET_DIR_INSIDE: &str = "/run/threadbox";
@@ -547,20 +553,27 @@ impl Gvisor {
             .ok_or_else(|| CoreError::Internal(format!("runsc state {id}: no pid in {out}")))
     }
 
-    /// `runsc delete --force` (best effort: a container that never existed is fine).
-    pub(crate) fn remove_container(&self, info: &RunscInfo, id: &str) {
-        // runsc keeps `<id>_sandbox:<id>.state` (and a socket, a lock) per container: with
-        // none of them there is nothing to delete, and a runsc run (tens of ms, more on a
-        // loaded host) is saved on every wake and boot.
-        let known = std::fs::read_dir(self.state_dir()).is_ok_and(|rd| {
-            rd.flatten()
-                .any(|e| e.file_name().to_string_lossy().contains(id))
-        });
-        if known {
-            let _ = run_bounded(
-                self.runsc_cmd(info, &["delete", "-force", id]),
-                RUNSC_DEADLINE,
-            );
+    /// Removes runsc's state of container `id` (best effort: a container that never
+    /// existed is fine): by itself when the container's processes have exited and that is
+    /// all `runsc delete` would do (`gvisor_state.rs`, ADR 0212), else `runsc delete
+    /// --force`. Returns which, for the halt's debug line.
+    pub(crate) fn remove_container(&self, info: &RunscInfo, id: &str) -> &'static str {
+        // With no file of the container there is nothing to delete, and a runsc run (tens
+        // of ms, more on a loaded host) is saved on every wake and boot.
+        let st = state::ContainerState::new(&self.state_dir(), id);
+        if !st.exists() {
+            return "none";
+        }
+        match st.remove_exited(STATE_LOCK_WAIT) {
+            Ok(()) => "removed",
+            Err(e) => {
+                tracing::debug!(sandbox = %id, "runsc delete, not removing its state: {e}");
+                let _ = run_bounded(
+                    self.runsc_cmd(info, &["delete", "-force", id]),
+                    RUNSC_DEADLINE,
+                );
+                "runsc delete"
+            }
         }
     }
 
@@ -574,17 +587,21 @@ impl Gvisor {
     /// Ends every process of the sandbox; a memory image stays.
     pub(crate) fn halt(&self, id: &str) -> Result<()> {
         let t0 = std::time::Instant::now();
-        if let Ok(info) = self.probe().clone() {
-            self.remove_container(&info, id);
-        }
+        // Our cgroup is around every runsc process of the sandbox: emptied first, it
+        // leaves runsc's state naming processes that have exited, which we remove without
+        // runsc's wait for their reaping (ADR 0212). Its error is returned after runsc
+        // was asked to end what is left.
+        let killed = self.j().stop(id);
         let t1 = std::time::Instant::now();
-        // Whatever runsc left (or the whole sandbox, if runsc could not be asked).
-        self.j().stop(id)?;
+        let how = match self.probe().clone() {
+            Ok(info) => self.remove_container(&info, id),
+            Err(_) => "no runsc",
+        };
         let _ = std::fs::remove_file(self.socket(id));
-        // Where a hibernate's teardown goes (ADR 0130's open question): runsc, or ours.
-        tracing::debug!(sandbox = %id, runsc_delete_ms = (t1 - t0).as_millis() as u64,
-            cgroup_ms = t1.elapsed().as_millis() as u64, "halted");
-        Ok(())
+        // Where a hibernate's teardown goes (ADR 0130's open question, ADR 0212).
+        tracing::debug!(sandbox = %id, runsc_delete_ms = t1.elapsed().as_millis() as u64,
+            cgroup_ms = (t1 - t0).as_millis() as u64, runsc_state = how, "halted");
+        killed
     }
 
     fn destroy(&self, id: &str) -> Result<()> {

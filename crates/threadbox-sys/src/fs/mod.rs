@@ -17,6 +17,17 @@ pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 /// `RESOLVE_NO_SYMLINKS`.
 pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
 
+/// Takes `fd`'s exclusive `flock(2)` lock without blocking: `false` while another open
+/// file description holds it (e.g. a runsc command of the same container). The lock goes
+/// with the descriptor's last close.
+pub fn try_lock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    match raw::fs::flock(fd, libc::LOCK_EX | libc::LOCK_NB) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// `openat2(2)` relative to `dir` (or the cwd). `O_CLOEXEC` is always added. On kernels
 /// without openat2 (< 5.6) falls back to `openat`, losing the `resolve` restrictions.
 pub fn openat2(

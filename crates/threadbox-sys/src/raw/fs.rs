@@ -40,6 +40,12 @@ pub(crate) fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result
         .map(drop)
 }
 
+/// `flock(fd, op)`.
+pub(crate) fn flock(fd: BorrowedFd<'_>, op: i32) -> io::Result<()> {
+    // SAFETY: a valid descriptor; flock touches no memory of ours.
+    cvt_int(unsafe { libc::flock(fd.as_raw_fd(), op) }).map(drop)
+}
+
 /// `unlinkat(dir, name, flags)`.
 pub(crate) fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<()> {
     // SAFETY: a valid descriptor and a NUL-terminated name.
