@@ -185,20 +185,25 @@ struct OwnDaemon {
 impl Drop for OwnDaemon {
     /// SIGTERM, so the daemon removes its warm pool; SIGKILL if it does not exit.
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        terminate(&mut self.child, Duration::from_secs(20));
     }
+}
+
+/// SIGTERM to `child`, then SIGKILL if it has not exited within `grace`.
+fn terminate(child: &mut Child, grace: Duration) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 async fn start_daemon(warm_pool: usize) -> Result<(OwnDaemon, String)> {
