@@ -16,6 +16,7 @@ mod error;
 mod exec;
 mod files;
 mod interp;
+mod oom;
 mod own_filter;
 mod pty;
 mod selftest;
@@ -46,6 +47,8 @@ const USAGE: &str = "usage: threadbox-agent (--listen-fd N | --listen unix:PATH)
   --hostname NAME   set the hostname and exit (a gvisor fork restored from memory)
   --pids-max N      gvisor: bound the sandbox's processes in the sentry's own pids cgroup
                     (at start; with --set-pids-max N, set it and exit)
+  --memory-max N    gvisor: kill the largest sandbox process past N bytes, as the
+                    sentry has no OOM killer (with --set-memory-max N, set it and exit)
   --version         print the version";
 
 #[derive(Debug, Default)]
@@ -56,6 +59,7 @@ struct Args {
     allow_no_landlock: bool,
     tier: selftest::Tier,
     pids_max: Option<u64>,
+    memory_max: Option<u64>,
 }
 
 /// The sandbox's own pids cgroup in gVisor's cgroupfs, which the gvisor tier mounts at
@@ -138,6 +142,15 @@ fn parse_args() -> Result<Args, String> {
                 }
                 args.pids_max = Some(n);
             }
+            "--memory-max" => args.memory_max = Some(oom::parse_flag(&a, it.next())?),
+            // The daemon's live change of a running sandbox's limit (`runsc exec`).
+            "--set-memory-max" => {
+                let r = oom::parse_flag(&a, it.next()).and_then(oom::set_limit);
+                if let Err(e) = &r {
+                    eprintln!("threadbox-agent: {e}");
+                }
+                std::process::exit(i32::from(r.is_err()));
+            }
             "--version" => {
                 println!("threadbox-agent {}", env!("CARGO_PKG_VERSION"));
                 std::process::exit(0);
@@ -216,6 +229,10 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(n) = args.pids_max {
         set_sentry_pids_max(n)?;
     }
+    // Likewise the memory limit the watchdog (started below) enforces (ADR 0205).
+    if let Some(n) = args.memory_max {
+        oom::set_limit(n)?;
+    }
     // File operations run with a temporary fsuid/fsgid: no supplementary group of ours
     // may add rights to them.
     if let Err(e) = syschild::clear_supplementary_groups() {
@@ -281,6 +298,9 @@ fn run(args: Args) -> Result<(), String> {
         // The SIGCHLD handler must exist before the first child is started.
         let reaper = agent::Reaper::install().map_err(|e| format!("SIGCHLD handler: {e}"))?;
         tokio::task::spawn_local(reaper.run(agent.clone()));
+        if args.memory_max.is_some() {
+            tokio::task::spawn_local(oom::watch());
+        }
         log(&format!(
             "threadbox-agent {} ready (pid {})",
             env!("CARGO_PKG_VERSION"),
