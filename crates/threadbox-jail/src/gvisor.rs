@@ -23,7 +23,7 @@ mod memckpt;
 #[path = "gvisor_state.rs"]
 mod state;
 
-use crate::{cg_limits, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
+use crate::{cg_limits, gvisor_memory, mkdir, Jail, JailDriver, SANDBOX_NOFILE};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
@@ -49,6 +49,12 @@ pub const RUNTIME_PIDS: u32 = 256;
 /// whose limit the sentry itself would not survive.
 fn sentry_pids(limits: &Limits) -> u32 {
     crate::gvisor_weaken::limits(cg_limits(limits)).pids
+}
+
+/// The sandbox's memory limit inside the sentry, which the agent's watchdog enforces
+/// (ADR 0205): what the API says (lifted by the `no-memory-limit` weakening).
+fn sentry_memory(limits: &Limits) -> u64 {
+    crate::gvisor_weaken::limits(cg_limits(limits)).memory_bytes
 }
 
 /// Longest the probe, a launch or a runsc command may take (the kvm platform hangs on
@@ -298,6 +304,7 @@ impl Gvisor {
     ) -> serde_json::Value {
         use serde_json::json;
         let p = self.j().paths(&spec.id);
+        let memory = sentry_memory(&spec.limits);
         let caps = [
             "CAP_CHOWN",
             "CAP_DAC_OVERRIDE",
@@ -322,9 +329,14 @@ impl Gvisor {
             // have an empty /sys: so do these, read-only (ADR 0191).
             json!({"destination": "/sys", "type": "tmpfs", "source": "tmpfs",
                    "options": ["ro", "nosuid", "nodev", "noexec", "size=0", "mode=555"]}),
+            // Sized below the memory limit (tmpfs is sentry memory, which the watchdog
+            // cannot free by a kill): full, both still leave a quarter of it (ADR 0205).
             json!({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                    "options": ["nosuid", "nodev", "mode=1777",
-                               format!("size={}", spec.limits.memory_bytes)]}),
+                               format!("size={}", gvisor_memory::tmp_bytes(memory))]}),
+            json!({"destination": "/dev/shm", "type": "tmpfs", "source": "tmpfs",
+                   "options": ["nosuid", "nodev", "mode=1777",
+                               format!("size={}", gvisor_memory::shm_bytes(memory))]}),
             json!({"destination": SOCKET_DIR_INSIDE, "type": "bind",
                    "source": self.socket_dir(&spec.id), "options": ["rbind", "rw", "nosuid", "nodev", "noexec"]}),
             json!({"destination": AGENT_INSIDE, "type": "bind",
@@ -357,6 +369,9 @@ impl Gvisor {
             "gvisor".into(),
             "--pids-max".into(),
             sentry_pids(&spec.limits).to_string(),
+            // gVisor has no OOM killer: the agent's watchdog is it (ADR 0205).
+            "--memory-max".into(),
+            memory.to_string(),
         ];
         agent_args.extend(crate::gvisor_weaken::agent_args());
         let nofile = crate::gvisor_weaken::nofile_limit(SANDBOX_NOFILE);
@@ -425,6 +440,8 @@ impl Gvisor {
         mkdir(&self.state_dir())?;
         let mut limits = crate::gvisor_weaken::limits(cg_limits(&spec.limits));
         limits.pids = limits.pids.saturating_add(RUNTIME_PIDS);
+        // Room for runsc itself and the watchdog's reaction on top of the sandbox's limit.
+        limits.memory_bytes = gvisor_memory::host_memory(limits.memory_bytes);
         let cg = j.cgroup(&spec.id);
         cg.create(&limits, None)?;
         // runsc makes no cgroups under ours (--ignore-cgroups): bound the subtree as the
@@ -537,6 +554,21 @@ impl Gvisor {
         run_bounded(cmd, RUNSC_DEADLINE)
             .map(drop)
             .map_err(|e| CoreError::Internal(format!("set the pids limit inside {id}: {e}")))
+    }
+
+    /// Sets the memory limit the agent's watchdog enforces in a running sentry (`runsc
+    /// exec` of the agent's `--set-memory-max`); as for pids, a sandbox with no container
+    /// takes it from its next boot's `config.json`.
+    fn set_sentry_memory(&self, id: &str, bytes: u64) -> Result<()> {
+        let info = self.runsc()?;
+        if self.sentry_pid(&info, id).is_err() {
+            return Ok(());
+        }
+        let n = bytes.to_string();
+        let cmd = self.runsc_cmd(&info, &["exec", id, AGENT_INSIDE, "--set-memory-max", &n]);
+        run_bounded(cmd, RUNSC_DEADLINE)
+            .map(drop)
+            .map_err(|e| CoreError::Internal(format!("set the memory limit inside {id}: {e}")))
     }
 
     /// The sentry's host pid (`runsc state`): what the manager records as the agent's
@@ -766,14 +798,33 @@ impl Driver for GvisorDriver {
     async fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
         let mut l = *limits;
         l.pids = l.pids.saturating_add(RUNTIME_PIDS);
+        let memory = sentry_memory(limits);
+        l.memory_bytes = gvisor_memory::host_memory(memory);
         let (id2, pids) = (id.to_string(), sentry_pids(limits));
-        // The sentry's own limit first, so the host's never falls below it (ADR 0185).
-        self.run(move |g| g.set_sentry_pids(&id2, pids)).await?;
+        // The sentry's own limits first, so the host's never falls below them (ADR 0185,
+        // 0205). A raise lets the watchdog allow the new limit for the moment before the
+        // host's follows: the one order in which a lowering cannot kill the sentry.
+        self.run(move |g| {
+            g.set_sentry_pids(&id2, pids)?;
+            g.set_sentry_memory(&id2, memory)
+        })
+        .await?;
         self.0.jail.set_limits(id, &l).await
     }
 
     async fn usage(&self, id: &str, disk: bool) -> Usage {
-        self.0.jail.usage(id, disk).await
+        let mut u = self.0.jail.usage(id, disk).await;
+        // The agent's watchdog kills count as the OOM kills they are (ADR 0205): a call
+        // whose process died of one is reported `oom_killed`, as on the jail.
+        let dir = self.0.socket_dir(id);
+        let kills = blocking(move || Ok(gvisor_memory::watchdog_kills(&dir)))
+            .await
+            .ok()
+            .flatten();
+        if let Some(k) = kills {
+            u.oom_kills = u.oom_kills.map(|h| h.saturating_add(k));
+        }
+        u
     }
 
     async fn agent_alive(&self, id: &str, pid: i32) -> bool {

@@ -12,6 +12,7 @@ mod ca_bundle;
 mod checkpoint;
 pub mod gvisor;
 pub mod gvisor_ckpt;
+pub mod gvisor_memory;
 mod gvisor_net;
 mod gvisor_posture;
 mod gvisor_weaken;
