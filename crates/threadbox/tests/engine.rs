@@ -595,24 +595,30 @@ fn posture_from_inside() {
     );
 }
 
+/// On both tiers: on the jail the kernel's OOM killer in the sandbox's cgroup, on gvisor
+/// the agent's watchdog inside the sentry (ADR 0205), whose kill is reported the same way.
 #[test]
 fn memory_limit_oom_kills_inside_only() {
     require_root!();
-    let d = Daemon::start();
-    let small = d.create(&["--memory", "64M"]);
-    let neighbour = d.create(&[]);
-    let r = d.sh(
-        &small,
-        "python3 -c 'b = bytearray(1 << 30); b[::4096] = b\"x\" * len(b[::4096]); print(len(b))'",
-    );
-    assert_ne!(
-        r["exit_code"], 0,
-        "allocating 1 GiB under a 64 MiB limit succeeded: {r}"
-    );
-    assert!(!r["stdout"].as_str().unwrap().contains("1073741824"));
-    // The daemon, the neighbour and the sandbox itself keep working.
-    assert_eq!(d.sh(&neighbour, "echo ok")["stdout"], "ok\n");
-    assert_eq!(d.sh(&small, "echo still-here")["stdout"], "still-here\n");
+    each_tier(&[], |d| {
+        let small = d.create(&["--memory", "64M"]);
+        let neighbour = d.create(&[]);
+        let r = d.sh(
+            &small,
+            "python3 -c 'b = bytearray(1 << 30); b[::4096] = b\"x\" * len(b[::4096]); print(len(b))'",
+        );
+        assert_ne!(
+            r["exit_code"], 0,
+            "[{}] allocating 1 GiB under a 64 MiB limit succeeded: {r}",
+            d.tier
+        );
+        assert!(!r["stdout"].as_str().unwrap().contains("1073741824"));
+        assert_eq!(r["oom_killed"], true, "[{}] {r}", d.tier);
+        assert_eq!(r["memory_limit_bytes"], 64 << 20, "[{}] {r}", d.tier);
+        // The daemon, the neighbour and the sandbox itself keep working.
+        assert_eq!(d.sh(&neighbour, "echo ok")["stdout"], "ok\n");
+        assert_eq!(d.sh(&small, "echo still-here")["stdout"], "still-here\n");
+    });
 }
 
 #[test]

@@ -653,6 +653,14 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
     }
     if case.extra == Extra::MemoryPeak {
         let (limit, _) = case.limits.unwrap_or((u64::MAX, 0));
+        // On gvisor the host cgroup holds runsc as well as the sandbox, and has room on
+        // top of the sandbox's limit, which the agent's watchdog holds inside (ADR 0205):
+        // the host's peak is judged against that, as the pids backstop is (ADR 0185).
+        let limit = if d.tier == "gvisor" {
+            threadbox_jail::gvisor_memory::host_memory(limit)
+        } else {
+            limit
+        };
         match memory_peak(&id) {
             Some(peak) if peak > limit => {
                 escaped.push(format!("memory peak {peak} over the limit {limit}"))
@@ -686,6 +694,24 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
         broken = Some("the program did not run to its end".into());
     }
     log.push_str(&text);
+    if d.tier == "gvisor" && case.limits.is_some() {
+        // The figures of ADR 0205: how close the host cgroup came to its limit, and what
+        // the agent's watchdog did.
+        eprintln!(
+            "{} [gvisor] host memory peak {:?}",
+            case.id,
+            memory_peak(&id)
+        );
+        let agent_log = d.root_path().join(format!("sandboxes/{id}/run/agent.log"));
+        for l in std::fs::read_to_string(agent_log)
+            .unwrap_or_default()
+            .lines()
+        {
+            if l.contains("oom:") {
+                eprintln!("{} [gvisor] {l}", case.id);
+            }
+        }
+    }
     let _ = block(d.client.delete(&id, true));
     escaped.dedup();
     escaped.truncate(8);
@@ -851,8 +877,6 @@ fn every_case_holds_on_gvisor() {
 /// tier.
 const GVISOR_OPEN: &[(&str, &str)] = &[
     ("B4", "open gap: gVisor 20240729's procfs makes /proc/<pid>/environ 0444 and /proc/<pid>/fd 0555 with no ptrace check (exe, cwd and mem do honour PR_SET_DUMPABLE 0, and hold), and has no ETXTBSY, so /proc/self/exe opens for writing (ADR 0187)"),
-    ("E2", "open gap: gVisor 20240729 enforces no memory limit in the sentry (its memory.limit_in_bytes is a stub, it has no OOM killer), so the host cgroup's OOM kill takes the sentry and the agent (ADR 0185)"),
-    ("E3", "open gap: filling /tmp and /dev/shm reaches the host cgroup's memory limit, whose OOM kill takes the sentry and the agent (ADR 0185)"),
     ("E7", "open gap: the bomb, held at the pids limit inside, still needs more host tasks (systrap stubs) than the host cgroup's pids + 256, whose refusal kills the sentry; past that, a setsid'd bomb outlives the call's timeout without call cgroups (ADR 0185)"),
 ];
 
@@ -1006,7 +1030,7 @@ const GVISOR_CONTROL_MOOT: &[(&str, &str)] = &[
 /// Cases whose control is shown on gvisor (run by the test below, which must see each
 /// escape). A case holding on gvisor with a control that means something there but not on
 /// this list is printed as not shown yet (docs/tiers.md): the list grows as each is run.
-const GVISOR_CONTROLS: &[&str] = &["A1", "A3", "A8", "B1", "B3", "B7", "C5", "E6"];
+const GVISOR_CONTROLS: &[&str] = &["A1", "A3", "A8", "B1", "B3", "B7", "C5", "E2", "E3", "E6"];
 
 /// The gvisor half of the positive controls (ADR 0192): each case that holds on gvisor,
 /// with a control that means something there, runs against a weakened gvisor launch and
