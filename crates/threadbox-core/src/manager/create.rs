@@ -164,6 +164,8 @@ impl Manager {
         from: Option<&super::templates::DiskFrom<'_>>,
     ) -> Result<Option<(Sandbox, bool)>> {
         caller.require(ops::CreateSandbox::SCOPE)?;
+        // The pool's refill boots nothing while this runs (ADR 0213).
+        let _busy = self.creating.enter();
         if let Some(name) = &req.name {
             validate_name(name)?;
         }

@@ -118,6 +118,8 @@ pub struct Manager {
     gov: GovState,
     /// Wakes the warm pool's refill task (an adoption, a discarded pooled sandbox).
     pool_wake: Arc<tokio::sync::Notify>,
+    /// Creates in flight, which the refill waits out (ADR 0213).
+    creating: Arc<pool::Busy>,
     pool_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Egress data planes attached to running sandboxes (issue 13).
     net: network::NetState,
@@ -189,6 +191,7 @@ impl Manager {
             stop_tx,
             gov: GovState::default(),
             pool_wake: Arc::new(tokio::sync::Notify::new()),
+            creating: Arc::new(pool::Busy::default()),
             pool_task: Mutex::new(None),
             net: Default::default(),
             secrets,

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::images::HOST_IMAGE;
 use crate::store::{now_ms, SandboxRow, State};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use threadbox_api::TtlAction;
@@ -19,6 +20,55 @@ const REFILL_BACKOFF: Duration = Duration::from_secs(1);
 /// Wait after a wake-up (an adoption) before booting a replacement, so the boot (disk
 /// image, helper, mounts) does not compete for the CPU with the adopter's first commands.
 const REFILL_DELAY: Duration = Duration::from_millis(50);
+/// The longest the refill waits for the creates in flight to end (ADR 0213): a steady
+/// stream of creates must not keep the pool empty.
+const REFILL_QUIET_MAX: Duration = Duration::from_secs(5);
+
+/// Creates in flight (ADR 0213). The refill boots a replacement only once none runs, so
+/// the boot does not take the CPU from the creates that emptied the pool: a fork of three
+/// adopts three slots, and the first adoption's refill would otherwise run beside the
+/// other two attaches.
+#[derive(Default)]
+pub(super) struct Busy {
+    n: AtomicUsize,
+    quiet: tokio::sync::Notify,
+}
+
+/// One create in flight; ends on drop.
+pub(super) struct BusyGuard(Arc<Busy>);
+
+impl Busy {
+    pub(super) fn enter(self: &Arc<Self>) -> BusyGuard {
+        self.n.fetch_add(1, Ordering::SeqCst);
+        BusyGuard(self.clone())
+    }
+
+    /// Returns once no create is in flight, or after `max`.
+    async fn wait_quiet(&self, max: Duration) {
+        let deadline = tokio::time::Instant::now() + max;
+        loop {
+            let notified = self.quiet.notified();
+            tokio::pin!(notified);
+            // Registered before the count is read, so a guard dropped in between wakes it.
+            notified.as_mut().enable();
+            if self.n.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::debug!("warm pool: creates still in flight, refilling anyway");
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        if self.0.n.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.quiet.notify_waiters();
+        }
+    }
+}
 
 impl Manager {
     /// Starts the refill task when the pool is enabled.
@@ -31,10 +81,15 @@ impl Manager {
         }
         let weak = Arc::downgrade(self);
         let wake = self.pool_wake.clone();
+        let busy = self.creating.clone();
         let handle = tokio::spawn(async move {
             loop {
                 if *stop_rx.borrow() {
                     break;
+                }
+                tokio::select! {
+                    _ = busy.wait_quiet(REFILL_QUIET_MAX) => {}
+                    _ = stop_rx.changed() => break,
                 }
                 let Some(mgr) = weak.upgrade() else { break };
                 let res = mgr.fill_pool_once().await;
