@@ -158,6 +158,30 @@ async fn open(c: &Client, sb: &str, req: PtyRequest, write: Option<bool>) -> (St
     (s.session, Term::new(ws))
 }
 
+/// Waits until a process named `comm` of the sandbox leads its terminal's foreground
+/// process group (its pgrp is the tty's `tpgid`, fields 5 and 8 of `/proc/PID/stat`).
+fn foreground(d: &Daemon, sb: &str, comm: &str) {
+    let script = format!(
+        "for s in /proc/[0-9]*/stat; do read -r p c st pp pg se tt tp rest < $s 2>/dev/null && \
+         [ \"$c\" = '({comm})' ] && [ \"$pg\" = \"$tp\" ] && echo FG; done; true"
+    );
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let out = d
+            .cli(&["exec", sb, "--", "/bin/sh", "-c", &script])
+            .ok()
+            .stdout_str();
+        if out.contains("FG") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{comm} never became the terminal's foreground group"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits for the shell's first prompt (`$ ` of bash as user).
 async fn prompt(t: &mut Term) -> usize {
     t.expect(0, "$ ").await
@@ -198,7 +222,10 @@ fn a_shell_on_a_terminal_types_resizes_runs_jobs_and_exits_with_its_code() {
         t.send("kill %1; wait %1; echo rc=$?\r").await;
         at = t.expect(at, "rc=143").await;
         t.send("sleep 100\r").await;
-        t.round_trip().await;
+        // ^C only once the sleep is the terminal's foreground group: bash forks it in its
+        // own group and hands it the terminal; a ^C before that reaches the child while it
+        // still has bash's SIGINT handler, and the sleep runs on (seen in CI under load).
+        foreground(&d, &sb, "sleep");
         t.send("\x03").await;
         t.send("echo after=$?\r").await;
         at = t.expect(at, "after=130").await;
