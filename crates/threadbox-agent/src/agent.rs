@@ -132,6 +132,23 @@ impl PolicyParts {
     }
 }
 
+/// The longest [`Agent::kill_listed`] goes on killing what a v1 call cgroup lists.
+const KILL_LISTED_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+/// Between two rounds of [`Agent::kill_listed`].
+const KILL_LISTED_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The pids a cgroup's `cgroup.procs` (`rel` under `dir`) lists.
+fn read_pids(dir: &DirFd, rel: &str) -> std::io::Result<Vec<i32>> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::from(dir.open_read(rel)?).read_to_string(&mut text)?;
+    Ok(text
+        .split_ascii_whitespace()
+        .filter_map(|w| w.parse::<i32>().ok())
+        .filter(|p| *p > 0)
+        .collect())
+}
+
 /// A child cgroup of the sandbox's cgroup, for one call or background process.
 #[derive(Debug)]
 pub struct CallCgroup {
@@ -145,6 +162,10 @@ pub struct Agent {
     /// `threadbox_sys::resolve`).
     pub root: Root,
     pub cgroup: Option<DirFd>,
+    /// `cgroup` is a hierarchy of gVisor's own cgroupfs (cgroup v1 in the sentry, ADR 0214): it has
+    /// no `cgroup.kill` and no `clone3` into it, so a call's child writes itself in and a
+    /// call's processes are killed one by one from its `cgroup.procs`.
+    pub cgroup_v1: bool,
     pub policy: PolicyParts,
     /// The tier the agent runs on (`--tier`): which posture checks apply.
     pub tier: crate::selftest::Tier,
@@ -184,6 +205,7 @@ impl Agent {
         Agent {
             root,
             cgroup,
+            cgroup_v1: false,
             policy,
             tier,
             waiters: RefCell::new(HashMap::new()),
@@ -282,7 +304,16 @@ impl Agent {
     /// misses descendants that left the group with their own `setsid` (double fork).
     pub fn kill_tree(&self, cgroup: Option<&str>, pid: i32) {
         let cgroup = cgroup.filter(|_| !crate::testhooks::has("no-cgroup-kill"));
-        if let (Some(dir), Some(name)) = (&self.cgroup, cgroup) {
+        if let (Some(dir), Some(name), true) = (&self.cgroup, cgroup, self.cgroup_v1) {
+            match self.kill_listed(dir, name) {
+                Ok(()) => return,
+                // Gone (removed once empty): as below.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return,
+                Err(e) => log(&format!(
+                    "killing the processes of {name} failed ({e}); killing the process group"
+                )),
+            }
+        } else if let (Some(dir), Some(name)) = (&self.cgroup, cgroup) {
             match dir.write_file(&format!("{name}/cgroup.kill"), b"1") {
                 Ok(()) => return,
                 // The cgroup is gone (removed once empty): nothing is left to kill, and
@@ -300,6 +331,38 @@ impl Agent {
         }
         let _ = syschild::kill_group(pid, libc::SIGKILL);
         let _ = syschild::kill(pid, libc::SIGKILL);
+    }
+
+    /// Kills every process of the v1 call cgroup `name` (ADR 0214), where no `cgroup.kill`
+    /// exists: SIGKILL to each pid its `cgroup.procs` lists, again until it lists none.
+    /// A process cannot fork once its SIGKILL is pending, and a child forked before is in
+    /// the cgroup before its parent's fork returns, so each round's listing holds every
+    /// process that could still fork; rounds end when it is empty. The dead are reaped
+    /// between rounds (orphans come to us, the sandbox's init). Bounded: zombies of
+    /// processes that are not ours would stay listed, and a cgroup that will not empty is
+    /// logged and left to the periodic sweep.
+    fn kill_listed(&self, dir: &DirFd, name: &str) -> std::io::Result<()> {
+        let procs = format!("{name}/cgroup.procs");
+        let deadline = std::time::Instant::now() + KILL_LISTED_MAX;
+        loop {
+            let pids = read_pids(dir, &procs)?;
+            if pids.is_empty() {
+                return Ok(());
+            }
+            for p in &pids {
+                let _ = syschild::kill(*p, libc::SIGKILL);
+            }
+            self.reap();
+            if std::time::Instant::now() >= deadline {
+                log(&format!(
+                    "{name} still lists {} process(es) after killing them: left to the sweep",
+                    pids.len()
+                ));
+                return Ok(());
+            }
+            // The sentry delivers SIGKILL asynchronously: give the dying a moment to go.
+            std::thread::sleep(KILL_LISTED_PAUSE);
+        }
     }
 
     /// Removes a call's cgroup, or remembers it for the periodic sweep while processes

@@ -225,6 +225,8 @@ pub(crate) fn spawn_passing(
     // Created in its cgroup by clone3; where the kernel cannot (no clone3 or no cgroup v2
     // there), the child writes itself into the cgroup after a plain fork.
     let direct = match &cg {
+        // gVisor's v1 hierarchy (ADR 0214): no clone3 into it.
+        Some(_) if agent.cgroup_v1 => None,
         Some(c) => {
             match syschild::spawn_in_cgroup_passing(
                 &prepared.cmd,

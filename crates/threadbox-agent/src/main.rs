@@ -65,6 +65,11 @@ struct Args {
 /// The sandbox's own pids cgroup in gVisor's cgroupfs, which the gvisor tier mounts at
 /// `/sys/fs/cgroup` and where runsc puts the container (the agent and all it starts).
 const SENTRY_PIDS_MAX: &str = "/sys/fs/cgroup/pids/pids.max";
+/// Where the calls' cgroups go (ADR 0214): gVisor's `job` hierarchy, a controller that only
+/// holds an id. Not the pids hierarchy: gVisor 20240729 charges a task to its own pids
+/// cgroup only, not to the ancestors, so a call moved to a child there would leave the
+/// sandbox's `pids.max` behind (security case E1 saw the sentry die of it).
+const SENTRY_CALLS_DIR: &str = "/sys/fs/cgroup/job";
 
 /// Past this gVisor takes no number (its `pidMaxLimit`): unlimited.
 const SENTRY_PIDS_UNLIMITED: u64 = 4 * 1024 * 1024;
@@ -229,6 +234,16 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(n) = args.pids_max {
         set_sentry_pids_max(n)?;
     }
+    // gvisor: the calls' cgroups are made in the sentry's own cgroupfs, where a timeout
+    // can find a call's every process, also those that left its session (ADR 0214). Fails
+    // closed, as the limit above does.
+    let sentry_cgroup = match (args.cgroup_fd, args.pids_max) {
+        (None, Some(_)) => Some(
+            DirFd::open(std::path::Path::new(SENTRY_CALLS_DIR))
+                .map_err(|e| format!("open {SENTRY_CALLS_DIR}: {e}"))?,
+        ),
+        _ => None,
+    };
     // Likewise the memory limit the watchdog (started below) enforces (ADR 0205).
     if let Some(n) = args.memory_max {
         oom::set_limit(n)?;
@@ -286,7 +301,9 @@ fn run(args: Args) -> Result<(), String> {
         let mut listener = Some(
             tokio::net::UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?,
         );
-        let mut agent = agent::Agent::new(root, cgroup, policy, args.tier);
+        let v1 = sentry_cgroup.is_some();
+        let mut agent = agent::Agent::new(root, cgroup.or(sentry_cgroup), policy, args.tier);
+        agent.cgroup_v1 = v1;
         agent.listen_path = args.listen_path.clone();
         let agent = Rc::new(agent);
         // The host's "bind again" after a memory checkpoint's restore (ADR 0130). Installed

@@ -70,6 +70,8 @@ fn spawn(agent: &Agent, spec: &PtySpec) -> Result<(i32, File, Option<String>)> {
     };
     let mut policy = agent.child_policy(&who, cwd, None).map_err(&fail)?;
     let direct = match &cg {
+        // gVisor's v1 hierarchy (ADR 0214): no clone3 into it.
+        Some(_) if agent.cgroup_v1 => None,
         Some(c) => match syschild::spawn_on_terminal(
             &prepared.cmd,
             Some(c.dir.as_fd()),

@@ -39,10 +39,21 @@ use threadbox_sys::jail::SANDBOX_USER_ID;
 /// The tier's name, as `create --tier` takes it.
 pub const GVISOR_TIER: &str = "gvisor";
 
-/// Threads and stub processes runsc itself runs inside the sandbox's cgroup (the Go
-/// runtime's threads of the sentry and the gofer, systrap's stubs), added to the pids
-/// limit so the sandbox's own processes get what the API says.
+/// Threads runsc itself runs inside the sandbox's cgroup whatever the sandbox does (the Go
+/// runtime's threads of the sentry and the gofer), added to the pids limit so the
+/// sandbox's own processes get what the API says.
 pub const RUNTIME_PIDS: u32 = 256;
+
+/// The host cgroup's pids limit for a sandbox held at `pids` inside the sentry (ADR 0185,
+/// 0214). systrap gives every address space a stub process with up to GOMAXPROCS sysmsg
+/// threads and a syscall thread (runsc 20240729, `systrap.go`, `maxChildThreads`), so
+/// `pids` processes inside can take `pids × (CPUs + 2)` host tasks; the host refusing one
+/// kills the sentry, which a fork bomb held at the limit inside must not reach.
+fn host_pids(pids: u32) -> u32 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    pids.saturating_mul(cpus.saturating_add(2))
+        .saturating_add(RUNTIME_PIDS)
+}
 
 /// The sandbox's pids limit inside the sentry (gVisor's own pids cgroup, ADR 0185): what
 /// the API says, so a fork bomb ends with EAGAIN in the sentry, below the host cgroup,
@@ -439,7 +450,7 @@ impl Gvisor {
         )?;
         mkdir(&self.state_dir())?;
         let mut limits = crate::gvisor_weaken::limits(cg_limits(&spec.limits));
-        limits.pids = limits.pids.saturating_add(RUNTIME_PIDS);
+        limits.pids = host_pids(limits.pids);
         // Room for runsc itself and the watchdog's reaction on top of the sandbox's limit.
         limits.memory_bytes = gvisor_memory::host_memory(limits.memory_bytes);
         let cg = j.cgroup(&spec.id);
@@ -701,10 +712,11 @@ impl Driver for GvisorDriver {
 
     fn capabilities(&self) -> Vec<&'static str> {
         // Egress: a sandbox created with a policy boots in a netns of ours (ADR 0140).
-        // Not yet: Landlock (none in the sentry), call cgroups (the agent gets no cgroup
-        // inside: a timeout ends the call's process group, not a `setsid` descendant).
+        // Call cgroups: in the sentry's own pids hierarchy (ADR 0214). Not yet: Landlock
+        // (none in the sentry).
         use threadbox_core::driver::capability::*;
         vec![
+            CALL_CGROUPS,
             CHECKPOINTS,
             CHECKPOINT_MEMORY,
             EGRESS,
@@ -797,7 +809,7 @@ impl Driver for GvisorDriver {
 
     async fn set_limits(&self, id: &str, limits: &Limits) -> Result<()> {
         let mut l = *limits;
-        l.pids = l.pids.saturating_add(RUNTIME_PIDS);
+        l.pids = host_pids(l.pids);
         let memory = sentry_memory(limits);
         l.memory_bytes = gvisor_memory::host_memory(memory);
         let (id2, pids) = (id.to_string(), sentry_pids(limits));

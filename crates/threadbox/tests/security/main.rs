@@ -877,8 +877,12 @@ fn every_case_holds_on_gvisor() {
 /// tier.
 const GVISOR_OPEN: &[(&str, &str)] = &[
     ("B4", "open gap: gVisor 20240729's procfs makes /proc/<pid>/environ 0444 and /proc/<pid>/fd 0555 with no ptrace check (exe, cwd and mem do honour PR_SET_DUMPABLE 0, and hold), and has no ETXTBSY, so /proc/self/exe opens for writing (ADR 0187)"),
-    ("E7", "open gap: the bomb, held at the pids limit inside, still needs more host tasks (systrap stubs) than the host cgroup's pids + 256, whose refusal kills the sentry; past that, a setsid'd bomb outlives the call's timeout without call cgroups (ADR 0185)"),
+    ("E7", "open gap: the call's cgroup ends the setsid'd bomb when the sentry survives it (ADR 0214), but systrap's host tasks and memory for a bomb held at 64 processes inside vary run to run (250 to 832 tasks, 81 to over 208 MiB; once past Go's 10000-thread limit), and the host cgroup's refusal or OOM kill takes the sentry"),
 ];
+
+/// Cases of `GVISOR_OPEN` that hold in some runs and not in others (E7: whether the sentry
+/// survives the bomb, ADR 0214): a run where one holds prints so instead of failing.
+const GVISOR_SOMETIMES: &[&str] = &["E7"];
 
 /// The cases a daemon's tier can run: every case, less those needing a capability it
 /// lacks (each printed), less those `THREADBOX_SECURITY_CASES` leaves out.
@@ -943,6 +947,9 @@ fn every_case_holds(mut d: Daemon) {
             .find(|(id, _)| d.tier == "gvisor" && *id == case.id);
         match (v, open) {
             (Verdict::Held, None) => {}
+            (Verdict::Held, Some((_, why))) if GVISOR_SOMETIMES.contains(&case.id) => {
+                eprintln!("{} held on gvisor this run (still open: {why})", case.id)
+            }
             (Verdict::Held, Some(_)) => failures.push(format!(
                 "{} now holds on gvisor: take it off GVISOR_OPEN (and docs/tiers.md)",
                 case.id
@@ -1014,8 +1021,7 @@ const GVISOR_UNWEAKENABLE: &[(&str, &str)] = &[
     ("shared-pidns", "each sandbox is a sentry of its own, whose pids are its own: no launch puts two sandboxes' processes in one pid space"),
     ("shared-ipcns", "SysV IPC and POSIX queues are the sentry's own objects, one set per sandbox"),
     ("root-owned-userns", "gvisor maps no host uid range per sandbox (no uid_ranges): those counters are the sentry's"),
-    ("host-cgroup-fd", "the agent gets no cgroup directory on gvisor (no call_cgroups)"),
-    ("no-cgroup-kill", "gvisor has no call cgroups (no call_cgroups): a timeout ends the call's process group either way"),
+    ("host-cgroup-fd", "the agent gets no host cgroup directory on gvisor: its call cgroups are the sentry's own (ADR 0214)"),
     ("wake-unmask", "the gvisor wake restores the sentry's mount table from its image: no mask is made at the wake to drop"),
 ];
 
@@ -1030,7 +1036,9 @@ const GVISOR_CONTROL_MOOT: &[(&str, &str)] = &[
 /// Cases whose control is shown on gvisor (run by the test below, which must see each
 /// escape). A case holding on gvisor with a control that means something there but not on
 /// this list is printed as not shown yet (docs/tiers.md): the list grows as each is run.
-const GVISOR_CONTROLS: &[&str] = &["A1", "A3", "A8", "B1", "B3", "B7", "C5", "E2", "E3", "E6"];
+const GVISOR_CONTROLS: &[&str] = &[
+    "A1", "A3", "A8", "B1", "B3", "B7", "C5", "E2", "E3", "E6", "F1", "F2", "F4", "F5",
+];
 
 /// The gvisor half of the positive controls (ADR 0192): each case that holds on gvisor,
 /// with a control that means something there, runs against a weakened gvisor launch and
