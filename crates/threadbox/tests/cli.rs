@@ -220,18 +220,19 @@ fn exec_json_has_the_documented_shape() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    let v = d
-        .cli(&["exec", &id, "--json", "--", "sh", "-c", "echo 42; exit 7"])
-        .ok()
-        .json();
-    assert_eq!(v["exit_code"], 7);
-    assert_eq!(v["stdout"], "42\n");
-    assert_eq!(v["stderr"], "");
-    assert_eq!(v["timed_out"], false);
-    assert_eq!(v["truncated"], false);
-    assert!(v["duration_ms"].is_u64(), "{v}");
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        let v = d
+            .cli(&["exec", &id, "--json", "--", "sh", "-c", "echo 42; exit 7"])
+            .ok()
+            .json();
+        assert_eq!(v["exit_code"], 7);
+        assert_eq!(v["stdout"], "42\n");
+        assert_eq!(v["stderr"], "");
+        assert_eq!(v["timed_out"], false);
+        assert_eq!(v["truncated"], false);
+        assert!(v["duration_ms"].is_u64(), "{v}");
+    });
 }
 
 #[test]
@@ -289,17 +290,18 @@ fn rm_deletes() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&["--name", "doomed"]);
-    d.cli(&["stop", &id]).ok();
-    d.cli(&["rm", &id]).ok();
-    let run = d.cli(&["info", &id]).expect_code(1);
-    assert!(run.stderr.contains("not found"), "{}", run.stderr);
-    // A running sandbox needs --force.
-    let id = d.create(&[]);
-    assert_eq!(d.cli(&["rm", &id]).code, 1);
-    d.cli(&["rm", "--force", &id]).ok();
-    assert_eq!(d.cli(&["info", &id]).code, 1);
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--name", "doomed", "--tier", tier]);
+        d.cli(&["stop", &id]).ok();
+        d.cli(&["rm", &id]).ok();
+        let run = d.cli(&["info", &id]).expect_code(1);
+        assert!(run.stderr.contains("not found"), "{}", run.stderr);
+        // A running sandbox needs --force.
+        let id = d.create(&["--tier", tier]);
+        assert_eq!(d.cli(&["rm", &id]).code, 1);
+        d.cli(&["rm", "--force", &id]).ok();
+        assert_eq!(d.cli(&["info", &id]).code, 1);
+    });
 }
 
 #[test]
@@ -353,20 +355,21 @@ fn daemon_restart_after_kill9_readopts_sandboxes() {
         return;
     }
     let _serial = serial();
-    let mut d = Daemon::start();
-    let id = d.create(&["--name", "survivor"]);
-    d.cli_stdin(
-        &["files", "write", &id, "/tmp/keep.txt"],
-        Some(b"still here"),
-    )
-    .ok();
-    d.kill9();
-    d.restart();
-    let read = d.cli(&["files", "read", "survivor", "/tmp/keep.txt"]).ok();
-    assert_eq!(read.stdout, b"still here");
-    let sb = d.cli(&["info", &id, "--json"]).ok().json();
-    assert_eq!(sb["state"], "running");
-    d.cli(&["exec", &id, "--", "true"]).ok();
+    each_tier(&[], |mut d, tier| {
+        let id = d.create(&["--name", "survivor", "--tier", tier]);
+        d.cli_stdin(
+            &["files", "write", &id, "/tmp/keep.txt"],
+            Some(b"still here"),
+        )
+        .ok();
+        d.kill9();
+        d.restart();
+        let read = d.cli(&["files", "read", "survivor", "/tmp/keep.txt"]).ok();
+        assert_eq!(read.stdout, b"still here");
+        let sb = d.cli(&["info", &id, "--json"]).ok().json();
+        assert_eq!(sb["state"], "running");
+        d.cli(&["exec", &id, "--", "true"]).ok();
+    });
 }
 
 #[test]
@@ -530,66 +533,68 @@ fn files_read_a_byte_range() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    // Larger than the daemon's 1 MiB chunk to the agent, so ranges span chunks.
-    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
-    d.cli_stdin(&["files", "write", &id, "big.bin"], Some(&data))
-        .ok();
-    let read = |args: &[&str]| {
-        let mut all = vec!["files", "read", id.as_str(), "big.bin"];
-        all.extend_from_slice(args);
-        d.cli(&all).ok().stdout
-    };
-    let r = read(&["--offset", "1048570", "--length", "1048600"]);
-    assert!(r == data[1_048_570..2_097_170], "got {} bytes", r.len());
-    let r = read(&["--length", "10"]);
-    assert_eq!(r, data[..10]);
-    let r = read(&["--offset", "2999990"]);
-    assert_eq!(r, data[2_999_990..]);
-    // Past the end: what there is, then nothing.
-    let r = read(&["--offset", "2999990", "--length", "100"]);
-    assert_eq!(r, data[2_999_990..]);
-    assert!(read(&["--offset", "3000000"]).is_empty());
-    assert!(read(&["--offset", "99999999999", "--length", "5"]).is_empty());
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        // Larger than the daemon's 1 MiB chunk to the agent, so ranges span chunks.
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        d.cli_stdin(&["files", "write", &id, "big.bin"], Some(&data))
+            .ok();
+        let read = |args: &[&str]| {
+            let mut all = vec!["files", "read", id.as_str(), "big.bin"];
+            all.extend_from_slice(args);
+            d.cli(&all).ok().stdout
+        };
+        let r = read(&["--offset", "1048570", "--length", "1048600"]);
+        assert!(r == data[1_048_570..2_097_170], "got {} bytes", r.len());
+        let r = read(&["--length", "10"]);
+        assert_eq!(r, data[..10]);
+        let r = read(&["--offset", "2999990"]);
+        assert_eq!(r, data[2_999_990..]);
+        // Past the end: what there is, then nothing.
+        let r = read(&["--offset", "2999990", "--length", "100"]);
+        assert_eq!(r, data[2_999_990..]);
+        assert!(read(&["--offset", "3000000"]).is_empty());
+        assert!(read(&["--offset", "99999999999", "--length", "5"]).is_empty());
 
-    // Bad values: a clear error, before the agent is asked.
-    let run = d
-        .cli(&["files", "read", &id, "big.bin", "--length", "0"])
-        .expect_code(1);
-    assert!(
-        run.stderr.contains("length must be at least 1"),
-        "{}",
-        run.stderr
-    );
-    let run = d
-        .cli(&[
-            "files",
-            "read",
-            &id,
-            "big.bin",
-            "--offset",
-            "9223372036854775807",
-            "--length",
-            "1",
-        ])
-        .expect_code(1);
-    assert!(
-        run.stderr.contains("beyond the largest file offset"),
-        "{}",
-        run.stderr
-    );
-    for bad in ["offset=abc", "offset=-1", "length=1.5", "length=-3"] {
-        let (status, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files?path=big.bin&{bad}"));
-        assert_eq!(status, 400, "{bad}: {body}");
-        assert!(body.contains("invalid_argument"), "{bad}: {body}");
-    }
-    // A positive control for the raw request: the same route with good values answers.
-    let (status, body) = raw_get(
-        &d,
-        &format!("/v1/sandboxes/{id}/files?path=big.bin&offset=0&length=3"),
-    );
-    assert_eq!(status, 200, "{body}");
+        // Bad values: a clear error, before the agent is asked.
+        let run = d
+            .cli(&["files", "read", &id, "big.bin", "--length", "0"])
+            .expect_code(1);
+        assert!(
+            run.stderr.contains("length must be at least 1"),
+            "{}",
+            run.stderr
+        );
+        let run = d
+            .cli(&[
+                "files",
+                "read",
+                &id,
+                "big.bin",
+                "--offset",
+                "9223372036854775807",
+                "--length",
+                "1",
+            ])
+            .expect_code(1);
+        assert!(
+            run.stderr.contains("beyond the largest file offset"),
+            "{}",
+            run.stderr
+        );
+        for bad in ["offset=abc", "offset=-1", "length=1.5", "length=-3"] {
+            let (status, body) =
+                raw_get(&d, &format!("/v1/sandboxes/{id}/files?path=big.bin&{bad}"));
+            assert_eq!(status, 400, "{bad}: {body}");
+            assert!(body.contains("invalid_argument"), "{bad}: {body}");
+        }
+        // A positive control for the raw request: the same route with good values answers.
+        let (status, body) = raw_get(
+            &d,
+            &format!("/v1/sandboxes/{id}/files?path=big.bin&offset=0&length=3"),
+        );
+        assert_eq!(status, 200, "{body}");
+    });
 }
 
 #[test]
@@ -598,26 +603,27 @@ fn exec_names_an_oom_kill_on_stderr() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&["--memory", "64M"]);
-    let run = d.cli(&[
-        "exec",
-        &id,
-        "--",
-        "python3",
-        "-c",
-        "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096])",
-    ]);
-    assert_eq!(run.code, 137, "{}", run.stderr);
-    assert!(
-        run.stderr.contains("killed: out of memory (limit 64 MiB)"),
-        "{}",
-        run.stderr
-    );
-    // A process killed by SIGKILL for another reason is not called an OOM kill.
-    let run = d.cli(&["exec", &id, "--", "sh", "-c", "kill -9 $$"]);
-    assert_eq!(run.code, 137, "{}", run.stderr);
-    assert!(!run.stderr.contains("out of memory"), "{}", run.stderr);
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--memory", "64M", "--tier", tier]);
+        let run = d.cli(&[
+            "exec",
+            &id,
+            "--",
+            "python3",
+            "-c",
+            "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096])",
+        ]);
+        assert_eq!(run.code, 137, "{}", run.stderr);
+        assert!(
+            run.stderr.contains("killed: out of memory (limit 64 MiB)"),
+            "{}",
+            run.stderr
+        );
+        // A process killed by SIGKILL for another reason is not called an OOM kill.
+        let run = d.cli(&["exec", &id, "--", "sh", "-c", "kill -9 $$"]);
+        assert_eq!(run.code, 137, "{}", run.stderr);
+        assert!(!run.stderr.contains("out of memory"), "{}", run.stderr);
+    });
 }
 
 #[test]
@@ -626,64 +632,65 @@ fn names_that_are_not_utf8_round_trip_over_rest() {
         return;
     }
     let _serial = serial();
-    let d = Daemon::start();
-    let id = d.create(&[]);
-    // b"caf\xe9-\xff.txt", made inside as a program would.
-    d.cli(&[
-        "exec",
-        &id,
-        "--",
-        "python3",
-        "-c",
-        "open(b'/home/user/caf\\xe9-\\xff.txt', 'wb').write(b'bonjour')",
-    ])
-    .ok();
-    let (status, body) = raw_get(
-        &d,
-        &format!("/v1/sandboxes/{id}/files/list?path=/home/user"),
-    );
-    assert_eq!(status, 200, "{body}");
-    let list: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let entry = list["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["name_b64"].is_string())
-        .unwrap_or_else(|| panic!("no entry with name_b64: {list}"));
-    assert_eq!(entry["name_b64"], "Y2Fm6S3/LnR4dA==");
-    assert_eq!(entry["name"], "caf\u{fffd}-\u{fffd}.txt");
-    let path_b64 = entry["path_b64"].as_str().expect("path_b64").to_string();
-    // Given back, the bytes name the same file: read, stat, write, remove.
-    let enc = path_b64
-        .replace('+', "%2B")
-        .replace('/', "%2F")
-        .replace('=', "%3D");
-    let q = |route: &str| format!("/v1/sandboxes/{id}/files{route}?path_b64={enc}");
-    let (status, data) = raw(&d, "GET", &q(""), b"");
-    assert_eq!((status, data.as_slice()), (200, &b"bonjour"[..]));
-    let (status, stat) = raw_get(&d, &q("/stat"));
-    assert_eq!(status, 200, "{stat}");
-    assert!(stat.contains("\"size\":7"), "{stat}");
-    let (status, _) = raw(&d, "PUT", &q(""), b"salut");
-    assert_eq!(status, 204);
-    let (_, data) = raw(&d, "GET", &q(""), b"");
-    assert_eq!(data, b"salut");
-    // A plain listing keeps plain names plain (no *_b64 fields).
-    d.cli_stdin(&["files", "write", &id, "plain.txt"], Some(b"x"))
+    each_tier(&[], |d, tier| {
+        let id = d.create(&["--tier", tier]);
+        // b"caf\xe9-\xff.txt", made inside as a program would.
+        d.cli(&[
+            "exec",
+            &id,
+            "--",
+            "python3",
+            "-c",
+            "open(b'/home/user/caf\\xe9-\\xff.txt', 'wb').write(b'bonjour')",
+        ])
         .ok();
-    let (_, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files/stat?path=plain.txt"));
-    assert!(!body.contains("_b64"), "{body}");
-    // The CLI shows the name escaped.
-    let ls = d.cli(&["files", "ls", &id, "/home/user"]).ok().stdout_str();
-    assert!(ls.contains("caf\\xe9-\\xff.txt"), "{ls}");
-    // Bad requests: both forms, neither, not base64.
-    for bad in ["path=a&path_b64=YQ==", "", "path_b64=***"] {
-        let (status, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files/stat?{bad}"));
-        assert_eq!(status, 400, "{bad}: {body}");
-        assert!(body.contains("path"), "{bad}: {body}");
-    }
-    let (status, _) = raw(&d, "DELETE", &q(""), b"");
-    assert_eq!(status, 204);
-    let (status, _) = raw_get(&d, &q("/stat"));
-    assert_eq!(status, 404);
+        let (status, body) = raw_get(
+            &d,
+            &format!("/v1/sandboxes/{id}/files/list?path=/home/user"),
+        );
+        assert_eq!(status, 200, "{body}");
+        let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let entry = list["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name_b64"].is_string())
+            .unwrap_or_else(|| panic!("no entry with name_b64: {list}"));
+        assert_eq!(entry["name_b64"], "Y2Fm6S3/LnR4dA==");
+        assert_eq!(entry["name"], "caf\u{fffd}-\u{fffd}.txt");
+        let path_b64 = entry["path_b64"].as_str().expect("path_b64").to_string();
+        // Given back, the bytes name the same file: read, stat, write, remove.
+        let enc = path_b64
+            .replace('+', "%2B")
+            .replace('/', "%2F")
+            .replace('=', "%3D");
+        let q = |route: &str| format!("/v1/sandboxes/{id}/files{route}?path_b64={enc}");
+        let (status, data) = raw(&d, "GET", &q(""), b"");
+        assert_eq!((status, data.as_slice()), (200, &b"bonjour"[..]));
+        let (status, stat) = raw_get(&d, &q("/stat"));
+        assert_eq!(status, 200, "{stat}");
+        assert!(stat.contains("\"size\":7"), "{stat}");
+        let (status, _) = raw(&d, "PUT", &q(""), b"salut");
+        assert_eq!(status, 204);
+        let (_, data) = raw(&d, "GET", &q(""), b"");
+        assert_eq!(data, b"salut");
+        // A plain listing keeps plain names plain (no *_b64 fields).
+        d.cli_stdin(&["files", "write", &id, "plain.txt"], Some(b"x"))
+            .ok();
+        let (_, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files/stat?path=plain.txt"));
+        assert!(!body.contains("_b64"), "{body}");
+        // The CLI shows the name escaped.
+        let ls = d.cli(&["files", "ls", &id, "/home/user"]).ok().stdout_str();
+        assert!(ls.contains("caf\\xe9-\\xff.txt"), "{ls}");
+        // Bad requests: both forms, neither, not base64.
+        for bad in ["path=a&path_b64=YQ==", "", "path_b64=***"] {
+            let (status, body) = raw_get(&d, &format!("/v1/sandboxes/{id}/files/stat?{bad}"));
+            assert_eq!(status, 400, "{bad}: {body}");
+            assert!(body.contains("path"), "{bad}: {body}");
+        }
+        let (status, _) = raw(&d, "DELETE", &q(""), b"");
+        assert_eq!(status, 204);
+        let (status, _) = raw_get(&d, &q("/stat"));
+        assert_eq!(status, 404);
+    });
 }
