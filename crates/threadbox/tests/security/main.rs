@@ -602,9 +602,23 @@ fn run_case(d: &mut Daemon, ctx: &mut Ctx, case: &Case) -> (Verdict, String) {
         }
     }
     if let Some(post) = case.post {
-        let r = d.sh(&id, User::Root, post);
-        text.push_str(&r.stdout);
-        text.push_str(&r.stderr);
+        // A sandbox the case took down answers no check: that is the case's verdict
+        // (Broken), not a harness failure (E7 on gvisor loses its sentry in some runs).
+        let req = ExecRequest {
+            shell: Some(post.to_string()),
+            user: User::Root,
+            timeout_secs: Some(60.0),
+            ..Default::default()
+        };
+        match block(d.client.exec(&id, &req)) {
+            Ok(r) => {
+                text.push_str(&r.stdout);
+                text.push_str(&r.stderr);
+            }
+            Err(e) => {
+                broken = broken.or(Some(format!("the check after the case could not run: {e}")))
+            }
+        }
     }
 
     // ---- judgement from the host
