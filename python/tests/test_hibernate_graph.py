@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, Names, threadbox_bin
+from conftest import TIERS, Daemon, Names, threadbox_bin
 from graph_helpers import build_graph, turn_summary
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
@@ -34,7 +34,6 @@ from threadbox import Threadbox
 
 pytestmark = [pytest.mark.daemon, pytest.mark.slow]
 
-TIERS = [t.strip() for t in os.environ.get("THREADBOX_TEST_TIERS", "jail,gvisor").split(",") if t.strip()]
 PORT = 8765
 
 # The server detaches from the call (setsid, output to a file), so the call returns and

@@ -2,7 +2,9 @@
 daemon: over stdio (``threadbox mcp``) and over Streamable HTTP (the daemon's ``/mcp``).
 
 Every test runs on both doors: they share one tool implementation, so they must answer
-alike.
+alike. Every test that makes a sandbox also runs on each isolation tier under test
+(``THREADBOX_TEST_TIERS``, default ``jail,gvisor``): the tools are the same whichever
+driver is behind them (issue 16).
 """
 
 from __future__ import annotations
@@ -101,22 +103,27 @@ async def test_lists_every_tool_with_schemas(daemon: Daemon, transport: str) -> 
         exec_props = tools["exec"].inputSchema["properties"]
         assert {"sandbox", "command", "timeout_secs", "env", "cwd"} <= set(exec_props)
         create_props = tools["sandbox_create"].inputSchema["properties"]
-        assert {"name", "labels", "limits"} <= set(create_props)
+        assert {"name", "labels", "limits", "tier"} <= set(create_props)
         assert tools["read_file"].annotations is not None and tools["read_file"].annotations.readOnlyHint
         assert tools["sandbox_delete"].annotations is not None and tools["sandbox_delete"].annotations.destructiveHint
 
 
-async def test_create_run_code_and_files(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_create_run_code_and_files(daemon: Daemon, transport: str, names: Names, tier: str) -> None:
     async with mcp_session(daemon, transport) as session:
         name = names.new("mcp")
         created = await ok(
-            session, "sandbox_create", name=name, labels={"via": "mcp"}, limits={"memory_bytes": 256 << 20}
+            session,
+            "sandbox_create",
+            name=name,
+            labels={"via": "mcp"},
+            limits={"memory_bytes": 256 << 20},
+            tier=tier,
         )
         assert created["created"] is True
         sb = created["sandbox"]
-        assert sb["name"] == name and sb["state"] == "running"
+        assert sb["name"] == name and sb["state"] == "running" and sb["tier"] == tier
         assert sb["labels"] == {"via": "mcp"} and sb["limits"]["memory_bytes"] == 256 << 20
-        again = await ok(session, "sandbox_create", name=name)
+        again = await ok(session, "sandbox_create", name=name, tier=tier)
         assert again["created"] is False and again["sandbox"]["id"] == sb["id"]
 
         r = await session.call_tool("run_python", {"sandbox": name, "code": "print(6*7)"})
@@ -161,10 +168,12 @@ async def test_create_run_code_and_files(daemon: Daemon, transport: str, names: 
         assert name in [s["name"] for s in listed["sandboxes"]]
 
 
-async def test_non_zero_exit_and_timeout_are_results_not_errors(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_non_zero_exit_and_timeout_are_results_not_errors(
+    daemon: Daemon, transport: str, names: Names, tier: str
+) -> None:
     async with mcp_session(daemon, transport) as session:
         name = names.new("mcp-exit")
-        await ok(session, "sandbox_create", name=name)
+        await ok(session, "sandbox_create", name=name, tier=tier)
         r = await session.call_tool("exec", {"sandbox": name, "command": "echo oops >&2; exit 3"})
         assert not r.isError
         assert r.structuredContent is not None
@@ -183,7 +192,7 @@ async def test_non_zero_exit_and_timeout_are_results_not_errors(daemon: Daemon, 
         assert "timed out" in text_of(r)
 
 
-async def test_errors_are_actionable_tool_errors(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_errors_are_actionable_tool_errors(daemon: Daemon, transport: str, names: Names, tier: str) -> None:
     async with mcp_session(daemon, transport) as session:
         missing = names.new("never-created")
         r = await session.call_tool("exec", {"sandbox": missing, "command": "true"})
@@ -199,7 +208,7 @@ async def test_errors_are_actionable_tool_errors(daemon: Daemon, transport: str,
         assert r.structuredContent is not None and r.structuredContent["code"] == "invalid_argument"
 
         name = names.new("mcp-err")
-        await ok(session, "sandbox_create", name=name)
+        await ok(session, "sandbox_create", name=name, tier=tier)
         r = await session.call_tool("read_file", {"sandbox": name, "path": "does/not/exist"})
         assert r.isError
         assert r.structuredContent is not None and r.structuredContent["code"] == "not_found"
@@ -208,10 +217,10 @@ async def test_errors_are_actionable_tool_errors(daemon: Daemon, transport: str,
             await session.call_tool("no_such_tool", {})
 
 
-async def test_pause_resume_and_delete(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_pause_resume_and_delete(daemon: Daemon, transport: str, names: Names, tier: str) -> None:
     async with mcp_session(daemon, transport) as session:
         name = names.new("mcp-life")
-        await ok(session, "sandbox_create", name=name)
+        await ok(session, "sandbox_create", name=name, tier=tier)
         await ok(session, "exec", sandbox=name, command="echo kept > f.txt")
         assert (await ok(session, "sandbox_pause", sandbox=name))["state"] == "paused"
         assert (await ok(session, "sandbox_info", sandbox=name))["state"] == "paused"
@@ -234,12 +243,12 @@ def _exec_count(daemon: Daemon) -> int:
     raise AssertionError(f"no exec histogram in /metrics:\n{text[:2000]}")
 
 
-async def test_execs_are_counted_in_metrics(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_execs_are_counted_in_metrics(daemon: Daemon, transport: str, names: Names, tier: str) -> None:
     # Both doors run the same exec operation, and /metrics counts it whichever door
     # it came through (stdio reaches the daemon over REST; HTTP runs it in process).
     async with mcp_session(daemon, transport) as session:
         name = names.new("mcp-metrics")
-        await ok(session, "sandbox_create", name=name)
+        await ok(session, "sandbox_create", name=name, tier=tier)
         before = _exec_count(daemon)
         await ok(session, "exec", sandbox=name, command="true")
         await ok(session, "run_python", sandbox=name, code="print(1)")
@@ -247,10 +256,12 @@ async def test_execs_are_counted_in_metrics(daemon: Daemon, transport: str, name
         await ok(session, "sandbox_delete", sandbox=name)
 
 
-async def test_resume_boots_a_stopped_sandbox_as_rest_start_does(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_resume_boots_a_stopped_sandbox_as_rest_start_does(
+    daemon: Daemon, transport: str, names: Names, tier: str
+) -> None:
     async with mcp_session(daemon, transport) as session:
         name = names.new("mcp-start")
-        await ok(session, "sandbox_create", name=name)
+        await ok(session, "sandbox_create", name=name, tier=tier)
         await ok(session, "exec", sandbox=name, command="echo kept > f.txt")
         async with httpx.AsyncClient(timeout=60) as http:
             stopped = await http.post(f"{daemon.url}/v1/sandboxes/{name}/stop")
@@ -335,10 +346,19 @@ async def test_stdio_fails_at_initialize_when_the_daemon_is_unreachable() -> Non
     assert '"--url"' in msg and "THREADBOX_URL" in msg
 
 
-async def test_preview_tool_publishes_a_port(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_preview_tool_publishes_a_port(daemon: Daemon, transport: str, names: Names, tier: str) -> None:
     name = names.new("mcp-preview")
     async with mcp_session(daemon, transport) as session:
-        await ok(session, "sandbox_create", name=name)
+        if tier == "gvisor":
+            # A gvisor sandbox made without a network policy boots without a network
+            # namespace (ADR 0140): a preview is refused with what to do instead.
+            bare = names.new("mcp-preview-bare")
+            await ok(session, "sandbox_create", name=bare, tier=tier)
+            r = await session.call_tool("preview", {"sandbox": bare, "port": 8000})
+            assert r.isError and "create it with one" in text_of(r), text_of(r)
+            await ok(session, "sandbox_delete", sandbox=bare)
+        # An empty policy opens nothing outside, and gives the sandbox its namespace.
+        await ok(session, "sandbox_create", name=name, tier=tier, network={})
         p = await ok(session, "preview", sandbox=name, port=8000)
         assert not p["public"] and p["token"] and p["token"] in p["url"]
         assert p["path_url"].startswith(daemon.url + "/preview/sb-")

@@ -1,5 +1,6 @@
 """threadbox's MCP tools in a real LangGraph graph through ``langchain-mcp-adapters``
-(which opens a new MCP session for every tool call), with a scripted model node.
+(which opens a new MCP session for every tool call), with a scripted model node; the
+sandboxes on each isolation tier under test (issue 16).
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ def connections(daemon: Daemon, transport: str) -> dict[str, Any]:
     return {"threadbox": {"transport": "streamable_http", "url": daemon.url + "/mcp"}}
 
 
-def rules_for(sandbox: str, secret: str) -> list[ScriptRule]:
+def rules_for(sandbox: str, secret: str, on_tier: str = "jail") -> list[ScriptRule]:
     """Scripts naming one sandbox: the sandbox travels in the tool arguments."""
     return [
         # `call()` takes the tool's name as its first parameter, so `name` goes in a dict.
         ScriptRule(
-            f"[{sandbox}] setup", [[{"name": "sandbox_create", "args": {"name": sandbox, "labels": {"graph": "mcp"}}}]]
+            f"[{sandbox}] setup",
+            [[{"name": "sandbox_create", "args": {"name": sandbox, "labels": {"graph": "mcp"}, "tier": on_tier}}]],
         ),
         ScriptRule(
             f"[{sandbox}] remember",
@@ -80,7 +82,7 @@ async def turn(graph: Any, thread: str, text: str) -> ToolMessage:
 
 @pytest.mark.parametrize("transport", ["stdio", "streamable_http"])
 async def test_two_graph_threads_with_two_named_sandboxes_stay_isolated(
-    daemon: Daemon, names: Names, transport: str
+    daemon: Daemon, names: Names, transport: str, tier: str
 ) -> None:
     client = MultiServerMCPClient(connections(daemon, transport))
     tools = await client.get_tools()
@@ -88,12 +90,13 @@ async def test_two_graph_threads_with_two_named_sandboxes_stay_isolated(
     assert {"sandbox_create", "exec", "run_python", "read_file", "write_file"} <= by_name
 
     a, b = names.new("mcp-a"), names.new("mcp-b")
-    graph = build(tools, rules_for(a, "alpha-secret") + rules_for(b, "beta-secret"))
+    graph = build(tools, rules_for(a, "alpha-secret", tier) + rules_for(b, "beta-secret", tier))
 
     for sb, thread in ((a, "thread-a"), (b, "thread-b")):
         m = await turn(graph, thread, f"[{sb}] setup")
         assert m.status == "success", m.content
         assert m.artifact is not None
+        assert m.artifact["structured_content"]["sandbox"]["tier"] == tier
 
     m = await turn(graph, "thread-a", f"[{a}] remember")
     assert m.status == "success", m.content

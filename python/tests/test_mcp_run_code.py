@@ -2,7 +2,8 @@
 and the daemon's ``/mcp``): variables persist in a context, a figure comes back as
 ``ImageContent`` (a real PNG) with the typed result in ``structuredContent`` (validated
 by the ``mcp`` client against the tool's output schema) without the image bytes, an
-exception is a result, and a named context is independent of the default one."""
+exception is a result, and a named context is independent of the default one; on each
+isolation tier under test (issue 16)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def test_run_code_keeps_state_and_returns_images(daemon: Daemon, transport: str, names: Names) -> None:
+async def test_run_code_keeps_state_and_returns_images(daemon: Daemon, transport: str, names: Names, tier: str) -> None:
     async with mcp_session(daemon, transport) as session:
         name = names.new("mcp-code")
-        await ok(session, "sandbox_create", name=name)
+        await ok(session, "sandbox_create", name=name, tier=tier)
         first = await ok(session, "run_code", sandbox=name, code="x = 20\nprint('set')\nx + 1")
         assert first["status"] == "ok" and first["stdout"] == "set\n"
         assert first["result"]["data"]["text/plain"] == "21"

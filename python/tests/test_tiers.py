@@ -12,16 +12,15 @@ import os
 import subprocess
 
 import pytest
-from conftest import Daemon, Names, threadbox_bin
+from conftest import TIERS, Daemon, Names, threadbox_bin, tier_or_skip
 
 from threadbox import Threadbox
 
 pytestmark = pytest.mark.daemon
 
-TIERS = [t.strip() for t in os.environ.get("THREADBOX_TEST_TIERS", "jail,gvisor").split(",") if t.strip()]
-
 
 def _tier(daemon: Daemon, name: str) -> dict[str, object]:
+    # Through the CLI's `tiers --json`, which these tests cover too.
     out = subprocess.run(
         [str(threadbox_bin()), "tiers", "--json"],
         env={**os.environ, "THREADBOX_URL": f"unix://{daemon.socket_path}"},
@@ -29,14 +28,7 @@ def _tier(daemon: Daemon, name: str) -> dict[str, object]:
         text=True,
         check=True,
     )
-    tiers: dict[str, dict[str, object]] = {t["name"]: t for t in json.loads(out.stdout)["tiers"]}
-    assert name in tiers, f"the daemon has no tier {name!r}: {sorted(tiers)}"
-    t = tiers[name]
-    if not t["available"]:
-        if os.environ.get("CI"):
-            pytest.fail(f"tier {name} is unavailable under CI: {t.get('reason')}")
-        pytest.skip(f"tier {name} unavailable: {t.get('reason')}")
-    return t
+    return tier_or_skip({t["name"]: t for t in json.loads(out.stdout)["tiers"]}, name)
 
 
 @pytest.mark.parametrize("tier", TIERS)

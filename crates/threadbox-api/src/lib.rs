@@ -184,7 +184,8 @@ pub struct CreateSandboxRequest {
     pub ttl_secs: Option<u64>,
     #[serde(default)]
     pub ttl_action: TtlAction,
-    /// Isolation tier (default `jail`, the only one today).
+    /// Isolation tier: `jail` (the default) or `gvisor` (`GET /v1/tiers` lists what this host
+    /// supports).
     #[serde(default)]
     pub tier: Option<String>,
     /// Egress policy (issue 13): checked before anything is created, kept across

@@ -270,7 +270,7 @@ pub struct CreateArgs {
     /// What the TTL does.
     #[arg(long, value_enum, value_name = "ACTION")]
     pub ttl_action: Option<TtlActionArg>,
-    /// Isolation tier [default: jail, the only one today].
+    /// Isolation tier: jail or gvisor [default: jail] (`threadbox tiers` lists them).
     #[arg(long, value_name = "TIER")]
     pub tier: Option<String>,
     /// Egress to allow: HOST[:PORTS], *.SUFFIX[:PORTS], CIDR[:PORTS] or a preset
