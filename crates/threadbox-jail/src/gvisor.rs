@@ -552,34 +552,20 @@ impl Gvisor {
         }
     }
 
-    /// Sets the pids limit inside a running sentry (`runsc exec` of the agent's
-    /// `--set-pids-max`); a sandbox with no container takes it from its next boot's
-    /// `config.json`.
-    fn set_sentry_pids(&self, id: &str, pids: u32) -> Result<()> {
+    /// Sets a limit inside a running sentry: `runsc exec` of the agent with `flag`
+    /// (`--set-pids-max`, or `--set-memory-max` for the memory its watchdog enforces) and
+    /// `value`; `what` names the limit in the error. A sandbox with no container takes
+    /// the limit from its next boot's `config.json`.
+    fn set_sentry_limit(&self, id: &str, flag: &str, value: u64, what: &str) -> Result<()> {
         let info = self.runsc()?;
         if self.sentry_pid(&info, id).is_err() {
             return Ok(());
         }
-        let n = pids.to_string();
-        let cmd = self.runsc_cmd(&info, &["exec", id, AGENT_INSIDE, "--set-pids-max", &n]);
+        let n = value.to_string();
+        let cmd = self.runsc_cmd(&info, &["exec", id, AGENT_INSIDE, flag, &n]);
         run_bounded(cmd, RUNSC_DEADLINE)
             .map(drop)
-            .map_err(|e| CoreError::Internal(format!("set the pids limit inside {id}: {e}")))
-    }
-
-    /// Sets the memory limit the agent's watchdog enforces in a running sentry (`runsc
-    /// exec` of the agent's `--set-memory-max`); as for pids, a sandbox with no container
-    /// takes it from its next boot's `config.json`.
-    fn set_sentry_memory(&self, id: &str, bytes: u64) -> Result<()> {
-        let info = self.runsc()?;
-        if self.sentry_pid(&info, id).is_err() {
-            return Ok(());
-        }
-        let n = bytes.to_string();
-        let cmd = self.runsc_cmd(&info, &["exec", id, AGENT_INSIDE, "--set-memory-max", &n]);
-        run_bounded(cmd, RUNSC_DEADLINE)
-            .map(drop)
-            .map_err(|e| CoreError::Internal(format!("set the memory limit inside {id}: {e}")))
+            .map_err(|e| CoreError::Internal(format!("set the {what} limit inside {id}: {e}")))
     }
 
     /// The sentry's host pid (`runsc state`): what the manager records as the agent's
@@ -817,8 +803,8 @@ impl Driver for GvisorDriver {
         // 0205). A raise lets the watchdog allow the new limit for the moment before the
         // host's follows: the one order in which a lowering cannot kill the sentry.
         self.run(move |g| {
-            g.set_sentry_pids(&id2, pids)?;
-            g.set_sentry_memory(&id2, memory)
+            g.set_sentry_limit(&id2, "--set-pids-max", u64::from(pids), "pids")?;
+            g.set_sentry_limit(&id2, "--set-memory-max", memory, "memory")
         })
         .await?;
         self.0.jail.set_limits(id, &l).await
