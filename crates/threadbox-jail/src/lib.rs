@@ -126,7 +126,101 @@ pub struct Jail {
     /// The launch helpers of staged slots (ADR 0180), by sandbox id, waiting for their
     /// attach.
     staged: std::sync::Mutex<std::collections::HashMap<String, Staged>>,
+    /// The threads turning write barriers back on for the disks of sandboxes just booted
+    /// (ADR 0216), by sandbox id: a stop waits for its sandbox's first.
+    barriers: std::sync::Mutex<std::collections::HashMap<String, BarrierThread>>,
+    /// Boots in flight; a barrier thread waits for none (ADR 0216).
+    boots: std::sync::Arc<Boots>,
 }
+
+/// A [`Jail::restore_barrier_later`] thread and its cancel flag, set by a stop: a thread
+/// still waiting for the boots in flight ends without remounting (the disk is about to be
+/// unmounted), one already remounting finishes first.
+struct BarrierThread {
+    handle: std::thread::JoinHandle<()>,
+    cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The boots in flight and when the last one ended, with a wake-up when that changes
+/// (ADR 0216): a disk's barriers are turned back on once no boot has run for
+/// [`BARRIER_SETTLE`], so that the remount's flush slows neither a fork's other attaches
+/// nor the end of its request (the store's own commits).
+#[derive(Default)]
+struct Boots {
+    state: std::sync::Mutex<BootState>,
+    cv: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct BootState {
+    in_flight: usize,
+    last_end: Option<std::time::Instant>,
+}
+
+impl Boots {
+    fn enter(self: &std::sync::Arc<Self>) -> BootGuard {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .in_flight += 1;
+        BootGuard(self.clone())
+    }
+
+    /// Waits until no boot has run for [`BARRIER_SETTLE`], `cancel` is set, or `limit`
+    /// has passed.
+    fn wait_quiet(&self, cancel: &std::sync::atomic::AtomicBool, limit: Duration) {
+        let now = std::time::Instant::now;
+        let deadline = now() + limit;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while !cancel.load(std::sync::atomic::Ordering::Acquire) {
+            let settled = match st.last_end {
+                _ if st.in_flight > 0 => None,
+                Some(t) => Some(t + BARRIER_SETTLE),
+                None => break,
+            };
+            let until = match settled {
+                Some(t) if t <= now() => break,
+                Some(t) => t.min(deadline),
+                None => deadline,
+            };
+            let left = until.saturating_duration_since(now());
+            if now() >= deadline {
+                return;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn wake(&self) {
+        // Taken so a waiter between its check and its wait cannot miss the wake-up.
+        let _st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.cv.notify_all();
+    }
+}
+
+/// One boot in flight, counted until dropped.
+struct BootGuard(std::sync::Arc<Boots>);
+
+impl Drop for BootGuard {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.in_flight = st.in_flight.saturating_sub(1);
+        st.last_end = Some(std::time::Instant::now());
+        self.0.cv.notify_all();
+    }
+}
+
+/// How long no boot must have run before a barrier thread remounts (ADR 0216): a fork's
+/// request ends within it after its last attach.
+const BARRIER_SETTLE: Duration = Duration::from_millis(50);
+
+/// Longest a barrier thread waits for the boots beside it to end (ADR 0216): a host
+/// booting without pause still gets its barriers back.
+const BARRIER_QUIET_MAX: Duration = Duration::from_secs(1);
 
 /// A staged slot's launch helper: alive, its stdin open (closing it destroys the slot).
 struct Staged {
@@ -194,7 +288,102 @@ impl Jail {
             layout,
             agent_memfd: std::sync::Mutex::new(None),
             staged: std::sync::Mutex::new(std::collections::HashMap::new()),
+            barriers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            boots: std::sync::Arc::default(),
         })
+        .inspect(Jail::restore_barriers_left)
+    }
+
+    /// At start: the disks of sandboxes still running without write barriers, because a
+    /// daemon was killed between their boot and [`Jail::restore_barrier_later`]'s thread
+    /// (ADR 0216), get them back before anything else can stop or boot them.
+    fn restore_barriers_left(&self) {
+        let left = match threadbox_sys::jail::nobarrier_disks() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("cannot list disks without write barriers: {e}");
+                return;
+            }
+        };
+        if left.is_empty() {
+            return;
+        }
+        let Ok(dirs) = std::fs::read_dir(self.config.root.join("sandboxes")) else {
+            return;
+        };
+        for d in dirs.flatten() {
+            let id = d.file_name().to_string_lossy().into_owned();
+            let p = self.paths(&id);
+            let Ok(md) = std::fs::metadata(&p.disk_image) else {
+                continue;
+            };
+            use std::os::unix::fs::MetadataExt;
+            if left.contains(&(md.dev(), md.ino())) {
+                match threadbox_sys::jail::restore_barrier(&p.disk_image, &p.disk_mount) {
+                    Ok(b) => {
+                        tracing::info!(sandbox = %id, result = ?b, "write barriers of a disk left without them")
+                    }
+                    Err(e) => tracing::warn!(sandbox = %id, "write barriers: {e}"),
+                }
+            }
+        }
+    }
+
+    /// After a boot: turns the disk's write barriers back on in a thread of its own
+    /// (ADR 0216), off the create's path; [`Jail::stop`] waits for it.
+    fn restore_barrier_later(&self, id: &str) {
+        let p = self.paths(id);
+        if !p.disk_image.is_file() {
+            return;
+        }
+        let sandbox = id.to_string();
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (boots, cancel2) = (self.boots.clone(), cancel.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tb-barrier".into())
+            .spawn(move || {
+                boots.wait_quiet(&cancel2, BARRIER_QUIET_MAX);
+                if cancel2.load(std::sync::atomic::Ordering::Acquire) {
+                    tracing::debug!(sandbox, "write barriers: the sandbox stops first");
+                    return;
+                }
+                let t = std::time::Instant::now();
+                match threadbox_sys::jail::restore_barrier(&p.disk_image, &p.disk_mount) {
+                    Ok(b) => tracing::debug!(sandbox, result = ?b,
+                        us = t.elapsed().as_micros() as u64, "write barriers"),
+                    Err(e) => tracing::warn!(sandbox, "write barriers not turned back on: {e}"),
+                }
+            });
+        match spawned {
+            Ok(handle) => {
+                let old = self
+                    .barriers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id.to_string(), BarrierThread { handle, cancel });
+                if let Some(t) = old {
+                    t.cancel.store(true, std::sync::atomic::Ordering::Release);
+                    self.boots.wake();
+                    let _ = t.handle.join();
+                }
+            }
+            Err(e) => tracing::warn!(sandbox = %id, "write barriers: no thread: {e}"),
+        }
+    }
+
+    /// Ends `id`'s [`Jail::restore_barrier_later`] thread, if one runs: cancelled while it
+    /// waits, waited for while it remounts.
+    fn wait_barrier(&self, id: &str) {
+        let h = self
+            .barriers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        if let Some(t) = h {
+            t.cancel.store(true, std::sync::atomic::Ordering::Release);
+            self.boots.wake();
+            let _ = t.handle.join();
+        }
     }
 
     pub fn paths(&self, id: &str) -> SandboxPaths {
@@ -388,6 +577,7 @@ impl Jail {
     /// Boots `req`: into its staged slot when it has one (ADR 0180), else cold. An attach
     /// that fails destroys the slot (its processes and cgroup) and boots cold.
     pub fn launch(&self, req: &SandboxSpec, layers: &ImageSpec) -> Result<i32> {
+        let _boot = self.boots.enter();
         let staged = self
             .staged
             .lock()
@@ -395,14 +585,19 @@ impl Jail {
             .remove(&req.id);
         if let Some(st) = staged {
             match self.attach(req, st) {
-                Ok(pid) => return Ok(pid),
+                Ok(pid) => {
+                    self.restore_barrier_later(&req.id);
+                    return Ok(pid);
+                }
                 Err(e) => {
                     tracing::warn!(sandbox = %req.id, "staged slot: attach failed ({e}); slot destroyed, booting cold");
                     self.stop(&req.id)?;
                 }
             }
         }
-        self.launch_cold(req, layers)
+        let pid = self.launch_cold(req, layers)?;
+        self.restore_barrier_later(&req.id);
+        Ok(pid)
     }
 
     /// The limits `req`'s cgroup is given (test weakenings applied).
@@ -856,6 +1051,8 @@ impl Jail {
     }
 
     pub fn stop(&self, id: &str) -> Result<()> {
+        // Never end a sandbox while its disk is mounted a second time (ADR 0216).
+        self.wait_barrier(id);
         let staged = self
             .staged
             .lock()

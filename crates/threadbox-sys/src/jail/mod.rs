@@ -24,7 +24,10 @@ pub(crate) use init::loopback_up;
 pub mod rootfs;
 mod store;
 
-pub use disk::{shift_owners, unmount_leftover, with_image_mounted};
+pub use disk::{
+    nobarrier_disks, restore_barrier, shift_owners, unmount_leftover, with_image_mounted, Barrier,
+    BOOT_DISK_OPTIONS,
+};
 pub use init::set_hostname;
 pub use rootfs::DEVICES;
 pub use store::{mount_store, unmount_store};

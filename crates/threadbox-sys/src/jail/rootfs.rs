@@ -239,7 +239,8 @@ fn mount_disk(sys: &impl Syscall, image: &Path, spec: &JailSpec) -> Result<()> {
         target,
         Some("ext4"),
         libc::MS_NOSUID | libc::MS_NODEV,
-        None,
+        // No flushes during the boot; the daemon turns them back on (ADR 0216).
+        Some(super::disk::BOOT_DISK_OPTIONS),
     )?;
     // The mount holds the device now; autoclear detaches it when the mount goes away.
     drop(loopfd);

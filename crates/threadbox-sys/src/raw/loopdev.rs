@@ -29,3 +29,19 @@ pub(crate) fn configure(dev: BorrowedFd<'_>, cfg: &LoopConfig) -> io::Result<()>
     cvt_int(unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, cfg as *const LoopConfig) })
         .map(drop)
 }
+
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+
+/// `LOOP_GET_STATUS64` on a loop device: the device and inode numbers of its backing file
+/// (`lo_device`, `lo_inode` of `struct loop_info64`, in `stat`'s encoding). ENXIO: the
+/// device has no backing file.
+pub(crate) fn backing(dev: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    let mut info = [0u8; 232];
+    // SAFETY: `info` is a writable buffer of the size of `struct loop_info64` that lives
+    // for the call; the kernel writes at most that many bytes into it.
+    cvt_int(unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_GET_STATUS64, info.as_mut_ptr()) })?;
+    let (mut d, mut i) = ([0u8; 8], [0u8; 8]);
+    d.copy_from_slice(&info[0..8]);
+    i.copy_from_slice(&info[8..16]);
+    Ok((u64::from_ne_bytes(d), u64::from_ne_bytes(i)))
+}
