@@ -461,7 +461,8 @@ fn a_disk_image_is_mounted_before_the_overlay_and_its_workdir_cleared() {
             target: disk.into(),
             fstype: Some("ext4".into()),
             flags: NOSUID | NODEV,
-            data: None
+            // Without barriers for the boot; the daemon turns them back on (ADR 0216).
+            data: Some(crate::jail::BOOT_DISK_OPTIONS.into())
         }
     );
     assert_eq!(
