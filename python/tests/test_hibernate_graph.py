@@ -14,7 +14,6 @@ with a clean SIGTERM, the way an operator upgrades it.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TIERS, Daemon, Names, threadbox_bin
+from conftest import TIERS, Daemon, Names, require_tier
 from graph_helpers import build_graph, turn_summary
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
@@ -61,27 +60,9 @@ RULES = [
 ]
 
 
-def _tiers_json(daemon: Daemon) -> dict[str, Any]:
-    out = subprocess.run(
-        [str(threadbox_bin()), "tiers", "--json"],
-        env={**os.environ, "THREADBOX_URL": f"unix://{daemon.socket_path}"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    parsed: dict[str, Any] = json.loads(out.stdout)
-    return parsed
-
-
 def _require_hibernate(daemon: Daemon, tier: str) -> None:
-    tiers = {t["name"]: t for t in _tiers_json(daemon)["tiers"]}
-    assert tier in tiers, f"the daemon has no tier {tier!r}: {sorted(tiers)}"
-    t = tiers[tier]
-    if not t["available"]:
-        if os.environ.get("CI"):
-            pytest.fail(f"tier {tier} is unavailable under CI: {t.get('reason')}")
-        pytest.skip(f"tier {tier} unavailable: {t.get('reason')}")
-    if "hibernate" not in t["capabilities"]:
+    t = require_tier(daemon, tier)
+    if "hibernate" not in t["capabilities"]:  # type: ignore[operator]
         pytest.skip(f'skipped on tier {tier}: needs the "hibernate" capability')
 
 
