@@ -26,6 +26,10 @@ use threadbox_core::error::{CoreError, Result};
 /// before the restore counts as failed (the wake then tries the image once more).
 const RESTORE_UP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(20);
 
+/// How often a rebind is tried again while the control server does not accept: a connect
+/// is cheap, so the wake is late by at most this much.
+const RETRY: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Where a hibernated sandbox's memory image lives: `sandboxes/<id>/hibernate/`.
 pub const HIBERNATE_DIR: &str = "hibernate";
 
@@ -214,20 +218,28 @@ impl Gvisor {
 
     /// [`Gvisor::rebind`], giving up after `limit`.
     fn rebind_within(&self, id: &str, limit: std::time::Duration) -> Result<()> {
-        let info = self.runsc()?;
-        // Right after `restore -detach` returns, the sandbox's control server may not
-        // accept yet ("connecting to control server: connection refused"): retried until
-        // the deadline, as a signal sent then is simply not delivered.
+        use crate::gvisor::{control, state::ContainerState};
+        self.runsc()?;
+        // The control server's own call, not `runsc kill` (ADR 0217). Right after
+        // `restore -detach` returns it may not accept yet: retried until the deadline (a
+        // signal sent before it accepts is simply not delivered). The socket is read from
+        // the state each try, as a restore may still be writing it.
+        let st = ContainerState::new(&self.state_dir(), id);
         let deadline = Instant::now() + limit;
         loop {
-            match run_bounded(self.runsc_cmd(&info, &["kill", id, "USR2"]), RUNSC_DEADLINE) {
-                Ok(_) => return Ok(()),
+            let per_call = deadline
+                .saturating_duration_since(Instant::now())
+                .clamp(RETRY, RUNSC_DEADLINE);
+            match control::signal_init(&st.control_socket(), id, libc::SIGUSR2, per_call) {
+                Ok(()) => return Ok(()),
                 Err(e) if Instant::now() > deadline => {
-                    return Err(CoreError::Internal(format!("runsc kill {id} USR2: {e}")))
+                    return Err(CoreError::Internal(format!(
+                        "tell the agent of {id} to bind again (SIGUSR2): {e}"
+                    )))
                 }
                 Err(e) => {
-                    tracing::debug!(sandbox = %id, "rebind not delivered yet: {e}");
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    tracing::trace!(sandbox = %id, "rebind not delivered yet: {e}");
+                    std::thread::sleep(RETRY);
                 }
             }
         }

@@ -62,6 +62,30 @@ impl ContainerState {
         format!("runsc-{}.sock", self.id)
     }
 
+    /// The state runsc saved for the container, when there is one that reads as JSON.
+    /// Read without runsc's lock: runsc writes it before `run` or `restore -detach`
+    /// returns, and a file caught mid-write reads as nothing (the caller asks runsc).
+    fn saved(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&std::fs::read(self.file("state")).ok()?).ok()
+    }
+
+    /// The sentry's host pid as runsc saved it (`sandbox.pid`, what `runsc state` prints
+    /// as `pid`), when the state has one.
+    pub(crate) fn sandbox_pid(&self) -> Option<i32> {
+        self.saved()?["sandbox"]["pid"]
+            .as_i64()
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 0)
+    }
+
+    /// The sandbox's control socket (`sandbox.controlSocketPath`), when the state names
+    /// one of this container's name; else runsc's first choice.
+    pub(crate) fn control_socket(&self) -> PathBuf {
+        self.saved()
+            .and_then(|s| self.named_socket(&s).ok())
+            .unwrap_or_else(|| self.default_socket())
+    }
+
     /// Whether runsc has anything of the container.
     pub(crate) fn exists(&self) -> bool {
         [self.file("state"), self.file("lock"), self.default_socket()]
@@ -144,8 +168,13 @@ impl ContainerState {
                 return Err(Unremovable::Running(pid));
             }
         }
-        // runsc falls back to /var/run, /run, /tmp for a root dir too long for a socket
-        // path: the state says which; only a socket of this container's name is removed.
+        self.named_socket(state)
+    }
+
+    /// The control socket `state` names: runsc falls back to /var/run, /run, /tmp for a
+    /// root dir too long for a socket path, so the state says which; only a socket of
+    /// this container's name is taken (removed, or called).
+    fn named_socket(&self, state: &serde_json::Value) -> Result<PathBuf, Unremovable> {
         match state["sandbox"]["controlSocketPath"].as_str() {
             None | Some("") => Ok(self.default_socket()),
             Some(p) => {
