@@ -70,12 +70,14 @@ impl ContainerState {
     }
 
     /// The sentry's host pid as runsc saved it (`sandbox.pid`, what `runsc state` prints
-    /// as `pid`), when the state has one.
+    /// as `pid`), when the state has one and it runs: `runsc state` prints -1 for a
+    /// container whose sandbox has exited (`Container.SandboxPid`), so a dead one is
+    /// none here too.
     pub(crate) fn sandbox_pid(&self) -> Option<i32> {
         self.saved()?["sandbox"]["pid"]
             .as_i64()
+            .filter(|p| *p > 0 && !exited(*p))
             .and_then(|p| i32::try_from(p).ok())
-            .filter(|p| *p > 0)
     }
 
     /// The sandbox's control socket (`sandbox.controlSocketPath`), when the state names
@@ -272,6 +274,31 @@ mod tests {
         drop(held);
         st.remove_exited(Duration::from_secs(1)).expect("removed");
         assert_eq!(left(d.path()), 0);
+    }
+
+    #[test]
+    fn the_saved_pid_is_the_sentrys_only_while_it_runs() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let me = i64::from(std::process::id());
+        let st = files(
+            d.path(),
+            "sb-4",
+            &serde_json::json!({"sandbox": {"pid": me}}),
+        );
+        assert_eq!(st.sandbox_pid(), i32::try_from(me).ok());
+        let gone = files(
+            d.path(),
+            "sb-5",
+            &serde_json::json!({"sandbox": {"pid": i64::from(i32::MAX)}}),
+        );
+        assert_eq!(gone.sandbox_pid(), None);
+        let none = files(
+            d.path(),
+            "sb-6",
+            &serde_json::json!({"sandbox": {"pid": -1}}),
+        );
+        assert_eq!(none.sandbox_pid(), None);
+        assert_eq!(ContainerState::new(d.path(), "sb-7").sandbox_pid(), None);
     }
 
     #[test]
