@@ -195,6 +195,10 @@ fn listener(args: &Args) -> Result<std::os::unix::net::UnixListener, String> {
 }
 
 fn main() -> ExitCode {
+    // The gvisor tier's pid namespace init (ADR 0218): before anything else runs.
+    if std::env::args().nth(1).as_deref() == Some(syschild::pidns::INIT_ARG) {
+        syschild::pidns::init_main();
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -212,6 +216,16 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    if args.tier == selftest::Tier::Gvisor && !testhooks::has("no-pidns") {
+        // Sandbox processes in a pid namespace without the agent, whose /proc is that
+        // namespace's (ADR 0218): made while the agent is single-threaded, has no child
+        // and still holds CAP_SYS_ADMIN; the masks below then apply to that /proc.
+        let init = syschild::pidns::enter_sandbox_namespace()
+            .map_err(|e| format!("the sandbox's pid namespace: {e}"))?;
+        log(&format!(
+            "sandbox processes in a pid namespace of their own (init: pid {init})"
+        ));
+    }
     if args.tier == selftest::Tier::Gvisor {
         // The sentry's /proc/sys and sysrq-trigger read-only, as the jail's are (ADR 0191),
         // before anything of the sandbox runs; then CAP_SYS_ADMIN, given for this, goes.

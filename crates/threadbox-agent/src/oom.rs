@@ -127,21 +127,19 @@ fn exited(status: &str) -> bool {
 }
 
 fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| !exited(&s))
+    threadbox_sys::child::pidns::read_proc(&format!("{pid}/status")).is_ok_and(|s| !exited(&s))
 }
 
 /// The process to kill: the largest resident set of the sandbox, never `own` (the agent)
 /// nor pid 1. Its pid, VmRSS in KiB and name.
 fn victim(own: u32) -> Option<(i32, u64, String)> {
     let mut best: Option<(i32, u64, String)> = None;
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid <= 1 || pid as u32 == own {
+    let init = threadbox_sys::child::pidns::init_pid();
+    for pid in threadbox_sys::child::pidns::proc_pids().ok()? {
+        if pid <= 1 || pid as u32 == own || Some(pid) == init {
             continue;
         }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        let Ok(status) = threadbox_sys::child::pidns::read_proc(&format!("{pid}/status")) else {
             continue; // exited meanwhile
         };
         if exited(&status) {

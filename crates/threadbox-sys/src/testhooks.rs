@@ -39,6 +39,10 @@ pub const KNOWN: &[(&str, &str)] = &[
         "the sandbox shares the host's IPC namespace",
     ),
     ("no-proc-mask", "/proc is neither masked nor read-only"),
+    (
+        "no-pidns",
+        "gvisor: sandbox processes share the agent's pid namespace and /proc (ADR 0218)",
+    ),
     ("host-dev", "the host's /dev is bound into the sandbox"),
     (
         "bind-host-tmp",

@@ -818,11 +818,8 @@ fn cell_children(agent: &Agent, cgroup: Option<&str>, worker: i32) -> Vec<i32> {
 /// grandchild) is not found: without call cgroups that is the tier's documented limit.
 fn descendants(root: i32) -> Vec<i32> {
     let mut parent_of: Vec<(i32, i32)> = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    for pid in threadbox_sys::child::pidns::proc_pids().unwrap_or_default() {
+        let Ok(stat) = threadbox_sys::child::pidns::read_proc(&format!("{pid}/stat")) else {
             continue;
         };
         // `pid (comm) state ppid …`: comm may hold spaces and parentheses.

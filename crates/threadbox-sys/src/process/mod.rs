@@ -3,6 +3,7 @@
 //! attributes ([`ids`]) and the selftest's posture probes ([`probe`]).
 
 pub mod ids;
+pub mod pidns;
 pub mod policy;
 pub mod probe;
 pub mod pty;

@@ -22,9 +22,10 @@ fn forked(rc: libc::c_long) -> io::Result<Forked> {
     }
 }
 
-/// The number of threads of this process (`/proc/self/task`).
+/// The number of threads of this process (`/proc/self/task`, of the procfs the agent
+/// reads processes from: on gvisor, `/proc` shows a namespace the agent is not in).
 pub(crate) fn thread_count() -> io::Result<usize> {
-    Ok(std::fs::read_dir("/proc/self/task")?.count())
+    Ok(crate::process::pidns::proc_numbers("self/task")?.len())
 }
 
 /// `fork()`, refused unless the process has exactly one thread: only then may the child
@@ -442,4 +443,32 @@ pub(crate) fn capset_without(cap: u32) -> io::Result<()> {
     // SAFETY: as above; capset(2) only reads both.
     cvt(unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) })
         .map(drop)
+}
+
+/// Blocks every signal of this thread (`sigprocmask(SIG_SETMASK, full)`): the pid
+/// namespace's init takes SIGCHLD with [`wait_signal`] only.
+pub(crate) fn block_all_signals() {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::zeroed();
+    // SAFETY: `set` is valid for writes.
+    unsafe { libc::sigfillset(set.as_mut_ptr()) };
+    // SAFETY: `set` was initialised by sigfillset; no old set is asked for.
+    unsafe { libc::sigprocmask(libc::SIG_SETMASK, set.as_ptr(), std::ptr::null_mut()) };
+}
+
+/// Waits until `sig` (blocked by the caller) is pending and takes it (`sigwaitinfo`).
+pub(crate) fn wait_signal(sig: i32) -> io::Result<()> {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::zeroed();
+    // SAFETY: `set` is valid for writes.
+    unsafe { libc::sigemptyset(set.as_mut_ptr()) };
+    // SAFETY: `set` was initialised by sigemptyset.
+    unsafe { libc::sigaddset(set.as_mut_ptr(), sig) };
+    // SAFETY: `set` is initialised; no siginfo is asked for (NULL is allowed).
+    cvt_int(unsafe { libc::sigwaitinfo(set.as_ptr(), std::ptr::null_mut()) }).map(|_| ())
+}
+
+/// `prctl(PR_SET_NAME, name)`: the calling thread's name (its `comm`, at most 15 bytes).
+pub(crate) fn set_name(name: &CStr) -> io::Result<()> {
+    // SAFETY: `name` is NUL-terminated and outlives the call; the kernel copies at most 16
+    // bytes of it.
+    cvt_int(unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) }).map(drop)
 }

@@ -413,20 +413,84 @@ echo END
             user: User::Root,
             code: r##"
 int main(void) {
+    /* gvisor: pid 1 is the sandbox namespace's init, not the agent (ADR 0218); B8 checks
+       that it holds nothing. Its procfs has no ETXTBSY: the agent's binary is a read-only
+       bind there, which is what must refuse a write. */
+    const char *tier = getenv("TB_TIER");
+    int sentry = tier && !strcmp(tier, "gvisor");
     MUST_FAIL("open(/proc/1/exe)", open("/proc/1/exe", O_RDONLY));
     MUST_FAIL("open(/proc/1/exe, O_WRONLY)", open("/proc/1/exe", O_WRONLY));
     MUST_FAIL("open(/proc/1/mem)", open("/proc/1/mem", O_RDONLY));
-    MUST_FAIL("open(/proc/1/environ)", open("/proc/1/environ", O_RDONLY));
+    if (!sentry)
+        MUST_FAIL("open(/proc/1/environ)", open("/proc/1/environ", O_RDONLY));
     char lnk[256];
     MUST_FAIL("readlink(/proc/1/fd/1)", readlink("/proc/1/fd/1", lnk, sizeof lnk));
     MUST_FAIL("readlink(/proc/1/cwd)", readlink("/proc/1/cwd", lnk, sizeof lnk));
     MUST_FAIL("open(/proc/1/fd/3)", open("/proc/1/fd/3", O_RDONLY));
-    MUST_FAIL("open(/proc/self/exe, O_WRONLY)", open("/proc/self/exe", O_WRONLY));
+    if (sentry)
+        MUST_FAIL("open(/.threadbox/agent, O_WRONLY)", open("/.threadbox/agent", O_WRONLY));
+    else
+        MUST_FAIL("open(/proc/self/exe, O_WRONLY)", open("/proc/self/exe", O_WRONLY));
     done();
     return 0;
 }
 "##,
-            control: Some("keep-caps,no-seccomp,no-landlock"),
+            // no-pidns: gvisor gives no child CAP_SYS_PTRACE, so there the probes of the
+            // agent break only with the agent as pid 1 (a no-op on the jail).
+            control: Some("keep-caps,no-seccomp,no-landlock,no-pidns"),
+            ..BASE
+        },
+        Case {
+            id: "B8",
+            what: "nothing of the agent shows in the sandbox's /proc: pid 1's environ and fds",
+            lang: Lang::C,
+            user: User::Root,
+            code: r##"
+/* The jail: pid 1 is the agent, non-dumpable, so both are refused. gvisor: its procfs
+   makes every environ world-readable and every fd/ listable (ADR 0187), so the agent
+   lives outside the sandbox's pid namespace and pid 1 is an init holding nothing (ADR
+   0218): its environ must read empty, its fd/ list nothing, and no process may carry the
+   agent's --listen argument. */
+int main(void) {
+    const char *tier = getenv("TB_TIER");
+    int sentry = tier && !strcmp(tier, "gvisor");
+    if (!sentry) {
+        MUST_FAIL("open(/proc/1/environ)", open("/proc/1/environ", O_RDONLY));
+        char lnk[256];
+        MUST_FAIL("readlink(/proc/1/fd/0)", readlink("/proc/1/fd/0", lnk, sizeof lnk));
+        done();
+        return 0;
+    }
+    char buf[4096];
+    int fd = open("/proc/1/environ", O_RDONLY);
+    long n = fd >= 0 ? read(fd, buf, sizeof buf) : -1;
+    if (n > 0) esc("pid 1's environ has bytes", n);
+    else printf("held pid 1's environ: %ld bytes\n", n);
+    DIR *d = opendir("/proc/1/fd");
+    struct dirent *e;
+    int fds = 0;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.') fds++;
+    if (fds) esc("pid 1 holds descriptors", fds);
+    else printf("held pid 1's fds: none listed\n");
+    DIR *p = opendir("/proc");
+    while (p && (e = readdir(p))) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        int c = open(path, O_RDONLY);
+        if (c < 0) continue;
+        long m = read(c, buf, sizeof buf - 1);
+        close(c);
+        if (m <= 0) continue;
+        for (long i = 0; i + 8 <= m; i++)
+            if (!memcmp(buf + i, "--listen", 8)) { esc("a sandbox process is the agent", atol(e->d_name)); break; }
+    }
+    done();
+    return 0;
+}
+"##,
+            control: Some("keep-caps,no-seccomp,no-landlock,no-pidns"),
             ..BASE
         },
         Case {

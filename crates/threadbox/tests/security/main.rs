@@ -890,7 +890,6 @@ fn every_case_holds_on_gvisor() {
 /// written for the jail judge per tier now (ADR 0190); what is left are open gaps of the
 /// tier.
 const GVISOR_OPEN: &[(&str, &str)] = &[
-    ("B4", "open gap: gVisor 20240729's procfs makes /proc/<pid>/environ 0444 and /proc/<pid>/fd 0555 with no ptrace check (exe, cwd and mem do honour PR_SET_DUMPABLE 0, and hold), and has no ETXTBSY, so /proc/self/exe opens for writing (ADR 0187)"),
     ("E7", "open gap: the call's cgroup ends the setsid'd bomb when the sentry survives it (ADR 0214), but systrap's host tasks and memory for a bomb held at 64 processes inside vary run to run (250 to 832 tasks, 81 to over 208 MiB; once past Go's 10000-thread limit), and the host cgroup's refusal or OOM kill takes the sentry"),
 ];
 
@@ -1051,7 +1050,7 @@ const GVISOR_CONTROL_MOOT: &[(&str, &str)] = &[
 /// escape). A case holding on gvisor with a control that means something there but not on
 /// this list is printed as not shown yet (docs/tiers.md): the list grows as each is run.
 const GVISOR_CONTROLS: &[&str] = &[
-    "A1", "A3", "A8", "B1", "B3", "B7", "C5", "E2", "E3", "E6", "F1", "F2", "F4", "F5",
+    "A1", "A3", "A8", "B1", "B3", "B4", "B7", "B8", "C5", "E2", "E3", "E6", "F1", "F2", "F4", "F5",
 ];
 
 /// The gvisor half of the positive controls (ADR 0192): each case that holds on gvisor,
