@@ -560,8 +560,9 @@ int main(void) {
             id: "C1",
             what: "a sandbox sees only its own processes",
             code: r##"
-# The agent's path inside: the jail's is the host binary's name, gvisor's its bind.
-agent=threadbox-agent; [ "$TB_TIER" = gvisor ] && agent=/.threadbox/agent
+# Pid 1: the jail's agent; on gvisor the init of the sandbox's own pid namespace, which
+# the agent started (ADR 0218).
+agent=threadbox-agent; [ "$TB_TIER" = gvisor ] && agent="threadbox-agent --ns-init"
 tr '\0' ' ' </proc/1/cmdline | grep -q "$agent" || echo "ESCAPE pid 1 is not our agent: $(tr '\0' ' ' </proc/1/cmdline)"
 for c in /proc/[0-9]*/cmdline; do
   s=$(tr '\0' ' ' < $c 2>/dev/null)
