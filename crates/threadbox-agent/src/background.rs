@@ -15,7 +15,10 @@ use tokio::io::AsyncReadExt;
 
 #[derive(Debug)]
 pub struct Background {
+    /// What the API lists; its `pid` is the sandbox's view of the process (ADR 0218).
     pub info: BackgroundInfo,
+    /// The process as the agent knows it (what it signals and waits for).
+    pid: i32,
     stdout: Ring,
     stderr: Ring,
     cgroup: Option<String>,
@@ -63,7 +66,7 @@ pub fn start_background(agent: &Rc<Agent>, spec: BackgroundSpec) -> Result<Respo
     let entry = Rc::new(RefCell::new(Background {
         info: BackgroundInfo {
             bg_id,
-            pid: p.pid,
+            pid: syschild::pidns::view(p.pid),
             command: spec.command,
             running: true,
             exit_code: None,
@@ -72,10 +75,11 @@ pub fn start_background(agent: &Rc<Agent>, spec: BackgroundSpec) -> Result<Respo
         },
         stdout: Ring::new(cap),
         stderr: Ring::new(cap),
+        pid: p.pid,
         cgroup: p.cgroup.clone(),
     }));
     agent.background.borrow_mut().insert(bg_id, entry.clone());
-    let pid = p.pid;
+    let pid = syschild::pidns::view(p.pid);
     tokio::task::spawn_local(follow_background(agent.clone(), entry, p));
     Ok(Response::BackgroundStarted { bg_id, pid })
 }
@@ -151,7 +155,7 @@ pub fn kill_background(agent: &Agent, bg_id: u64, signal: Option<i32>) -> Result
     let b = find(agent, bg_id)?;
     let (pid, running, cgroup) = {
         let b = b.borrow();
-        (b.info.pid, b.info.running, b.cgroup.clone())
+        (b.pid, b.info.running, b.cgroup.clone())
     };
     let sig = signal.unwrap_or(libc::SIGKILL);
     if !(1..=64).contains(&sig) {

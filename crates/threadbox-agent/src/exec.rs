@@ -363,7 +363,10 @@ pub async fn exec(
     let _ = tx
         .send(Frame::Response {
             id,
-            resp: Response::Started { pid },
+            // The sandbox's view of the pid (ADR 0218), as `$$` inside says.
+            resp: Response::Started {
+                pid: syschild::pidns::view(pid),
+            },
         })
         .await;
 

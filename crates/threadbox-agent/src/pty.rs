@@ -129,8 +129,10 @@ pub async fn start(
     };
     // No `.await` since the fork: the reaper cannot have taken the status yet.
     let mut exit = agent.wait_for(pid);
+    // Sessions are named by the sandbox's view of the pid (ADR 0218), as `$$` inside says.
+    let session = syschild::pidns::view(pid);
     let (ctl_tx, mut ctl) = mpsc::channel::<PtyCtl>(INPUT_BACKLOG);
-    agent.ptys.borrow_mut().insert(pid, ctl_tx);
+    agent.ptys.borrow_mut().insert(session, ctl_tx);
     // `new` is deprecated because a `T: AsRawFd` need not own its descriptor; a `File`
     // does, and it lives inside the `AsyncFd` until both are dropped, which is the
     // soundness `register` (unsafe, and this crate forbids unsafe) asks the caller for.
@@ -138,7 +140,7 @@ pub async fn start(
     let master = match AsyncFd::new(master) {
         Ok(m) => m,
         Err(e) => {
-            agent.ptys.borrow_mut().remove(&pid);
+            agent.ptys.borrow_mut().remove(&session);
             agent.kill_tree(cgroup.as_deref(), pid);
             if let Some(name) = cgroup {
                 agent.release_cgroup(name);
@@ -150,7 +152,7 @@ pub async fn start(
     let _ = tx
         .send(Frame::Response {
             id,
-            resp: Response::Started { pid },
+            resp: Response::Started { pid: session },
         })
         .await;
 
@@ -236,7 +238,7 @@ pub async fn start(
             }
         }
     }
-    agent.ptys.borrow_mut().remove(&pid);
+    agent.ptys.borrow_mut().remove(&session);
     if let Some(name) = cgroup {
         agent.release_cgroup(name);
     }

@@ -271,11 +271,37 @@ fn child_checks(tier: Tier, landlock_abi: Option<u32>) -> Vec<PostureCheck> {
 
     let ppid = std::os::unix::process::parent_id();
     let pids = count_processes();
-    out.push(check(
-        "pid_namespace",
-        ppid == 1,
-        format!("parent (the agent) is pid {ppid}; {pids} processes visible"),
-    ));
+    out.push(match tier {
+        Tier::Jail => check(
+            "pid_namespace",
+            ppid == 1,
+            format!("parent (the agent) is pid {ppid}; {pids} processes visible"),
+        ),
+        // The agent is outside the sandbox's pid namespace (ADR 0218): this process's
+        // parent has no pid in it (0), and pid 1 is the namespace's bare init.
+        Tier::Gvisor => {
+            let init = std::fs::read("/proc/1/cmdline").unwrap_or_default();
+            let init_ok =
+                init.split(|b| *b == 0).nth(1) == Some(syschild::pidns::INIT_ARG.as_bytes());
+            check(
+                "pid_namespace",
+                ppid == 0 && init_ok,
+                format!(
+                    "parent (the agent) {}; pid 1 {}; {pids} processes visible",
+                    if ppid == 0 {
+                        "outside this pid namespace".to_string()
+                    } else {
+                        format!("is pid {ppid}")
+                    },
+                    if init_ok {
+                        "is the namespace's init"
+                    } else {
+                        "is not the namespace's init"
+                    }
+                ),
+            )
+        }
+    });
 
     out.push(match tier {
         Tier::Jail => landlock_check(landlock_abi),

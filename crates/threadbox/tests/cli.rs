@@ -414,7 +414,7 @@ fn background_processes() {
     each_tier(&[], |d, tier| {
         let id = d.create(&["--tier", tier]);
         let pid = d
-            .cli(&["spawn", &id, "--", "sh", "-c", "echo started; sleep 300"])
+            .cli(&["spawn", &id, "--", "sh", "-c", "echo started $$; sleep 300"])
             .ok()
             .stdout_str()
             .trim()
@@ -429,17 +429,33 @@ fn background_processes() {
             "{ps}"
         );
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let logs = d.cli(&["logs", &id, &pid]).ok();
-            if logs.stdout_str().contains("started") {
-                break;
+        let logs = loop {
+            let logs = d.cli(&["logs", &id, &pid]).ok().stdout_str();
+            if logs.contains("started") {
+                break logs;
             }
             assert!(
                 Instant::now() < deadline,
                 "no output from the background process"
             );
             std::thread::sleep(Duration::from_millis(100));
-        }
+        };
+        // The pid the API lists is the one the sandbox knows the process by (`$$`), on
+        // both tiers (ADR 0218: gvisor's processes have a pid namespace of their own).
+        let own = logs.trim().trim_start_matches("started ").to_string();
+        let listed = ps["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"].as_u64().map(|n| n.to_string()).as_deref() == Some(pid.as_str()))
+            .map(|p| p["pid"].to_string())
+            .unwrap_or_default();
+        assert_eq!(listed, own, "tier {tier}: {ps}");
+        let inside = d
+            .cli(&["exec", &id, "--", "cat", &format!("/proc/{own}/cmdline")])
+            .ok()
+            .stdout_str();
+        assert!(inside.contains("echo started"), "tier {tier}: {inside:?}");
         d.cli(&["kill", &id, &pid, "--signal", "TERM"]).ok();
     });
 }

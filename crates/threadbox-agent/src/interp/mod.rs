@@ -198,7 +198,8 @@ fn not_found(key: &str) -> AgentError {
 impl Ctx {
     fn snapshot(&self) -> ContextInfo {
         let mut i = self.info.borrow().clone();
-        i.pid = self.pid.get();
+        // The worker as the sandbox knows it (ADR 0218).
+        i.pid = self.pid.get().map(threadbox_sys::child::pidns::view);
         i.state = if self.running.borrow().is_some() {
             ContextState::Busy
         } else if self.pid.get().is_some() {

@@ -23,11 +23,12 @@
 //! create threads; the agent creates none.
 
 use crate::raw;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::CString;
 use std::io;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// The argument that makes the agent binary the namespace's init ([`init_main`]).
 pub const INIT_ARG: &str = "--ns-init";
@@ -90,6 +91,44 @@ pub fn proc_numbers(rel: &str) -> io::Result<Vec<i32>> {
 /// Every pid of the agent's procfs.
 pub fn proc_pids() -> io::Result<Vec<i32>> {
     proc_numbers("")
+}
+
+/// Pids of the agent's children in the sandbox's namespace, by the agent's pid of each
+/// (what `fork` returned): the API reports the sandbox's view (`$$` and `ps` inside).
+/// Bounded: the oldest entries go first, long after their processes ended.
+static VIEW: Mutex<PidView> = Mutex::new(PidView {
+    inner: BTreeMap::new(),
+    order: VecDeque::new(),
+});
+
+/// Entries [`VIEW`] keeps.
+const VIEW_MAX: usize = 1 << 16;
+
+struct PidView {
+    inner: BTreeMap<i32, i32>,
+    order: VecDeque<i32>,
+}
+
+/// Records that the agent's child `outer` is `inner` in the sandbox's namespace.
+pub(crate) fn record_view(outer: i32, inner: i32) {
+    let Ok(mut v) = VIEW.lock() else { return };
+    if v.inner.insert(outer, inner).is_none() {
+        v.order.push_back(outer);
+    }
+    while v.order.len() > VIEW_MAX {
+        if let Some(old) = v.order.pop_front() {
+            v.inner.remove(&old);
+        }
+    }
+}
+
+/// The pid the sandbox's processes know the agent's child `outer` by: its pid in the
+/// sandbox's namespace on gvisor, `outer` itself where the agent shares it (the jail).
+pub fn view(outer: i32) -> i32 {
+    VIEW.lock()
+        .ok()
+        .and_then(|v| v.inner.get(&outer).copied())
+        .unwrap_or(outer)
 }
 
 /// The sandbox namespace's init, as the agent sees it; `None` where there is none (the

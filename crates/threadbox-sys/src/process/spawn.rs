@@ -195,6 +195,9 @@ fn spawn_with(
         };
     let (status_r, status_w) = raw::fd::pipe_cloexec()?;
     let ignored = ignored_signals();
+    // In the gvisor sandbox's own pid namespace (ADR 0218) the child's pid there differs
+    // from the one fork returns here: it sends it first, for the API to report.
+    let report_pid = crate::process::pidns::init_pid().is_some();
 
     let mut args = CloneArgs {
         flags: if cgroup_dir.is_some() {
@@ -216,6 +219,11 @@ fn spawn_with(
     let pid = match forked {
         Ok(Forked::Parent(pid)) => pid,
         Ok(Forked::Child) => {
+            if report_pid {
+                // getpid(2) and write(2) of a local buffer only (the child's contract).
+                let me = std::process::id() as i32;
+                let _ = raw::fd::write(status_w.as_fd(), &me.to_ne_bytes());
+            }
             let code = child_exec(
                 ignored,
                 stdio,
@@ -244,22 +252,34 @@ fn spawn_with(
         }
     };
     drop((child_ends, status_w));
+    if report_pid {
+        match read_i32(status_r.as_fd())? {
+            Some(inner) => crate::process::pidns::record_view(pid, inner),
+            // Gone before its first step (killed): the exec failed.
+            None => return Err(io::Error::from_raw_os_error(libc::ECHILD)),
+        }
+    }
     // The status pipe closes on exec (success) or carries the child's errno.
+    if let Some(errno) = read_i32(status_r.as_fd())? {
+        // The child has exited with 127; the agent's reaper collects it.
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    Ok((pid, parent_pipes))
+}
+
+/// The next 4 bytes of the status pipe as an `i32`; `None` at its end (fewer bytes).
+fn read_i32(fd: BorrowedFd<'_>) -> io::Result<Option<i32>> {
     let mut buf = [0u8; 4];
     let mut got = 0;
     while got < buf.len() {
-        match raw::fd::read(status_r.as_fd(), &mut buf[got..]) {
+        match raw::fd::read(fd, &mut buf[got..]) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
             Err(e) => return Err(e),
         }
     }
-    if got == buf.len() {
-        // The child has exited with 127; the agent's reaper collects it.
-        return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
-    }
-    Ok((pid, parent_pipes))
+    Ok((got == buf.len()).then(|| i32::from_ne_bytes(buf)))
 }
 
 /// The signals this process ignores (bit `n - 1` for signal `n`). Read once: the agent
