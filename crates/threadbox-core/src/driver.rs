@@ -197,6 +197,12 @@ pub trait Driver: Send + Sync {
     /// Whether the sandbox's agent, host pid `pid`, is still alive in the sandbox (it may
     /// be alive and not answering yet).
     async fn agent_alive(&self, id: &str, pid: i32) -> bool;
+    /// The end of the agent's own log (its stderr), for a create that failed after the
+    /// launch: logged before the sandbox and its files are removed. `None` where the tier
+    /// keeps none.
+    async fn agent_log_tail(&self, _id: &str) -> Option<String> {
+        None
+    }
     /// The sandbox's own network namespace, where the daemon makes its egress listeners
     /// (issue 13, ADR 0061), or `None` for a tier without one (the fake runs in the host's:
     /// listeners there would be the host's). Checked against what was recorded at boot, so a

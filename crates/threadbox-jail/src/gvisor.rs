@@ -837,6 +837,14 @@ impl Driver for GvisorDriver {
         self.0.jail.agent_alive(id, pid).await
     }
 
+    async fn agent_log_tail(&self, id: &str) -> Option<String> {
+        let id = id.to_string();
+        self.run(move |g| Ok(crate::log_tail(&g.j().paths(&id).run.join("agent.log"))))
+            .await
+            .ok()
+            .flatten()
+    }
+
     // Disk checkpoints, fork and templates (ADR 0135): `disk.rs`.
 
     async fn sync_disk(&self, id: &str, agent_pid: Option<i32>) -> Result<()> {

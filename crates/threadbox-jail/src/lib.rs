@@ -1484,3 +1484,16 @@ impl Driver for JailDriver {
         self.run(move |j| j.egress_netns(&id, agent_pid)).await
     }
 }
+
+/// The last 4 KiB of a log file, as text (`None` when it cannot be read or is empty).
+pub(crate) fn log_tail(path: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 4096;
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
+    let mut buf = Vec::new();
+    f.take(TAIL).read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).trim().to_string();
+    (!text.is_empty()).then_some(text)
+}

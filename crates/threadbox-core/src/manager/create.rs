@@ -483,6 +483,10 @@ impl Manager {
                 Ok(Some((to_api(&self.drivers, caller, &row), true)))
             }
             Err(e) => {
+                // Why the agent did not answer is in its log, which goes with the sandbox.
+                if let Some(tail) = self.driver_for(&row)?.agent_log_tail(&id).await {
+                    tracing::warn!(sandbox = %id, "the agent's log, before its removal:\n{tail}");
+                }
                 // Nothing half-created: remove what exists, then the row.
                 let _ = self.driver_for(&row)?.destroy(&id).await;
                 let _ = self.store.delete_sandbox(&id).await;
