@@ -233,15 +233,9 @@ pub fn init_main() -> ! {
     let _ = raw::process::prctl(libc::PR_SET_NO_NEW_PRIVS, 1);
     raw::process::block_all_signals();
     loop {
-        match raw::process::waitpid(-1, 0) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
-                // No child yet: the next orphan's SIGCHLD stays pending until taken here.
-                let _ = raw::process::wait_signal(libc::SIGCHLD);
-            }
-            Err(_) => {
-                let _ = raw::process::wait_signal(libc::SIGCHLD);
-            }
+        if raw::process::waitpid(-1, 0).is_err() {
+            // No child (ECHILD): the next orphan's SIGCHLD stays pending until taken here.
+            let _ = raw::process::wait_signal(libc::SIGCHLD);
         }
     }
 }
